@@ -1,0 +1,401 @@
+// Package redistest starts real redis-server processes for tests.
+//
+// Every server listens on a free loopback port, lives in a temporary directory
+// owned by the test, and is killed when the test ends, whether it passed,
+// failed or panicked. A server can be killed (SIGKILL), restarted on the same
+// port, paused (SIGSTOP) and resumed (SIGCONT), so tests can inject the faults
+// a distributed lock has to survive.
+//
+// The redis-server binary is found on PATH, or at $LOCKWARDEN_REDIS_SERVER.
+// `make test` installs it when it is missing; a test never uses a Redis it did
+// not start.
+package redistest
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// startTimeout bounds how long a server may take to answer PING after start.
+const startTimeout = 15 * time.Second
+
+// Option configures a server started by Start or StartN.
+type Option func(*config)
+
+type config struct {
+	password    string
+	persistence bool
+	tls         bool
+	replicaOf   *Server
+	// sentinel, when set, makes the process a Sentinel monitoring that master.
+	sentinel *sentinelConfig
+}
+
+type sentinelConfig struct {
+	master     *Server
+	masterName string
+	quorum     int
+}
+
+// WithPassword makes the server require a password (requirepass). Default: none.
+func WithPassword(password string) Option { return func(c *config) { c.password = password } }
+
+// WithPersistence turns on the append-only file with fsync on every write, so
+// the data survives Kill and Restart. Default: off, so a restarted server is empty.
+func WithPersistence() Option { return func(c *config) { c.persistence = true } }
+
+// WithTLS makes the server accept only TLS connections, with a certificate for
+// 127.0.0.1 and localhost signed by a fresh CA (see Server.CAPEM). Default: plain TCP.
+func WithTLS() Option { return func(c *config) { c.tls = true } }
+
+// WithReplicaOf makes the server a replica of master (replicaof), for
+// Sentinel failover tests. Default: a master. Never use replicas as Redlock members.
+func WithReplicaOf(master *Server) Option { return func(c *config) { c.replicaOf = master } }
+
+// Server is one redis-server process owned by a test.
+type Server struct {
+	// Addr is host:port of the server, stable across Restart.
+	Addr string
+	// Password is the requirepass value, empty when none.
+	Password string
+	// CAPEM is the PEM of the CA that signed the server certificate (TLS only).
+	CAPEM []byte
+
+	t       testing.TB
+	cfg     config
+	dir     string
+	conf    string
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	paused  bool
+	clients []*redis.Client
+}
+
+// Binary returns the redis-server path the helpers use, or an error that says how to install it.
+func Binary() (string, error) {
+	if p := os.Getenv("LOCKWARDEN_REDIS_SERVER"); p != "" {
+		return p, nil
+	}
+	p, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", errors.New("redis-server not found on PATH: run `make test` (it installs the redis-server package on Debian/Ubuntu) or install Redis 6.2+ and set LOCKWARDEN_REDIS_SERVER")
+	}
+	return p, nil
+}
+
+// Start starts one redis-server and returns when it answers PING.
+func Start(t testing.TB, opts ...Option) *Server {
+	t.Helper()
+	return StartN(t, 1, opts...)[0]
+}
+
+// StartN starts n independent redis-server processes (independent masters, as
+// Redlock needs) in parallel and returns when all answer PING.
+func StartN(t testing.TB, n int, opts ...Option) []*Server {
+	t.Helper()
+	var cfg config
+	for _, o := range opts {
+		o(&cfg)
+	}
+	servers := make([]*Server, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range servers {
+		s := &Server{t: t, cfg: cfg, Password: cfg.password, dir: t.TempDir()}
+		servers[i] = s
+		t.Cleanup(s.cleanup)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.startFresh()
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("starting redis-server: %v", err)
+	}
+	return servers
+}
+
+// startFresh picks a free port, writes the config and starts the process,
+// retrying with another port when the chosen one was taken in between.
+func (s *Server) startFresh() error {
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		port, err := FreePort()
+		if err != nil {
+			return err
+		}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		if err := s.writeConfig(port); err != nil {
+			return err
+		}
+		if lastErr = s.launch(); lastErr == nil {
+			return nil
+		}
+	}
+	return lastErr
+}
+
+func (s *Server) writeConfig(port int) error {
+	lines := []string{
+		"bind 127.0.0.1",
+		"protected-mode no",
+		"daemonize no",
+		"dir " + s.dir,
+		"logfile " + filepath.Join(s.dir, "redis.log"),
+		`save ""`,
+	}
+	if s.cfg.persistence {
+		lines = append(lines, "appendonly yes", "appendfsync always")
+	} else {
+		lines = append(lines, "appendonly no")
+	}
+	if s.cfg.password != "" {
+		lines = append(lines, "requirepass "+s.cfg.password, "masterauth "+s.cfg.password)
+	}
+	if m := s.cfg.replicaOf; m != nil {
+		host, mport, _ := net.SplitHostPort(m.Addr)
+		lines = append(lines, "replicaof "+host+" "+mport)
+	}
+	if sc := s.cfg.sentinel; sc != nil {
+		host, mport, _ := net.SplitHostPort(sc.master.Addr)
+		lines = []string{
+			"bind 127.0.0.1",
+			"protected-mode no",
+			"daemonize no",
+			"dir " + s.dir,
+			"logfile " + filepath.Join(s.dir, "redis.log"),
+			fmt.Sprintf("port %d", port),
+			fmt.Sprintf("sentinel monitor %s %s %s %d", sc.masterName, host, mport, sc.quorum),
+			fmt.Sprintf("sentinel down-after-milliseconds %s 1000", sc.masterName),
+			fmt.Sprintf("sentinel failover-timeout %s 5000", sc.masterName),
+			fmt.Sprintf("sentinel parallel-syncs %s 1", sc.masterName),
+		}
+		if sc.master.Password != "" {
+			lines = append(lines, fmt.Sprintf("sentinel auth-pass %s %s", sc.masterName, sc.master.Password))
+		}
+		s.conf = filepath.Join(s.dir, "sentinel.conf")
+		return os.WriteFile(s.conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
+	}
+	if s.cfg.tls {
+		ca, certFile, keyFile, err := writeServerCerts(s.dir)
+		if err != nil {
+			return err
+		}
+		s.CAPEM = ca
+		lines = append(lines,
+			"port 0",
+			fmt.Sprintf("tls-port %d", port),
+			"tls-cert-file "+certFile,
+			"tls-key-file "+keyFile,
+			"tls-ca-cert-file "+filepath.Join(s.dir, "ca.crt"),
+			"tls-auth-clients no",
+		)
+	} else {
+		lines = append(lines, fmt.Sprintf("port %d", port))
+	}
+	s.conf = filepath.Join(s.dir, "redis.conf")
+	return os.WriteFile(s.conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
+}
+
+func (s *Server) launch() error {
+	bin, err := Binary()
+	if err != nil {
+		return err
+	}
+	args := []string{s.conf}
+	if s.cfg.sentinel != nil {
+		args = append(args, "--sentinel")
+	}
+	cmd := exec.Command(bin, args...)
+	// If the test binary dies without running cleanups (a timeout kill), the
+	// kernel takes the server down with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", bin, err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	s.mu.Lock()
+	s.cmd, s.exited, s.paused = cmd, exited, false
+	s.mu.Unlock()
+	if err := s.waitReady(exited); err != nil {
+		_ = cmd.Process.Kill()
+		<-exited
+		return fmt.Errorf("redis-server on %s: %w; log:\n%s", s.Addr, err, s.logTail())
+	}
+	return nil
+}
+
+func (s *Server) waitReady(exited <-chan struct{}) error {
+	c := redis.NewClient(s.clientOptions())
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	return wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		select {
+		case <-exited:
+			return false, errors.New("process exited during start")
+		default:
+		}
+		return c.Ping(ctx).Err() == nil, nil
+	})
+}
+
+func (s *Server) logTail() string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 20 {
+		lines = lines[len(lines)-20:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Options returns go-redis options that reach this server (password and TLS included).
+func (s *Server) clientOptions() *redis.Options {
+	password := s.cfg.password
+	if s.cfg.sentinel != nil {
+		password = ""
+	}
+	o := &redis.Options{Addr: s.Addr, Password: password, MaxRetries: -1, DialTimeout: time.Second}
+	if s.cfg.tls {
+		o.TLSConfig = s.TLSConfig()
+	}
+	return o
+}
+
+// TLSConfig returns a client TLS configuration that trusts this server's CA (nil without TLS).
+func (s *Server) TLSConfig() *tls.Config {
+	if !s.cfg.tls {
+		return nil
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(s.CAPEM)
+	return &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
+}
+
+// Client returns a new go-redis client for this server, closed when the test ends.
+func (s *Server) Client() *redis.Client {
+	c := redis.NewClient(s.clientOptions())
+	s.mu.Lock()
+	s.clients = append(s.clients, c)
+	s.mu.Unlock()
+	return c
+}
+
+// Running reports whether the process is alive (paused counts as alive).
+func (s *Server) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.exited == nil {
+		return false
+	}
+	select {
+	case <-s.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Kill sends SIGKILL and waits for the process to be gone. Without
+// persistence, everything the server held is lost.
+func (s *Server) Kill() {
+	s.t.Helper()
+	s.mu.Lock()
+	cmd, exited := s.cmd, s.exited
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-exited
+}
+
+// Restart starts the server again on the same address. Without persistence it
+// comes back empty, like a node that lost its data.
+func (s *Server) Restart() {
+	s.t.Helper()
+	if s.Running() {
+		s.t.Fatalf("redistest: Restart of %s while it is running: Kill it first", s.Addr)
+	}
+	var err error
+	for attempt := 0; attempt < 50; attempt++ {
+		// The old socket may linger for a moment after SIGKILL; retry briefly.
+		if err = s.launch(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.t.Fatalf("redistest: restart %s: %v", s.Addr, err)
+}
+
+// Pause sends SIGSTOP: the process holds its port and data but answers nothing,
+// like a node in a long GC pause or behind a partition.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP, true) }
+
+// Resume sends SIGCONT to a paused server.
+func (s *Server) Resume() { s.signal(syscall.SIGCONT, false) }
+
+func (s *Server) signal(sig syscall.Signal, paused bool) {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		s.t.Fatalf("redistest: signal %v to %s that never started", sig, s.Addr)
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("redistest: signal %v to %s: %v", sig, s.Addr, err)
+	}
+	s.paused = paused
+}
+
+func (s *Server) cleanup() {
+	s.mu.Lock()
+	clients := s.clients
+	s.clients = nil
+	cmd, exited, paused := s.cmd, s.exited, s.paused
+	s.mu.Unlock()
+	for _, c := range clients {
+		_ = c.Close()
+	}
+	if cmd == nil {
+		return
+	}
+	if paused {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-exited
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
