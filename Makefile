@@ -1,0 +1,159 @@
+# Image URL to use all building/pushing image targets
+IMG ?= lockwarden:dev
+
+# Go settings: everything the project needs comes from the Go module proxy.
+GOBIN ?= $(shell go env GOPATH)/bin
+SHELL = /usr/bin/env bash -o pipefail
+.SHELLFLAGS = -ec
+
+# Test settings.
+# TEST_TIMEOUT bounds one `go test` run; GO_TEST_FLAGS adds flags (for example -v or -run).
+TEST_TIMEOUT ?= 20m
+GO_TEST_FLAGS ?=
+E2E_TIMEOUT ?= 30m
+
+.PHONY: all
+all: build
+
+##@ General
+
+.PHONY: help
+help: ## Display this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "\nUsage:\n  make \033[36m<target>\033[0m\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: manifests
+manifests: controller-gen ## Generate the CRD, RBAC and webhook manifests from the code markers.
+	$(CONTROLLER_GEN) rbac:roleName=manager-role crd webhook paths="./..." output:crd:artifacts:config=config/crd/bases
+
+.PHONY: generate
+generate: controller-gen ## Generate the DeepCopy methods of the API types.
+	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./..."
+
+.PHONY: fmt
+fmt: ## Run go fmt against code.
+	go fmt ./...
+
+.PHONY: vet
+vet: ## Run go vet against code.
+	go vet ./...
+
+.PHONY: lint
+lint: golangci-lint ## Run golangci-lint (configuration in .golangci.yml).
+	$(GOLANGCI_LINT) run ./...
+
+.PHONY: lint-fix
+lint-fix: golangci-lint ## Run golangci-lint and apply its fixes.
+	$(GOLANGCI_LINT) run --fix ./...
+
+.PHONY: redis-server
+redis-server: ## Make sure redis-server is installed (installs the Debian/Ubuntu package as root when missing).
+	@hack/ensure-redis.sh
+
+.PHONY: envtest-assets
+envtest-assets: ## Print the directory of kube-apiserver and etcd for envtest, building them into the cache when missing.
+	@hack/control-plane.sh
+
+.PHONY: test
+test: manifests generate fmt vet lint redis-server ## Run all unit and envtest suites against real Redis and a real kube-apiserver.
+	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh)" go test ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
+
+.PHONY: test-e2e
+test-e2e: redis-server ## Run the end-to-end suite against a local control plane with kube-controller-manager and kwok.
+	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh --e2e)" go test -tags e2e ./test/e2e/... -count=1 -timeout $(E2E_TIMEOUT) -v $(GO_TEST_FLAGS)
+
+##@ Build
+
+.PHONY: build
+build: manifests generate fmt vet ## Build the manager binary into bin/lockwarden.
+	go build -o bin/lockwarden ./cmd
+
+.PHONY: run
+run: manifests generate fmt vet ## Run the manager from your host against the cluster in $KUBECONFIG.
+	go run ./cmd
+
+.PHONY: docker-build
+docker-build: ## Build the manager image (needs a Docker engine).
+	docker build -t ${IMG} .
+
+.PHONY: docker-push
+docker-push: ## Push the manager image.
+	docker push ${IMG}
+
+##@ Deployment
+
+ifndef ignore-not-found
+  ignore-not-found = false
+endif
+
+.PHONY: install
+install: manifests kustomize kubectl ## Install the CRDs into the cluster in $KUBECONFIG.
+	$(KUSTOMIZE) build config/crd | $(KUBECTL) apply --server-side -f -
+
+.PHONY: uninstall
+uninstall: manifests kustomize kubectl ## Uninstall the CRDs from the cluster in $KUBECONFIG.
+	$(KUSTOMIZE) build config/crd | $(KUBECTL) delete --ignore-not-found=$(ignore-not-found) -f -
+
+.PHONY: deploy
+deploy: manifests kustomize kubectl ## Deploy the operator to the cluster in $KUBECONFIG.
+	cd config/manager && $(KUSTOMIZE) edit set image controller=${IMG}
+	$(KUSTOMIZE) build config/default | $(KUBECTL) apply --server-side -f -
+
+.PHONY: undeploy
+undeploy: kustomize kubectl ## Remove the operator from the cluster in $KUBECONFIG.
+	$(KUSTOMIZE) build config/default | $(KUBECTL) delete --ignore-not-found=$(ignore-not-found) -f -
+
+##@ Dependencies
+
+## Location to install tools to
+LOCALBIN ?= $(shell pwd)/bin
+$(LOCALBIN):
+	mkdir -p $(LOCALBIN)
+
+## Tool binaries
+KUBECTL ?= $(LOCALBIN)/kubectl
+KUSTOMIZE ?= $(LOCALBIN)/kustomize
+CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
+GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
+
+## Tool versions
+KUSTOMIZE_VERSION ?= v5.8.3
+CONTROLLER_TOOLS_VERSION ?= v0.23.0
+GOLANGCI_LINT_VERSION ?= v2.15.0
+
+.PHONY: kubectl
+kubectl: $(KUBECTL) ## Build kubectl of the pinned Kubernetes version into the control-plane cache and link it into bin/.
+$(KUBECTL): $(LOCALBIN)
+	ln -sf "$$(hack/control-plane.sh kubectl)/kubectl" $(KUBECTL)
+
+.PHONY: kustomize
+kustomize: $(KUSTOMIZE) ## Download kustomize locally if necessary.
+$(KUSTOMIZE): $(LOCALBIN)
+	$(call go-install-tool,$(KUSTOMIZE),sigs.k8s.io/kustomize/kustomize/v5,$(KUSTOMIZE_VERSION))
+
+.PHONY: controller-gen
+controller-gen: $(CONTROLLER_GEN) ## Download controller-gen locally if necessary.
+$(CONTROLLER_GEN): $(LOCALBIN)
+	$(call go-install-tool,$(CONTROLLER_GEN),sigs.k8s.io/controller-tools/cmd/controller-gen,$(CONTROLLER_TOOLS_VERSION))
+
+.PHONY: golangci-lint
+golangci-lint: $(GOLANGCI_LINT) ## Download golangci-lint locally if necessary.
+$(GOLANGCI_LINT): $(LOCALBIN)
+	$(call go-install-tool,$(GOLANGCI_LINT),github.com/golangci/golangci-lint/v2/cmd/golangci-lint,$(GOLANGCI_LINT_VERSION))
+
+# go-install-tool will 'go install' any package with custom target and name of binary, if it doesn't exist
+# $1 - target path with name of binary
+# $2 - package url which can be installed
+# $3 - specific version of package
+define go-install-tool
+@[ -f "$(1)-$(3)" ] && [ "$$(readlink -- "$(1)" 2>/dev/null)" = "$(1)-$(3)" ] || { \
+set -e; \
+package=$(2)@$(3) ;\
+echo "Downloading $${package}" ;\
+rm -f $(1) ;\
+GOBIN=$(LOCALBIN) GOTOOLCHAIN=local go install $${package} ;\
+mv $(1) $(1)-$(3) ;\
+} ;\
+ln -sf $$(realpath $(1)-$(3)) $(1)
+endef

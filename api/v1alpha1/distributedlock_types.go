@@ -1,0 +1,324 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Scope says how a lock's keys are named in Redis.
+// +kubebuilder:validation:Enum=Namespace;Global
+type Scope string
+
+const (
+	// ScopeNamespace prefixes every key with the lock's namespace, so locks in
+	// different namespaces never share a key.
+	ScopeNamespace Scope = "Namespace"
+	// ScopeGlobal uses the keys as written, so locks in every namespace (and
+	// every cluster) that name the same key on the same Redis exclude each
+	// other. Allowed only where the operator's configuration permits it.
+	ScopeGlobal Scope = "Global"
+)
+
+// Contention says what a gated workload does when the lock is held.
+// +kubebuilder:validation:Enum=Queue;Skip
+type Contention string
+
+const (
+	// ContentionQueue makes the workload wait its turn in FIFO order.
+	ContentionQueue Contention = "Queue"
+	// ContentionSkip makes the workload give up without running.
+	ContentionSkip Contention = "Skip"
+)
+
+// OnLost says what happens to a holder whose lease was lost.
+// +kubebuilder:validation:Enum=Ignore;Terminate
+type OnLost string
+
+const (
+	// OnLostIgnore records the loss (Event and condition) and lets the holder run on.
+	OnLostIgnore OnLost = "Ignore"
+	// OnLostTerminate records the loss and stops the holder's pods.
+	OnLostTerminate OnLost = "Terminate"
+)
+
+// DistributedLockSpec declares the keys of a lock, its lease TTL and the Redis
+// that holds it.
+// +kubebuilder:validation:XValidation:rule="self.keys == oldSelf.keys",message="spec.keys is immutable: create a new DistributedLock to lock other keys"
+// +kubebuilder:validation:XValidation:rule="self.scope == oldSelf.scope",message="spec.scope is immutable: create a new DistributedLock to change the scope"
+type DistributedLockSpec struct {
+	// keys are the lock keys, held all-or-nothing. 1 to 16 unique keys of up
+	// to 200 characters: letters, digits and the characters . _ / : - (starting
+	// with a letter or digit). Immutable.
+	// +required
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=set
+	// +kubebuilder:validation:items:MaxLength=200
+	// +kubebuilder:validation:items:Pattern=`^[A-Za-z0-9][A-Za-z0-9._/:-]*$`
+	Keys []string `json:"keys"`
+
+	// ttlSeconds is the lease TTL in Redis, in seconds. The operator renews a
+	// held lease about every ttlSeconds/3, so a holder that dies keeps the keys
+	// for at most this long. Default 30; 5 to 86400. Values below 20 may not
+	// outlive a failover of the operator's leader (see docs/operations.md).
+	// +optional
+	// +kubebuilder:default=30
+	// +kubebuilder:validation:Minimum=5
+	// +kubebuilder:validation:Maximum=86400
+	TTLSeconds int32 `json:"ttlSeconds,omitempty"`
+
+	// scope is Namespace (default: Redis keys are prefixed with the lock's
+	// namespace) or Global (keys used as written, shared across namespaces and
+	// clusters; allowed only where the operator's configuration permits it).
+	// Immutable.
+	// +optional
+	// +kubebuilder:default=Namespace
+	Scope Scope `json:"scope,omitempty"`
+
+	// contention is what a gated Job does when the lock is held: Queue (default:
+	// wait in FIFO order) or Skip (do not run). A Job's lockwarden.io/contention
+	// annotation overrides it.
+	// +optional
+	// +kubebuilder:default=Queue
+	Contention Contention `json:"contention,omitempty"`
+
+	// onLost is what happens to a holder whose lease was lost (expired during
+	// a Redis outage, or taken over): Ignore (default: an Event and a condition
+	// say so) or Terminate (also stop the holder's pods).
+	// +optional
+	// +kubebuilder:default=Ignore
+	OnLost OnLost `json:"onLost,omitempty"`
+
+	// holder, when set, makes the operator acquire the lock for this manual
+	// holder (a maintenance window, say) and hold it until the field is
+	// removed or the lock is deleted. Default: none.
+	// +optional
+	Holder *ManualHolder `json:"holder,omitempty"`
+
+	// backend is where the lock lives.
+	// +required
+	Backend Backend `json:"backend"`
+}
+
+// ManualHolder names a holder that is not a Kubernetes workload.
+type ManualHolder struct {
+	// identity names the holder in status and in Redis, for example
+	// "maintenance-2026-12-01". 1 to 128 printable characters.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[[:graph:]]([[:print:]]*[[:graph:]])?$`
+	Identity string `json:"identity"`
+}
+
+// Backend selects the lock backend. Exactly one member is set.
+type Backend struct {
+	// redis holds the lock in Redis: one server, a Sentinel-managed master, or
+	// 3, 5 or 7 independent masters (Redlock).
+	// +required
+	Redis *RedisBackend `json:"redis"`
+}
+
+// RedisBackend describes the Redis that holds a lock.
+// +kubebuilder:validation:XValidation:rule="has(self.sentinel) || size(self.endpoints) in [1, 3, 5, 7]",message="spec.backend.redis.endpoints must list 1 server (standalone) or 3, 5 or 7 independent masters (Redlock)"
+type RedisBackend struct {
+	// endpoints are host:port addresses. 1 = a standalone server; 3, 5 or 7 =
+	// independent masters for Redlock (never replicas of each other); with
+	// sentinel set, 1 to 7 Sentinel addresses.
+	// +required
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=7
+	// +listType=set
+	// +kubebuilder:validation:items:MaxLength=261
+	// +kubebuilder:validation:items:Pattern=`^([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$`
+	Endpoints []string `json:"endpoints"`
+
+	// sentinel, when set, makes endpoints Redis Sentinels that name the master.
+	// +optional
+	Sentinel *RedisSentinel `json:"sentinel,omitempty"`
+
+	// db is the Redis database index. Default 0; 0 to 15.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=15
+	DB int32 `json:"db,omitempty"`
+
+	// passwordSecretRef names the key of a Secret in the lock's namespace that
+	// holds the Redis password (AUTH). Default: no password.
+	// +optional
+	PasswordSecretRef *SecretKeyRef `json:"passwordSecretRef,omitempty"`
+
+	// tls, when set, connects over TLS. Default: plain TCP.
+	// +optional
+	TLS *RedisTLS `json:"tls,omitempty"`
+}
+
+// RedisSentinel names the master that Sentinels monitor.
+type RedisSentinel struct {
+	// masterName is the name the Sentinels know the master by. 1 to 128 characters.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	MasterName string `json:"masterName"`
+
+	// passwordSecretRef names the key of a Secret in the lock's namespace that
+	// holds the Sentinels' own password. Default: none.
+	// +optional
+	PasswordSecretRef *SecretKeyRef `json:"passwordSecretRef,omitempty"`
+}
+
+// RedisTLS configures TLS to Redis.
+type RedisTLS struct {
+	// caSecretRef names the key of a Secret in the lock's namespace that holds
+	// the PEM CA bundle to verify the servers with. Default: the system roots.
+	// +optional
+	CASecretRef *SecretKeyRef `json:"caSecretRef,omitempty"`
+
+	// serverName overrides the name verified in the servers' certificates.
+	// Default: the host of each endpoint.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	ServerName string `json:"serverName,omitempty"`
+}
+
+// SecretKeyRef names one key of a Secret in the lock's own namespace.
+type SecretKeyRef struct {
+	// name of the Secret, in the DistributedLock's namespace.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// key within the Secret's data.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	Key string `json:"key"`
+}
+
+// HolderStatus says who holds a lock.
+type HolderStatus struct {
+	// identity is the holder identity stored in Redis.
+	// +optional
+	Identity string `json:"identity,omitempty"`
+	// kind of the holding Kubernetes object (Job, DistributedLock), when the
+	// holder is one in this cluster.
+	// +optional
+	Kind string `json:"kind,omitempty"`
+	// namespace of the holding object.
+	// +optional
+	Namespace string `json:"namespace,omitempty"`
+	// name of the holding object.
+	// +optional
+	Name string `json:"name,omitempty"`
+}
+
+// WaiterStatus is one entry of the lock's FIFO queue.
+type WaiterStatus struct {
+	// identity of the waiter.
+	// +optional
+	Identity string `json:"identity,omitempty"`
+	// since is when it joined the queue.
+	// +optional
+	Since *metav1.Time `json:"since,omitempty"`
+}
+
+// DistributedLockStatus is what Redis holds for the lock, as last observed.
+type DistributedLockStatus struct {
+	// holder is who holds the keys now; empty when they are free.
+	// +optional
+	Holder *HolderStatus `json:"holder,omitempty"`
+
+	// fencingToken is the current holder's fencing token: strictly larger than
+	// every token issued before for these keys, below 2^53.
+	// +optional
+	FencingToken int64 `json:"fencingToken,omitempty"`
+
+	// acquiredTime is when the current holder acquired the keys.
+	// +optional
+	AcquiredTime *metav1.Time `json:"acquiredTime,omitempty"`
+
+	// expireTime is when the current lease ends unless its holder renews it,
+	// as observed at the last change of holder.
+	// +optional
+	ExpireTime *metav1.Time `json:"expireTime,omitempty"`
+
+	// waiting is the head of the FIFO queue, oldest first (at most 10).
+	// +optional
+	// +kubebuilder:validation:MaxItems=10
+	// +listType=atomic
+	Waiting []WaiterStatus `json:"waiting,omitempty"`
+
+	// observedGeneration is the spec generation this status reflects.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions: Held (the keys are held, by anyone) and BackendReady (Redis
+	// answers). See the Reason constants for their reasons.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// Condition types.
+const (
+	// ConditionHeld is True while some holder holds the lock's keys.
+	ConditionHeld = "Held"
+	// ConditionBackendReady is True while the lock's Redis answers.
+	ConditionBackendReady = "BackendReady"
+)
+
+// Condition reasons.
+const (
+	// ReasonBackendReachable: every Redis endpoint (or a majority, for Redlock) answered.
+	ReasonBackendReachable = "Reachable"
+	// ReasonBackendUnreachable: Redis could not be reached or did not answer in time.
+	ReasonBackendUnreachable = "Unreachable"
+	// ReasonSecretNotFound: a Secret or key named by the backend is missing.
+	ReasonSecretNotFound = "SecretNotFound"
+	// ReasonInvalidBackend: the backend configuration cannot be used (for example a bad CA).
+	ReasonInvalidBackend = "InvalidBackend"
+)
+
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=dlock;dlocks,categories=lockwarden
+// +kubebuilder:printcolumn:name="Keys",type=string,JSONPath=`.spec.keys`
+// +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.status.holder.identity`
+// +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.status.fencingToken`
+// +kubebuilder:printcolumn:name="Held",type=string,JSONPath=`.status.conditions[?(@.type=="Held")].status`
+// +kubebuilder:printcolumn:name="Expires",type=date,JSONPath=`.status.expireTime`
+// +kubebuilder:printcolumn:name="Backend",type=string,JSONPath=`.status.conditions[?(@.type=="BackendReady")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+
+// DistributedLock is a lease on one or more keys held in Redis. The operator
+// shows who holds it, with which fencing token, and who waits.
+type DistributedLock struct {
+	metav1.TypeMeta `json:",inline"`
+	// metadata is the standard object metadata.
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec declares the lock.
+	// +required
+	Spec DistributedLockSpec `json:"spec"`
+
+	// status is what Redis holds, as observed by the operator.
+	// +optional
+	Status DistributedLockStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// DistributedLockList contains a list of DistributedLock.
+type DistributedLockList struct {
+	metav1.TypeMeta `json:",inline"`
+	// metadata is the standard list metadata.
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the locks.
+	Items []DistributedLock `json:"items"`
+}

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
+	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
+)
+
+// TestManagerAgainstRealAPIServer starts the manager as main does, against a
+// real kube-apiserver and a real redis-server, and checks what an operator
+// would look at after installing it.
+func TestManagerAgainstRealAPIServer(t *testing.T) {
+	env := kubetest.Start(t)
+	rdb := redistest.Start(t)
+
+	dc, err := discovery.NewDiscoveryClientForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := dc.ServerVersion()
+	if err != nil {
+		t.Fatalf("server version: %v", err)
+	}
+	if v.Major != "1" || v.Minor != "37" || !strings.HasPrefix(v.GitVersion, "v1.37.") {
+		t.Fatalf("kube-apiserver reports %s (major %q minor %q), want v1.37.x", v.GitVersion, v.Major, v.Minor)
+	}
+
+	metricsPort, probePort := freePort(t), freePort(t)
+	o, err := parseFlags([]string{
+		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metricsPort),
+		"--metrics-secure=false",
+		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probePort),
+		"--leader-elect",
+		"--leader-election-namespace", "default",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, env.Config, o) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager stopped with %v", err)
+		}
+	})
+
+	waitFor(t, "/readyz to answer 200", func() bool { return httpStatus(fmt.Sprintf("http://127.0.0.1:%d/readyz", probePort)) == http.StatusOK })
+	if got := httpStatus(fmt.Sprintf("http://127.0.0.1:%d/healthz", probePort)); got != http.StatusOK {
+		t.Fatalf("/healthz answered %d, want 200", got)
+	}
+
+	// The manager became leader: the election Lease names it.
+	waitFor(t, "the leader election Lease to have a holder", func() bool {
+		var lease coordinationv1.Lease
+		err := env.Client.Get(ctx, types.NamespacedName{Namespace: "default", Name: leaderElectionID}, &lease)
+		return err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != ""
+	})
+
+	// A DistributedLock can be created and read back, and the controller
+	// finds the redis-server this test started.
+	dl := &locksv1alpha1.DistributedLock{
+		ObjectMeta: metav1.ObjectMeta{Name: "billing", Namespace: "default"},
+		Spec: locksv1alpha1.DistributedLockSpec{
+			Keys:    []string{"billing/ledger"},
+			Backend: locksv1alpha1.Backend{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{rdb.Addr}}},
+		},
+	}
+	if err := env.Client.Create(ctx, dl); err != nil {
+		t.Fatalf("create DistributedLock: %v", err)
+	}
+	var got locksv1alpha1.DistributedLock
+	if err := env.Client.Get(ctx, types.NamespacedName{Namespace: "default", Name: "billing"}, &got); err != nil {
+		t.Fatalf("read DistributedLock back: %v", err)
+	}
+	if got.Spec.TTLSeconds != 30 || got.Spec.Scope != locksv1alpha1.ScopeNamespace || got.Spec.Contention != locksv1alpha1.ContentionQueue {
+		t.Fatalf("defaults not applied: ttlSeconds=%d scope=%q contention=%q", got.Spec.TTLSeconds, got.Spec.Scope, got.Spec.Contention)
+	}
+	waitFor(t, "BackendReady=True", func() bool {
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: "default", Name: "billing"}, &got); err != nil {
+			return false
+		}
+		return meta.IsStatusConditionTrue(got.Status.Conditions, locksv1alpha1.ConditionBackendReady)
+	})
+
+	// The reconcile shows up on the metrics endpoint.
+	body := httpBody(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort))
+	if !strings.Contains(body, `controller_runtime_reconcile_total{controller="distributedlock",result="success"}`) {
+		t.Fatalf("/metrics lacks the distributedlock reconcile counter; got:\n%.2000s", body)
+	}
+
+	// Killing Redis turns the condition False with a reason a user can act on.
+	rdb.Kill()
+	waitFor(t, "BackendReady=False after Redis was killed", func() bool {
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: "default", Name: "billing"}, &got); err != nil {
+			return false
+		}
+		c := meta.FindStatusCondition(got.Status.Conditions, locksv1alpha1.ConditionBackendReady)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == locksv1alpha1.ReasonBackendUnreachable
+	})
+}
+
+func TestParseFlagsRejectsBadElectionTimings(t *testing.T) {
+	_, err := parseFlags([]string{"--leader-election-lease-duration=5s", "--leader-election-renew-deadline=10s"})
+	if err == nil || !strings.Contains(err.Error(), "--leader-election-renew-deadline") {
+		t.Fatalf("parseFlags = %v, want an error naming --leader-election-renew-deadline", err)
+	}
+	if _, err := parseFlags([]string{"stray"}); err == nil || !strings.Contains(err.Error(), "stray") {
+		t.Fatalf("parseFlags(stray) = %v, want an error naming the stray argument", err)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	p, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func httpStatus(url string) int {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode
+}
+
+func httpBody(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// waitFor polls cond until it holds, failing the test after 30 seconds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 30*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil })
+	if err != nil {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
