@@ -1,0 +1,125 @@
+package lock
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Sentinel errors. Match them with errors.Is; the concrete errors wrap them
+// together with the per-node causes.
+var (
+	// ErrNotAcquired: the keys are held by someone else, or a waiter is ahead in the queue.
+	ErrNotAcquired = errors.New("lock not acquired")
+	// ErrNotHeld: the owner token holds none of the keys (release of a lease that expired or was never held).
+	ErrNotHeld = errors.New("lock not held")
+	// ErrLost: a lease the caller held is gone (expired, or taken by another owner).
+	ErrLost = errors.New("lease lost")
+	// ErrBackendUnavailable: the backend could not be reached or answered with an error.
+	ErrBackendUnavailable = errors.New("lock backend unavailable")
+	// ErrQuorum: fewer than a majority of Redlock nodes agreed.
+	ErrQuorum = errors.New("no quorum of lock nodes")
+	// ErrInvalidRequest: the arguments are wrong; nothing was sent to the backend.
+	ErrInvalidRequest = errors.New("invalid lock request")
+)
+
+// HeldError says who holds a key that could not be acquired. It matches ErrNotAcquired.
+type HeldError struct {
+	// Key is the first busy key.
+	Key string
+	// Holder is the identity of the current holder, when known; empty when the
+	// key is free but another waiter is ahead in the queue.
+	Holder string
+	// Fence is the current holder's fencing token, when known.
+	Fence int64
+	// Position is the caller's place in the key's queue (0 = head), or -1 when not queued.
+	Position int
+	// Waiters is the length of the key's queue (live waiters, the caller included).
+	Waiters int
+}
+
+func (e *HeldError) Error() string {
+	switch {
+	case e.Holder != "":
+		return fmt.Sprintf("lock not acquired: key %q is held by %q (fencing token %d)", e.Key, e.Holder, e.Fence)
+	case e.Position > 0:
+		return fmt.Sprintf("lock not acquired: key %q has %d waiter(s) ahead in the queue", e.Key, e.Position)
+	case e.Position < 0 && e.Waiters > 0:
+		return fmt.Sprintf("lock not acquired: key %q is free but %d waiter(s) are queued for it", e.Key, e.Waiters)
+	default:
+		return fmt.Sprintf("lock not acquired: key %q is busy", e.Key)
+	}
+}
+
+// Is makes a HeldError match ErrNotAcquired.
+func (e *HeldError) Is(target error) bool { return target == ErrNotAcquired }
+
+// NodeError is the failure of one backend node, named by its address.
+type NodeError struct {
+	Node string
+	Err  error
+}
+
+func (e *NodeError) Error() string { return fmt.Sprintf("node %s: %v", e.Node, e.Err) }
+
+// Unwrap returns the node's cause.
+func (e *NodeError) Unwrap() error { return e.Err }
+
+// InvalidRequestError names the argument that is wrong and what would be valid.
+type InvalidRequestError struct {
+	Field  string
+	Reason string
+}
+
+func (e *InvalidRequestError) Error() string {
+	return fmt.Sprintf("invalid lock request: %s: %s", e.Field, e.Reason)
+}
+
+// Is makes an InvalidRequestError match ErrInvalidRequest.
+func (e *InvalidRequestError) Is(target error) bool { return target == ErrInvalidRequest }
+
+// NewOwnerToken returns 128 random bits, hex encoded.
+func NewOwnerToken() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("generate owner token: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// ValidateRequest checks a Request before anything is sent to a backend.
+func ValidateRequest(req Request) error {
+	if len(req.Keys) == 0 {
+		return &InvalidRequestError{Field: "keys", Reason: fmt.Sprintf("at least one key is required (at most %d)", MaxKeys)}
+	}
+	if len(req.Keys) > MaxKeys {
+		return &InvalidRequestError{Field: "keys", Reason: fmt.Sprintf("%d keys given, at most %d allowed", len(req.Keys), MaxKeys)}
+	}
+	if err := ValidateKeys(req.Keys); err != nil {
+		return err
+	}
+	if req.TTL < MinTTL {
+		return &InvalidRequestError{Field: "ttl", Reason: fmt.Sprintf("%v is below the minimum of %v", req.TTL, MinTTL)}
+	}
+	return nil
+}
+
+// ValidateKeys checks that keys are non-empty, unique and free of whitespace.
+func ValidateKeys(keys []string) error {
+	seen := make(map[string]struct{}, len(keys))
+	for i, k := range keys {
+		if k == "" {
+			return &InvalidRequestError{Field: fmt.Sprintf("keys[%d]", i), Reason: "a key must not be empty"}
+		}
+		if strings.ContainsAny(k, " \t\r\n") {
+			return &InvalidRequestError{Field: fmt.Sprintf("keys[%d]", i), Reason: fmt.Sprintf("key %q must not contain whitespace", k)}
+		}
+		if _, dup := seen[k]; dup {
+			return &InvalidRequestError{Field: fmt.Sprintf("keys[%d]", i), Reason: fmt.Sprintf("duplicate key %q", k)}
+		}
+		seen[k] = struct{}{}
+	}
+	return nil
+}

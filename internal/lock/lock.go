@@ -1,0 +1,129 @@
+// Package lock defines lockwarden's backend-neutral lease API: a Locker
+// acquires, renews, releases and inspects leases on one or more keys, and tells
+// its callers when keys are released so waiters need not poll.
+//
+// A lease is held all-or-nothing on its keys, identified by a random owner
+// token that only its holder knows, and carries a fencing token that is
+// strictly larger than every token issued before it for any of its keys. The
+// Redis implementation lives in package lock/redis; every implementation must
+// pass the conformance suite in package lock/locktest.
+package lock
+
+import (
+	"context"
+	"time"
+)
+
+const (
+	// MaxKeys is the largest number of keys one lease may hold.
+	MaxKeys = 16
+	// MinTTL is the shortest lease TTL a Locker accepts.
+	MinTTL = 100 * time.Millisecond
+	// MaxFence bounds fencing tokens so that JSON clients (and kubectl) show
+	// them exactly: every token is below 2^53.
+	MaxFence int64 = 1<<53 - 1
+)
+
+// Request describes one acquisition.
+type Request struct {
+	// Keys are the lock keys, held all-or-nothing: 1 to MaxKeys, unique, non-empty.
+	Keys []string
+	// TTL is how long the lease lives in the backend unless renewed; at least MinTTL.
+	TTL time.Duration
+	// Owner is the secret owner token. Empty: the Locker generates 128 random
+	// bits. A caller that must recover its lease after a restart (the operator)
+	// generates and stores it itself with NewOwnerToken.
+	Owner string
+	// Holder is a human-readable identity stored beside the lease so that
+	// Inspect can say who holds it (for example "cluster/ns/Job/name/uid").
+	// Optional; never used for authorization.
+	Holder string
+	// Queue makes the request wait its turn in the keys' FIFO queues: a request
+	// that finds a key busy joins the queue, and a free key is taken only by the
+	// head of its queue. Default false: take the keys whenever they are free.
+	Queue bool
+}
+
+// Lease is a held lock.
+type Lease struct {
+	// Keys are the keys held, as requested.
+	Keys []string
+	// Owner is the owner token: whoever knows it can renew and release.
+	Owner string
+	// Holder is the identity given in the Request.
+	Holder string
+	// Fence is the fencing token: strictly larger than any token issued before
+	// for any of Keys, and below MaxFence. Hand it to the resource the holder
+	// writes to, which rejects writes with a smaller token than it has seen.
+	Fence int64
+	// TTL is the lease TTL last set in the backend.
+	TTL time.Duration
+	// Acquired is when the acquisition started, on the Locker's clock.
+	Acquired time.Time
+	// Expires is the end of the validity the caller may rely on: the start of
+	// the last successful acquire or renew plus TTL, minus elapsed time and
+	// clock drift. Past it the lease must be treated as lost.
+	Expires time.Time
+}
+
+// Waiter is one entry of a key's FIFO queue.
+type Waiter struct {
+	// Holder is the identity the waiter gave.
+	Holder string
+	// Since is when it joined the queue, on the backend's clock.
+	Since time.Time
+}
+
+// KeyState is what the backend holds for one key.
+type KeyState struct {
+	// Key is the key as requested (without any backend prefix).
+	Key string
+	// Held tells whether a lease holds the key now.
+	Held bool
+	// Holder is the holder identity stored with the lease (empty when free).
+	Holder string
+	// Fence is the fencing token of the current lease, or the last one issued
+	// when the key is free (0 when none is known).
+	Fence int64
+	// Acquired is when the current lease was acquired, on the backend's clock
+	// (zero when free).
+	Acquired time.Time
+	// Expires is when the lease expires in the backend unless renewed.
+	Expires time.Time
+	// Waiters is the head of the key's FIFO queue, oldest first (bounded).
+	Waiters []Waiter
+}
+
+// Locker is a lease backend. Every method is safe for concurrent use.
+type Locker interface {
+	// TryAcquire makes one attempt. When any key is held by someone else, or
+	// req.Queue is set and another waiter is ahead, it returns an error that
+	// matches ErrNotAcquired; with req.Queue the request stays in the queues
+	// (refresh it by calling again, before WaiterTTL runs out, or leave with
+	// Dequeue).
+	TryAcquire(ctx context.Context, req Request) (*Lease, error)
+	// Acquire blocks until the lease is held or ctx ends, retrying at once when
+	// a key is released and otherwise with exponential backoff and jitter.
+	Acquire(ctx context.Context, req Request) (*Lease, error)
+	// Renew extends the lease to ttl from now if the owner token still holds
+	// every key; otherwise it returns an error matching ErrLost and the lease
+	// is gone. A lost lease is never re-acquired behind the caller's back.
+	Renew(ctx context.Context, lease *Lease, ttl time.Duration) (*Lease, error)
+	// RenewAll renews many leases in as few round trips as the backend allows
+	// (one per node), returning a renewed lease or an error for each, by index.
+	RenewAll(ctx context.Context, leases []*Lease, ttl time.Duration) ([]*Lease, []error)
+	// Release deletes the keys that the owner token still holds and notifies
+	// waiters. It returns an error matching ErrNotHeld when it held none.
+	Release(ctx context.Context, lease *Lease) error
+	// Dequeue removes the owner from the keys' FIFO queues (a waiter giving up).
+	Dequeue(ctx context.Context, keys []string, owner string) error
+	// Inspect reports what the backend holds for each key.
+	Inspect(ctx context.Context, keys []string) ([]KeyState, error)
+	// Watch delivers the names of released keys until ctx ends; with no keys,
+	// releases of every key on this backend. Delivery is best effort: a waiter
+	// must also poll.
+	Watch(ctx context.Context, keys ...string) (<-chan string, error)
+	// Close releases the backend's connections; held leases stay in the
+	// backend until released or expired.
+	Close() error
+}

@@ -1,0 +1,316 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// TryAcquire makes one attempt to take every key of req (see lock.Locker).
+//
+// A key is free for req when nobody holds it and its FIFO queue is empty or
+// has req's owner at its head: a request without Queue does not jump a
+// non-empty queue either (it fails with a *lock.HeldError whose Waiters
+// counts the queue). With req.Queue a request that cannot take the keys joins
+// (or refreshes its place in) the queue of every key, and must call again
+// within the waiter TTL to keep it; so req.Owner is required with Queue.
+//
+// In Redlock mode the keys must be taken on a majority of the nodes within the
+// lease's validity (TTL minus elapsed time minus drift); otherwise whatever
+// was taken is released on every node and the error matches lock.ErrQuorum,
+// or is a *lock.HeldError when a majority of nodes said the keys are busy.
+func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	req, err := l.prepare(req, true)
+	if err != nil {
+		return nil, err
+	}
+	lease, _, err := l.attempt(ctx, req)
+	return lease, err
+}
+
+// Acquire blocks until it holds every key of req or ctx ends (see lock.Locker).
+// It subscribes to the keys' release messages first, then tries; after a
+// failed try it waits for a release message, the holder's remaining TTL or
+// the next backoff step (WithBackoff), whichever comes first. With req.Queue
+// it waits in the keys' FIFO queues, heartbeating its place at least every
+// third of the waiter TTL, and leaves the queues when ctx ends. Errors from
+// Redis are retried too; when ctx ends the error wraps both ctx.Err() and the
+// last attempt's error.
+func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	req, err := l.prepare(req, false)
+	if err != nil {
+		return nil, err
+	}
+	log := l.log.WithValues("keys", req.Keys, "holder", req.Holder)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	released, err := l.Watch(wctx, req.Keys...)
+	if err != nil {
+		log.V(2).Info("Watching releases failed; polling only", "err", err.Error())
+		released = nil
+	}
+	b := l.backoff()
+	heartbeat := l.opts.waiterTTL / 3
+	var lastErr error
+	for ctx.Err() == nil {
+		lease, hint, err := l.attempt(ctx, req)
+		if err == nil {
+			return lease, nil
+		}
+		lastErr = err
+		d := b.Step()
+		if b.Cap > 0 && d > b.Cap {
+			d = b.Cap
+		}
+		if hint > 0 && hint+time.Millisecond < d {
+			d = hint + time.Millisecond
+		}
+		if req.Queue && d > heartbeat {
+			d = heartbeat
+		}
+		log.V(4).Info("Waiting for lease", "wait", d.String(), "err", err.Error())
+		timer, stop := l.newTimer(d)
+		select {
+		case <-ctx.Done():
+		case _, ok := <-released:
+			if !ok {
+				released = nil
+			}
+			b = l.backoff()
+		case <-timer:
+		}
+		stop()
+	}
+	if req.Queue {
+		cctx, ccancel := l.cleanupContext(ctx)
+		if err := l.Dequeue(cctx, req.Keys, req.Owner); err != nil {
+			log.V(2).Info("Leaving the queue failed; the place expires with the waiter TTL", "err", err.Error())
+		}
+		ccancel()
+	}
+	if lastErr == nil {
+		return nil, fmt.Errorf("acquire keys %q: %w", req.Keys, ctx.Err())
+	}
+	return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, ctx.Err(), lastErr)
+}
+
+// prepare validates req and fills in the owner token.
+func (l *Locker) prepare(req lock.Request, try bool) (lock.Request, error) {
+	if err := lock.ValidateRequest(req); err != nil {
+		return req, err
+	}
+	if try && req.Queue && req.Owner == "" {
+		return req, &lock.InvalidRequestError{Field: "owner", Reason: "required with queue in TryAcquire: the waiter must call again with the same owner token to keep its place, and Dequeue with it to leave"}
+	}
+	req.Keys = slices.Clone(req.Keys)
+	if req.Owner == "" {
+		tok, err := lock.NewOwnerToken()
+		if err != nil {
+			return req, err
+		}
+		req.Owner = tok
+	}
+	return req, nil
+}
+
+type acquireReply struct {
+	ok        bool
+	fence     int64
+	held      *lock.HeldError
+	holderTTL time.Duration
+	ticket    int64
+}
+
+func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticket int64) (acquireReply, error) {
+	keys := append(l.redisKeys(req.Keys, "lock", "meta", "fence", "queue", "deadlines", "waiters"), l.ticketKey())
+	join := "0"
+	if req.Queue {
+		join = "1"
+	}
+	v, err := run(ctx, acquireScript, n.client, "acquire", keys,
+		req.Owner, req.TTL.Milliseconds(), req.Holder, join, l.opts.waiterTTL.Milliseconds(), ticket, lock.MaxFence)
+	if err != nil {
+		return acquireReply{}, err
+	}
+	s, err := asSlice(v, 2)
+	if err != nil {
+		return acquireReply{}, fmt.Errorf("acquire script: %w", err)
+	}
+	d := decoder{s: s}
+	if d.int(0) == 1 {
+		fence := d.int(1)
+		if d.err == nil && (fence <= 0 || fence >= lock.MaxFence) {
+			d.err = fmt.Errorf("fencing token %d out of range (0, %d)", fence, lock.MaxFence)
+		}
+		if d.err != nil {
+			return acquireReply{}, fmt.Errorf("acquire script: %w", d.err)
+		}
+		return acquireReply{ok: true, fence: fence}, nil
+	}
+	if d.err == nil && len(s) < 8 {
+		d.err = fmt.Errorf("unexpected reply %v: want 8 elements", s)
+	}
+	idx := d.int(1)
+	if d.err == nil && (idx < 1 || int(idx) > len(req.Keys)) {
+		d.err = fmt.Errorf("busy key index %d out of range [1, %d]", idx, len(req.Keys))
+	}
+	if d.err != nil {
+		return acquireReply{}, fmt.Errorf("acquire script: %w", d.err)
+	}
+	r := acquireReply{
+		held: &lock.HeldError{
+			Key:      req.Keys[idx-1],
+			Holder:   d.str(2),
+			Fence:    d.int(3),
+			Position: int(d.int(4)),
+			Waiters:  int(d.int(5)),
+		},
+		holderTTL: time.Duration(d.int(6)) * time.Millisecond,
+		ticket:    d.int(7),
+	}
+	if d.err != nil {
+		return acquireReply{}, fmt.Errorf("acquire script: %w", d.err)
+	}
+	return r, nil
+}
+
+// attempt is one acquisition on every node. It returns the lease, or a hint
+// of when the busy holder's lease ends (0 when unknown) and the error.
+func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, time.Duration, error) {
+	redlock := len(l.nodes) > 1
+	var ticket int64
+	if redlock && req.Queue {
+		if v, ok := l.tickets.Load(req.Owner); ok {
+			ticket = v.(int64)
+		}
+	}
+	start := l.opts.clock.Now()
+	timeout := l.callTimeout(req.TTL)
+	res := fanOut(ctx, l.nodes, timeout, func(ctx context.Context, n *node) (acquireReply, error) {
+		return l.acquireOn(ctx, n, req, ticket)
+	})
+	var (
+		acquired   []result[acquireReply]
+		fence      int64
+		busy       []*lock.HeldError
+		errs       []error
+		hint       time.Duration
+		maxTicket  int64
+		nodeFailed bool
+	)
+	for _, r := range res {
+		switch {
+		case r.err != nil:
+			nodeFailed = true
+			errs = append(errs, r.nodeErr())
+			l.log.V(2).Info("Acquire failed on node", "node", r.node.name, "keys", req.Keys, "err", r.err.Error())
+		case r.val.ok:
+			acquired = append(acquired, r)
+			fence = max(fence, r.val.fence)
+		default:
+			busy = append(busy, r.val.held)
+			errs = append(errs, &lock.NodeError{Node: r.node.name, Err: r.val.held})
+			if t := r.val.holderTTL; t > 0 && (hint == 0 || t < hint) {
+				hint = t
+			}
+			maxTicket = max(maxTicket, r.val.ticket)
+		}
+	}
+	if redlock && req.Queue && maxTicket > 0 {
+		l.tickets.Store(req.Owner, maxTicket)
+	}
+	agreed := len(acquired)
+	if redlock && agreed >= l.quorum {
+		agreed = l.writeBack(ctx, req, acquired, fence, timeout)
+	}
+	elapsed := l.opts.clock.Since(start)
+	validity := req.TTL - elapsed - drift(req.TTL)
+	if agreed >= l.quorum && validity > 0 {
+		l.tickets.Delete(req.Owner)
+		lease := &lock.Lease{
+			Keys:     req.Keys,
+			Owner:    req.Owner,
+			Holder:   req.Holder,
+			Fence:    fence,
+			TTL:      req.TTL,
+			Acquired: start,
+			Expires:  start.Add(validity),
+		}
+		l.log.V(1).Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", validity.String())
+		return lease, 0, nil
+	}
+
+	// Not acquired: undo whatever this attempt took (a node that failed may
+	// have run the script before the reply was lost).
+	if len(acquired) > 0 || nodeFailed {
+		l.releaseEverywhere(ctx, req.Keys, req.Owner)
+	}
+	op := fmt.Sprintf("acquire keys %q", req.Keys)
+	if agreed >= l.quorum {
+		slow := fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, req.TTL, drift(req.TTL))
+		return nil, hint, l.failure(op, 0, append(errs, slow))
+	}
+	if len(busy) > len(l.nodes)-l.quorum {
+		return nil, hint, pickHeld(busy)
+	}
+	return nil, hint, l.failure(op, len(acquired), errs)
+}
+
+// pickHeld chooses the most telling of the nodes' busy answers: one that names a holder.
+func pickHeld(busy []*lock.HeldError) *lock.HeldError {
+	for _, h := range busy {
+		if h.Holder != "" {
+			return h
+		}
+	}
+	return busy[0]
+}
+
+// writeBack raises the fence counters to fence on the nodes where the lease
+// was taken with a lower token, and returns how many nodes now hold the lease
+// with counters at fence or above.
+func (l *Locker) writeBack(ctx context.Context, req lock.Request, acquired []result[acquireReply], fence int64, timeout time.Duration) int {
+	done := 0
+	var behind []*node
+	for _, r := range acquired {
+		if r.val.fence >= fence {
+			done++
+		} else {
+			behind = append(behind, r.node)
+		}
+	}
+	if len(behind) == 0 {
+		return done
+	}
+	keys := l.redisKeys(req.Keys, "lock", "meta", "fence")
+	res := fanOut(ctx, behind, timeout, func(ctx context.Context, n *node) (int64, error) {
+		v, err := run(ctx, raiseScript, n.client, "raise", keys, fence, req.Owner)
+		if err != nil {
+			return 0, err
+		}
+		return asInt(v)
+	})
+	for _, r := range res {
+		if r.err != nil {
+			l.log.V(2).Info("Fence write-back failed on node", "node", r.node.name, "keys", req.Keys, "fence", fence, "err", r.err.Error())
+			continue
+		}
+		done++
+	}
+	return done
+}
+
+// releaseEverywhere releases the owner's keys on every node, best effort,
+// even when ctx has ended.
+func (l *Locker) releaseEverywhere(ctx context.Context, keys []string, owner string) {
+	cctx, cancel := l.cleanupContext(ctx)
+	defer cancel()
+	for _, r := range l.releaseOnAll(cctx, keys, owner) {
+		if r.err != nil {
+			l.log.V(2).Info("Best-effort release failed on node", "node", r.node.name, "keys", keys, "err", r.err.Error())
+		}
+	}
+}

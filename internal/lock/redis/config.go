@@ -1,0 +1,207 @@
+package redis
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
+)
+
+// MaxRedlockNodes is the largest number of independent masters a Redlock Locker accepts.
+const MaxRedlockNodes = 7
+
+// ErrInvalidConfig is matched (errors.Is) by every *ConfigError.
+var ErrInvalidConfig = errors.New("invalid redis lock configuration")
+
+// ConfigError names the Config field or option that is wrong and what would be valid.
+type ConfigError struct {
+	// Field is the Config field or option, for example "Addrs" or "WithNodeTimeout".
+	Field string
+	// Reason says what is wrong and what is accepted.
+	Reason string
+}
+
+// Error names the field and says what is valid.
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("invalid redis lock configuration: %s: %s", e.Field, e.Reason)
+}
+
+// Is makes a ConfigError match ErrInvalidConfig.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// Mode is how a Locker reaches Redis.
+type Mode string
+
+const (
+	// ModeStandalone uses one Redis server.
+	ModeStandalone Mode = "Standalone"
+	// ModeSentinel finds the master through Redis Sentinel and follows failovers.
+	ModeSentinel Mode = "Sentinel"
+	// ModeRedlock uses 3, 5 or 7 independent masters and needs a majority of them.
+	ModeRedlock Mode = "Redlock"
+)
+
+// Config says which Redis servers a Locker uses and how it authenticates.
+type Config struct {
+	// Addrs are host:port addresses. One address: a standalone server. Three,
+	// five or seven: independent masters (never replicas of each other) used
+	// with the Redlock algorithm. With MasterName set: the Sentinels (any number).
+	Addrs []string
+	// MasterName, when set, makes Addrs Sentinels and the mode Sentinel: the
+	// Locker talks to the master the Sentinels name and follows failovers.
+	MasterName string
+	// Username for Redis ACLs (AUTH username password). Optional.
+	Username string
+	// Password for the Redis servers (the master in Sentinel mode). Optional.
+	Password string
+	// SentinelPassword authenticates to the Sentinels (Sentinel mode only). Optional.
+	SentinelPassword string
+	// DB is the database index, 0 by default.
+	DB int
+	// TLS, when set, makes every connection use TLS with this configuration
+	// (Sentinels included). Default: plain TCP.
+	TLS *tls.Config
+	// Prefix is prepended to every Redis key and pub/sub channel the Locker
+	// uses, so that lockers with different prefixes never see each other's
+	// leases (the operator puts the namespace in it). Default: empty.
+	Prefix string
+}
+
+// Validate checks the configuration and names the field that is wrong.
+func (c Config) Validate() error {
+	if len(c.Addrs) == 0 {
+		return &ConfigError{Field: "Addrs", Reason: "at least one address is required: 1 for a standalone server, 3, 5 or 7 independent masters for Redlock, or the Sentinels together with MasterName"}
+	}
+	seen := map[string]bool{}
+	for i, a := range c.Addrs {
+		field := fmt.Sprintf("Addrs[%d]", i)
+		if strings.TrimSpace(a) == "" {
+			return &ConfigError{Field: field, Reason: "an address must not be empty; use host:port"}
+		}
+		host, port, err := net.SplitHostPort(a)
+		if err != nil || host == "" || port == "" {
+			return &ConfigError{Field: field, Reason: fmt.Sprintf("%q is not host:port", a)}
+		}
+		if seen[a] {
+			return &ConfigError{Field: field, Reason: fmt.Sprintf("duplicate address %q: every node must be listed once", a)}
+		}
+		seen[a] = true
+	}
+	if c.MasterName == "" {
+		n := len(c.Addrs)
+		switch {
+		case n > MaxRedlockNodes:
+			return &ConfigError{Field: "Addrs", Reason: fmt.Sprintf("%d addresses given: Redlock supports 3, 5 or 7 independent masters (at most %d); use 1 for a standalone server", n, MaxRedlockNodes)}
+		case n > 1 && n%2 == 0:
+			return &ConfigError{Field: "Addrs", Reason: fmt.Sprintf("%d addresses given: Redlock needs an odd number of independent masters (3, 5 or 7) so that a majority is unambiguous; use 1 for a standalone server", n)}
+		}
+		if c.SentinelPassword != "" {
+			return &ConfigError{Field: "SentinelPassword", Reason: "only used in Sentinel mode: set MasterName too, or leave it empty"}
+		}
+	}
+	if c.DB < 0 {
+		return &ConfigError{Field: "DB", Reason: fmt.Sprintf("%d is negative; database indexes start at 0", c.DB)}
+	}
+	if strings.ContainsAny(c.Prefix, " \t\r\n") {
+		return &ConfigError{Field: "Prefix", Reason: fmt.Sprintf("%q must not contain whitespace", c.Prefix)}
+	}
+	return nil
+}
+
+// Mode returns the mode the configuration selects.
+func (c Config) Mode() Mode {
+	switch {
+	case c.MasterName != "":
+		return ModeSentinel
+	case len(c.Addrs) > 1:
+		return ModeRedlock
+	default:
+		return ModeStandalone
+	}
+}
+
+// Defaults of the options.
+const (
+	// DefaultNodeTimeout is the per-node timeout of one call (see WithNodeTimeout).
+	DefaultNodeTimeout = 100 * time.Millisecond
+	// DefaultWaiterTTL is how long a queued waiter keeps its place without a heartbeat.
+	DefaultWaiterTTL = 30 * time.Second
+	// MinWaiterTTL is the shortest WithWaiterTTL accepted.
+	MinWaiterTTL = 100 * time.Millisecond
+)
+
+// DefaultBackoff is Acquire's fallback polling when no release message comes:
+// 10ms doubling to at most 1s, each step with up to 50% jitter.
+var DefaultBackoff = wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: time.Second}
+
+type options struct {
+	clock       clock.PassiveClock
+	log         logr.Logger
+	nodeTimeout time.Duration
+	backoff     wait.Backoff
+	waiterTTL   time.Duration
+}
+
+// Option configures a Locker.
+type Option func(*options)
+
+// WithClock sets the clock used for lease validity (Acquired, Expires, the
+// elapsed time of an acquisition on its monotonic reading). When it also
+// implements clock.Clock (for example clock.WithTicker), Acquire's waits use
+// its timers. Default: the real clock.
+func WithClock(c clock.PassiveClock) Option { return func(o *options) { o.clock = c } }
+
+// WithLogger sets the logger. Acquisitions and releases are logged at V(1),
+// node failures at V(2), renewals at V(4). Default: logr.Discard().
+func WithLogger(l logr.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithNodeTimeout bounds each call to one node. For calls tied to a lease
+// (acquire, renew) it is further capped at a quarter of the lease TTL, so a
+// slow node cannot eat the lease's validity. Default: DefaultNodeTimeout (100ms).
+func WithNodeTimeout(d time.Duration) Option { return func(o *options) { o.nodeTimeout = d } }
+
+// WithBackoff sets Acquire's fallback polling between attempts when no release
+// message arrives (exponential with jitter; Cap bounds the wait; Steps is
+// ignored). A release message resets it. Default: DefaultBackoff.
+func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.backoff = b } }
+
+// WithWaiterTTL sets how long a queued waiter keeps its place in a key's FIFO
+// queue without a heartbeat (another TryAcquire with Queue); past it the next
+// acquisition prunes it. Acquire heartbeats at least every third of it.
+// Default: DefaultWaiterTTL (30s); at least MinWaiterTTL.
+func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.waiterTTL = d } }
+
+func buildOptions(opts []Option) (options, error) {
+	o := options{
+		clock:       clock.RealClock{},
+		log:         logr.Discard(),
+		nodeTimeout: DefaultNodeTimeout,
+		backoff:     DefaultBackoff,
+		waiterTTL:   DefaultWaiterTTL,
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	switch {
+	case o.clock == nil:
+		return o, &ConfigError{Field: "WithClock", Reason: "the clock must not be nil"}
+	case o.nodeTimeout <= 0:
+		return o, &ConfigError{Field: "WithNodeTimeout", Reason: fmt.Sprintf("%v: the per-node timeout must be positive", o.nodeTimeout)}
+	case o.waiterTTL < MinWaiterTTL:
+		return o, &ConfigError{Field: "WithWaiterTTL", Reason: fmt.Sprintf("%v is below the minimum of %v", o.waiterTTL, MinWaiterTTL)}
+	case o.backoff.Duration <= 0:
+		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Duration %v must be positive", o.backoff.Duration)}
+	case o.backoff.Factor != 0 && o.backoff.Factor < 1:
+		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Factor %v must be 0 (constant) or at least 1", o.backoff.Factor)}
+	}
+	if o.backoff.Steps <= 0 {
+		o.backoff.Steps = 1 << 30
+	}
+	return o, nil
+}

@@ -1,0 +1,37 @@
+package redis
+
+import (
+	"testing"
+	"time"
+
+	"github.com/lockwarden/lockwarden/internal/lock/locktest"
+	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
+)
+
+func TestConformanceStandalone(t *testing.T) {
+	s := redistest.Start(t)
+	locktest.Run(t, lockerFactory(Config{Addrs: []string{s.Addr}, Prefix: "conf:"}), locktest.WithWaiterTTL(time.Second))
+}
+
+func TestConformanceStandalonePasswordTLS(t *testing.T) {
+	s := redistest.Start(t, redistest.WithPassword("s3cret"), redistest.WithTLS())
+	cfg := Config{Addrs: []string{s.Addr}, Password: "s3cret", TLS: tlsFor(s), DB: 3}
+	locktest.Run(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
+}
+
+func TestConformanceRedlock3(t *testing.T) {
+	servers := redistest.StartN(t, 3)
+	locktest.Run(t, lockerFactory(Config{Addrs: addrs(servers), DB: 1}), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(5))
+}
+
+func TestConformanceRedlock5(t *testing.T) {
+	servers := redistest.StartN(t, 5)
+	locktest.Run(t, lockerFactory(Config{Addrs: addrs(servers)}), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(5))
+}
+
+func TestConformanceSentinel(t *testing.T) {
+	master := redistest.Start(t, redistest.WithPassword("m4ster"))
+	sentinels := redistest.StartSentinels(t, master, 3, "mymaster")
+	cfg := Config{Addrs: sentinels.Addrs(), MasterName: sentinels.MasterName, Password: "m4ster", DB: 2}
+	locktest.Run(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
+}

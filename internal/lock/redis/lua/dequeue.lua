@@ -1,0 +1,30 @@
+-- dequeue.lua: remove one owner from the FIFO queues of some keys.
+--
+-- KEYS: four per lock key, in this order:
+--   lock       string  owner token of the holder
+--   queue      zset    waiting owner -> ticket
+--   deadlines  zset    waiting owner -> heartbeat deadline
+--   waiters    hash    waiting owner -> "<since microseconds> <holder>"
+-- ARGV:
+--   1 owner token
+--   then two per lock key: release channel, key name (as the caller named it)
+-- When the owner was at the head of a free key's queue and others still wait,
+-- publishes "<key name> dequeue-<server microseconds>" so the next waiter tries
+-- at once. Returns the number of queues the owner left.
+local owner = ARGV[1]
+local left = 0
+local t = redis.call('TIME')
+local stamp = t[1] .. string.format('%06d', tonumber(t[2]))
+for i = 1, #KEYS / 4 do
+  local lk, q, d, w = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+  local head = redis.call('ZRANGE', q, 0, 0)
+  if redis.call('ZREM', q, owner) == 1 then
+    left = left + 1
+    if head[1] == owner and redis.call('EXISTS', lk) == 0 and redis.call('ZCARD', q) > 0 then
+      redis.call('PUBLISH', ARGV[2 * i], ARGV[2 * i + 1] .. ' dequeue-' .. stamp)
+    end
+  end
+  redis.call('ZREM', d, owner)
+  redis.call('HDEL', w, owner)
+end
+return left

@@ -1,0 +1,32 @@
+-- renew.lua: compare-and-extend every key of one lease.
+--
+-- KEYS: two per lock key, in this order:
+--   lock  string  owner token
+--   meta  hash    holder, fence, acquired
+-- ARGV:
+--   1 owner token
+--   2 new TTL in milliseconds
+--   then two per lock key: release channel, key name (as the caller named it)
+-- Returns 0 when the owner held every key and all were extended. Otherwise
+-- returns the 1-based index of the first key the owner no longer holds: the
+-- lease is lost, so the keys it still held are released (and published as
+-- "<key name> <fence>") instead of extended.
+local owner, ttl = ARGV[1], ARGV[2]
+local n = #KEYS / 2
+for i = 1, n do
+  if redis.call('GET', KEYS[2 * i - 1]) ~= owner then
+    for j = 1, n do
+      if redis.call('GET', KEYS[2 * j - 1]) == owner then
+        local fence = redis.call('HGET', KEYS[2 * j], 'fence') or '0'
+        redis.call('DEL', KEYS[2 * j - 1], KEYS[2 * j])
+        redis.call('PUBLISH', ARGV[2 * j + 1], ARGV[2 * j + 2] .. ' ' .. fence)
+      end
+    end
+    return i
+  end
+end
+for i = 1, n do
+  redis.call('PEXPIRE', KEYS[2 * i - 1], ttl)
+  redis.call('PEXPIRE', KEYS[2 * i], ttl)
+end
+return 0

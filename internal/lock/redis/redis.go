@@ -1,0 +1,310 @@
+// Package redis implements lock.Locker on Redis: one standalone server, a
+// master found through Redis Sentinel, or the Redlock algorithm over 3, 5 or 7
+// independent masters.
+//
+// Every operation on a node is one Lua script (in the lua directory, embedded
+// and run with EVALSHA, falling back to EVAL): acquisition takes all keys of a
+// lease or none, computes the fencing token and checks the FIFO queue; release
+// and renewal compare the owner token before they delete or extend. Nothing
+// ever deletes or extends a lock key without that comparison.
+//
+// # Keys in Redis
+//
+// For a lock key K and Config.Prefix P the Locker uses:
+//
+//	P{K}:lock       owner token, with the lease TTL
+//	P{K}:meta       hash holder, fence, acquired (server microseconds), same TTL
+//	P{K}:fence      last fencing token issued for K (no TTL: must outlive leases)
+//	P{K}:queue      FIFO queue: waiting owner -> ticket
+//	P{K}:deadlines  waiting owner -> heartbeat deadline (server milliseconds)
+//	P{K}:waiters    waiting owner -> "<since microseconds> <holder>"
+//	P{K}:released   pub/sub channel of K's releases
+//	Plockwarden:ticket  ticket counter shared by all keys under P
+//
+// See docs/safety.md for what the fencing token and Redlock do and do not guarantee.
+package redis
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	goredis "github.com/redis/go-redis/v9"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// maxInspectWaiters bounds the waiters Inspect reports per key.
+const maxInspectWaiters = 10
+
+// client is what the Locker needs from a go-redis client (*goredis.Client,
+// including the Sentinel failover client, satisfies it).
+type client interface {
+	goredis.Scripter
+	Pipeline() goredis.Pipeliner
+	Ping(ctx context.Context) *goredis.StatusCmd
+	Subscribe(ctx context.Context, channels ...string) *goredis.PubSub
+	PSubscribe(ctx context.Context, patterns ...string) *goredis.PubSub
+	Close() error
+}
+
+// node is one Redis endpoint: a server, or the Sentinel-managed master.
+type node struct {
+	name   string
+	client client
+}
+
+// Locker is a lock.Locker on Redis. It is safe for concurrent use.
+type Locker struct {
+	cfg    Config
+	mode   Mode
+	nodes  []*node
+	quorum int
+	opts   options
+	log    logr.Logger
+
+	// tickets remembers, in Redlock mode, the queue ticket of each queued
+	// owner, so that every node orders the waiters the same way.
+	tickets sync.Map // owner -> int64
+}
+
+var _ lock.Locker = (*Locker)(nil)
+
+// New builds a Locker. It validates cfg and the options but does not contact
+// Redis; use Ping to check reachability.
+func New(cfg Config, opts ...Option) (*Locker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	o, err := buildOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	l := &Locker{cfg: cfg, mode: cfg.Mode(), opts: o}
+	l.log = o.log.WithValues("mode", string(l.mode))
+	switch l.mode {
+	case ModeSentinel:
+		c := goredis.NewFailoverClient(&goredis.FailoverOptions{
+			MasterName:            cfg.MasterName,
+			SentinelAddrs:         cfg.Addrs,
+			SentinelPassword:      cfg.SentinelPassword,
+			Username:              cfg.Username,
+			Password:              cfg.Password,
+			DB:                    cfg.DB,
+			TLSConfig:             cloneTLS(cfg),
+			MaxRetries:            -1,
+			DialTimeout:           time.Second,
+			DialerRetries:         1,
+			ContextTimeoutEnabled: true,
+		})
+		name := fmt.Sprintf("%s (Sentinels %s)", cfg.MasterName, strings.Join(cfg.Addrs, ","))
+		l.nodes = []*node{{name: name, client: c}}
+	default:
+		for _, a := range cfg.Addrs {
+			c := goredis.NewClient(&goredis.Options{
+				Addr:                  a,
+				Username:              cfg.Username,
+				Password:              cfg.Password,
+				DB:                    cfg.DB,
+				TLSConfig:             cloneTLS(cfg),
+				MaxRetries:            -1,
+				DialTimeout:           time.Second,
+				DialerRetries:         1,
+				ContextTimeoutEnabled: true,
+			})
+			l.nodes = append(l.nodes, &node{name: a, client: c})
+		}
+	}
+	l.quorum = len(l.nodes)/2 + 1
+	return l, nil
+}
+
+func cloneTLS(cfg Config) *tls.Config {
+	if cfg.TLS == nil {
+		return nil
+	}
+	return cfg.TLS.Clone()
+}
+
+// Mode reports how the Locker reaches Redis.
+func (l *Locker) Mode() Mode { return l.mode }
+
+// Close closes the connections to every node. Leases stay in Redis until
+// released or expired.
+func (l *Locker) Close() error {
+	var errs []error
+	for _, n := range l.nodes {
+		if err := n.client.Close(); err != nil {
+			errs = append(errs, &lock.NodeError{Node: n.name, Err: err})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Ping checks that the backend answers: the server, the Sentinel-managed
+// master, or a majority of the Redlock masters. The error matches
+// lock.ErrBackendUnavailable or lock.ErrQuorum and names the failing nodes.
+func (l *Locker) Ping(ctx context.Context) error {
+	res := fanOut(ctx, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (struct{}, error) {
+		if err := n.client.Ping(ctx).Err(); err != nil {
+			return struct{}{}, fmt.Errorf("ping: %w", err)
+		}
+		return struct{}{}, nil
+	})
+	ok, errs := 0, []error(nil)
+	for _, r := range res {
+		if r.err != nil {
+			errs = append(errs, r.nodeErr())
+			continue
+		}
+		ok++
+	}
+	if ok >= l.quorum {
+		return nil
+	}
+	return l.failure("ping", ok, errs)
+}
+
+// failure builds the error of an operation that did not reach enough nodes:
+// ErrBackendUnavailable for one node, a *QuorumError for Redlock.
+func (l *Locker) failure(op string, agreed int, errs []error) error {
+	if len(l.nodes) == 1 {
+		return fmt.Errorf("%w: %s: %w", lock.ErrBackendUnavailable, op, errors.Join(errs...))
+	}
+	return &QuorumError{Op: op, Agreed: agreed, Needed: l.quorum, Total: len(l.nodes), Cause: errors.Join(errs...)}
+}
+
+// QuorumError is a Redlock operation that fewer than a majority of the nodes
+// agreed to. It matches lock.ErrQuorum and unwraps to the per-node causes
+// (*lock.NodeError, joined with errors.Join).
+type QuorumError struct {
+	// Op names the operation, for example `acquire keys ["a"]`.
+	Op string
+	// Agreed is how many nodes did it; Needed is the majority; Total the node count.
+	Agreed, Needed, Total int
+	// Cause joins the per-node errors.
+	Cause error
+}
+
+// Error says how many nodes agreed, how many were needed, and why each other node failed.
+func (e *QuorumError) Error() string {
+	msg := fmt.Sprintf("no quorum of lock nodes: %s: %d of %d nodes agreed, %d needed", e.Op, e.Agreed, e.Total, e.Needed)
+	if e.Cause != nil {
+		msg += ": " + strings.ReplaceAll(e.Cause.Error(), "\n", "; ")
+	}
+	return msg
+}
+
+// Is makes a QuorumError match lock.ErrQuorum.
+func (e *QuorumError) Is(target error) bool { return target == lock.ErrQuorum }
+
+// Unwrap returns the joined per-node causes.
+func (e *QuorumError) Unwrap() error { return e.Cause }
+
+// result is one node's answer in a fan-out.
+type result[T any] struct {
+	node *node
+	val  T
+	err  error
+}
+
+func (r result[T]) nodeErr() error { return &lock.NodeError{Node: r.node.name, Err: r.err} }
+
+// fanOut calls every node in parallel, each under its own timeout, and
+// returns the answers in node order.
+func fanOut[T any](ctx context.Context, nodes []*node, timeout time.Duration, call func(context.Context, *node) (T, error)) []result[T] {
+	out := make([]result[T], len(nodes))
+	run := func(i int) {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		v, err := call(cctx, nodes[i])
+		out[i] = result[T]{node: nodes[i], val: v, err: err}
+	}
+	if len(nodes) == 1 {
+		run(0)
+		return out
+	}
+	var wg sync.WaitGroup
+	for i := range nodes {
+		wg.Go(func() { run(i) })
+	}
+	wg.Wait()
+	return out
+}
+
+// callTimeout is the per-node timeout of a call tied to a lease of the given TTL.
+func (l *Locker) callTimeout(ttl time.Duration) time.Duration {
+	return min(l.opts.nodeTimeout, ttl/4)
+}
+
+// drift is the clock drift allowance of the Redlock validity: 1% of the TTL plus 2ms.
+func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
+
+// backoff returns a fresh copy of the configured backoff.
+func (l *Locker) backoff() wait.Backoff { return l.opts.backoff }
+
+// newTimer uses the injected clock's timers when it has them.
+func (l *Locker) newTimer(d time.Duration) (<-chan time.Time, func()) {
+	if c, ok := l.opts.clock.(clock.Clock); ok {
+		t := c.NewTimer(d)
+		return t.C(), func() { t.Stop() }
+	}
+	t := time.NewTimer(d)
+	return t.C, func() { t.Stop() }
+}
+
+// Key layout. See the package documentation.
+
+func (l *Locker) base(key string) string { return l.cfg.Prefix + "{" + key + "}:" }
+
+func (l *Locker) channel(key string) string { return l.base(key) + "released" }
+
+func (l *Locker) ticketKey() string { return l.cfg.Prefix + "lockwarden:ticket" }
+
+// allChannelsPattern matches the release channel of every key under the prefix.
+func (l *Locker) allChannelsPattern() string {
+	var b strings.Builder
+	for _, r := range l.cfg.Prefix {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	b.WriteString("{*}:released")
+	return b.String()
+}
+
+// redisKeys lists, for each lock key, the Redis keys named by parts (lock,
+// meta, fence, queue, deadlines, waiters), in the order the scripts expect.
+func (l *Locker) redisKeys(keys []string, parts ...string) []string {
+	out := make([]string, 0, len(keys)*len(parts))
+	for _, k := range keys {
+		b := l.base(k)
+		for _, p := range parts {
+			out = append(out, b+p)
+		}
+	}
+	return out
+}
+
+// channelArgs returns channel, key-name pairs for the scripts that publish.
+func (l *Locker) channelArgs(keys []string) []any {
+	out := make([]any, 0, 2*len(keys))
+	for _, k := range keys {
+		out = append(out, l.channel(k), k)
+	}
+	return out
+}
+
+// cleanupContext outlives the caller's context (best-effort cleanup after a
+// cancelled call) but is bounded by the node timeout.
+func (l *Locker) cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), l.opts.nodeTimeout)
+}

@@ -1,0 +1,116 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// Release deletes the keys the lease's owner token still holds, on every node,
+// and publishes their release (see lock.Locker). It returns an error matching
+// lock.ErrNotHeld when the owner held none of them; in Redlock mode a majority
+// of the nodes must answer, or the error matches lock.ErrQuorum.
+func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
+	if err := validateLease(lease); err != nil {
+		return err
+	}
+	res := l.releaseOnAll(ctx, lease.Keys, lease.Owner)
+	responded, released := 0, 0
+	var errs []error
+	for _, r := range res {
+		if r.err != nil {
+			errs = append(errs, r.nodeErr())
+			continue
+		}
+		responded++
+		if r.val > 0 {
+			released++
+		}
+	}
+	if responded < l.quorum {
+		return l.failure(fmt.Sprintf("release keys %q (fencing token %d)", lease.Keys, lease.Fence), responded, errs)
+	}
+	if released == 0 {
+		return fmt.Errorf("release keys %q (fencing token %d): %w: the lease expired or another owner took it", lease.Keys, lease.Fence, lock.ErrNotHeld)
+	}
+	l.log.V(1).Info("Released lease", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
+	return nil
+}
+
+func (l *Locker) releaseOnAll(ctx context.Context, keys []string, owner string) []result[int64] {
+	rk := l.redisKeys(keys, "lock", "meta")
+	args := append([]any{owner}, l.channelArgs(keys)...)
+	return fanOut(ctx, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
+		v, err := run(ctx, releaseScript, n.client, "release", rk, args...)
+		if err != nil {
+			return 0, err
+		}
+		released, err := asInt(v)
+		if err != nil {
+			return 0, fmt.Errorf("release script: %w", err)
+		}
+		return released, nil
+	})
+}
+
+// Dequeue removes owner from the FIFO queues of keys (a waiter giving up) and,
+// when it was at the head of a free key's queue, wakes the next waiter. It is
+// not an error to dequeue an owner that is not queued.
+func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error {
+	if err := validateKeys("keys", keys); err != nil {
+		return err
+	}
+	if owner == "" {
+		return &lock.InvalidRequestError{Field: "owner", Reason: "the owner token of the waiter is required"}
+	}
+	rk := l.redisKeys(keys, "lock", "queue", "deadlines", "waiters")
+	args := append([]any{owner}, l.channelArgs(keys)...)
+	res := fanOut(ctx, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
+		v, err := run(ctx, dequeueScript, n.client, "dequeue", rk, args...)
+		if err != nil {
+			return 0, err
+		}
+		left, err := asInt(v)
+		if err != nil {
+			return 0, fmt.Errorf("dequeue script: %w", err)
+		}
+		return left, nil
+	})
+	responded := 0
+	var errs []error
+	for _, r := range res {
+		if r.err != nil {
+			errs = append(errs, r.nodeErr())
+			continue
+		}
+		responded++
+	}
+	l.tickets.Delete(owner)
+	if responded < l.quorum {
+		return l.failure(fmt.Sprintf("dequeue from keys %q", keys), responded, errs)
+	}
+	return nil
+}
+
+// validateKeys checks a key list given outside a Request.
+func validateKeys(field string, keys []string) error {
+	if len(keys) == 0 {
+		return &lock.InvalidRequestError{Field: field, Reason: fmt.Sprintf("at least one key is required (at most %d)", lock.MaxKeys)}
+	}
+	if len(keys) > lock.MaxKeys {
+		return &lock.InvalidRequestError{Field: field, Reason: fmt.Sprintf("%d keys given, at most %d allowed", len(keys), lock.MaxKeys)}
+	}
+	return lock.ValidateKeys(keys)
+}
+
+// validateLease checks a lease given to Renew or Release.
+func validateLease(lease *lock.Lease) error {
+	if lease == nil {
+		return &lock.InvalidRequestError{Field: "lease", Reason: "a lease is required, got nil"}
+	}
+	if lease.Owner == "" {
+		return &lock.InvalidRequestError{Field: "lease.owner", Reason: "the owner token is required: only the owner may renew or release a lease"}
+	}
+	return validateKeys("lease.keys", lease.Keys)
+}

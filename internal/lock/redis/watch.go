@@ -1,0 +1,141 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// watchBuffer is how many release notifications a Watch channel buffers; when
+// the reader falls further behind, notifications are dropped (a waiter polls too).
+const watchBuffer = 64
+
+// Watch delivers the names of released keys until ctx ends, then closes the
+// channel (see lock.Locker). With keys it subscribes to their release
+// channels; with none, to every key's release channel under the prefix (a
+// pattern subscription). It returns once the subscription is active on at
+// least one node, so a release after Watch returns is delivered. In Redlock
+// mode it subscribes on every node (nodes that are down are subscribed when
+// they come back) and delivers one release once, even though every node
+// publishes it. A release published when a waiter leaves the head of a queue
+// is delivered too, so the next waiter tries at once.
+func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, error) {
+	if len(keys) > 0 {
+		if err := validateKeys("keys", keys); err != nil {
+			return nil, err
+		}
+	}
+	var channels []string
+	for _, k := range keys {
+		channels = append(channels, l.channel(k))
+	}
+	pattern := ""
+	if len(keys) == 0 {
+		pattern = l.allChannelsPattern()
+	}
+	res := fanOut(ctx, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (*goredis.PubSub, error) {
+		var ps *goredis.PubSub
+		want := len(channels)
+		if pattern != "" {
+			ps, want = n.client.PSubscribe(ctx, pattern), 1
+		} else {
+			ps = n.client.Subscribe(ctx, channels...)
+		}
+		for range want {
+			msg, err := ps.ReceiveTimeout(ctx, l.opts.nodeTimeout)
+			if err != nil {
+				return ps, fmt.Errorf("subscribe to releases: %w", err)
+			}
+			if _, ok := msg.(*goredis.Subscription); !ok {
+				return ps, fmt.Errorf("subscribe to releases: unexpected message %T before the confirmation", msg)
+			}
+		}
+		return ps, nil
+	})
+	active := 0
+	var errs []error
+	subs := make([]*goredis.PubSub, 0, len(res))
+	for _, r := range res {
+		subs = append(subs, r.val)
+		if r.err != nil {
+			errs = append(errs, r.nodeErr())
+			l.log.V(2).Info("Subscribing to releases failed on node; go-redis retries in the background", "node", r.node.name, "err", r.err.Error())
+			continue
+		}
+		active++
+	}
+	if active == 0 {
+		for _, ps := range subs {
+			_ = ps.Close()
+		}
+		return nil, l.failure(fmt.Sprintf("watch keys %q", keys), 0, errs)
+	}
+
+	out := make(chan string, watchBuffer)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		dedup = newRecent(256)
+	)
+	for _, ps := range subs {
+		wg.Go(func() {
+			for msg := range ps.Channel(goredis.WithChannelSize(watchBuffer)) {
+				key, _, _ := strings.Cut(msg.Payload, " ")
+				if key == "" {
+					continue
+				}
+				if len(subs) > 1 {
+					mu.Lock()
+					dup := dedup.seen(msg.Payload)
+					mu.Unlock()
+					if dup {
+						continue
+					}
+				}
+				select {
+				case out <- key:
+				default:
+					l.log.V(2).Info("Dropped a release notification: the watcher is not reading", "key", key)
+				}
+			}
+		})
+	}
+	go func() {
+		<-ctx.Done()
+		for _, ps := range subs {
+			_ = ps.Close()
+		}
+		wg.Wait()
+		close(out)
+	}()
+	return out, nil
+}
+
+// recent remembers the last n release payloads ("<key> <fence>"), so that a
+// release published by several Redlock nodes is delivered once.
+type recent struct {
+	set  map[string]struct{}
+	ring []string
+	next int
+}
+
+func newRecent(n int) *recent {
+	return &recent{set: make(map[string]struct{}, n), ring: make([]string, n)}
+}
+
+// seen records p and reports whether it was already recorded.
+func (r *recent) seen(p string) bool {
+	if _, ok := r.set[p]; ok {
+		return true
+	}
+	if old := r.ring[r.next]; old != "" {
+		delete(r.set, old)
+	}
+	r.ring[r.next] = p
+	r.next = (r.next + 1) % len(r.ring)
+	r.set[p] = struct{}{}
+	return false
+}
