@@ -1,0 +1,376 @@
+// Package backend builds lock backends from DistributedLock specs and their
+// Secrets, shares one client per distinct backend, rebuilds a client when a
+// referenced Secret changes, and closes clients nobody uses.
+package backend
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/lock"
+	redislock "github.com/lockwarden/lockwarden/internal/lock/redis"
+)
+
+// KeyPrefix is prepended to every Redis key lockwarden writes.
+const KeyPrefix = "lockwarden:"
+
+// Locker is a lock backend that can also report its reachability.
+type Locker interface {
+	lock.Locker
+	Ping(ctx context.Context) error
+}
+
+// Handle is a lock's view of its backend.
+type Handle struct {
+	// ID names the backend (mode, endpoints, database), not its credentials:
+	// locks with equal IDs share keys.
+	ID string
+	// Locker is the shared client.
+	Locker Locker
+}
+
+// SecretError says a Secret or key that a lock references is missing or unreadable.
+type SecretError struct {
+	Field string
+	Err   error
+}
+
+func (e *SecretError) Error() string { return fmt.Sprintf("%s: %v", e.Field, e.Err) }
+
+// Unwrap returns the cause.
+func (e *SecretError) Unwrap() error { return e.Err }
+
+// ConfigError says the backend configuration cannot be used.
+type ConfigError struct {
+	Field string
+	Err   error
+}
+
+func (e *ConfigError) Error() string { return fmt.Sprintf("%s: %v", e.Field, e.Err) }
+
+// Unwrap returns the cause.
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// NewLockerFunc builds a Locker from a Redis configuration.
+type NewLockerFunc func(cfg redislock.Config) (Locker, error)
+
+// HealthFunc is told when a backend in use starts or stops answering (err nil: it answers).
+type HealthFunc func(backendID string, err error)
+
+// ReleaseFunc is told the backend ID and key (as the lock names it, with the
+// scope prefix) of every release seen on a backend in use.
+type ReleaseFunc func(backendID, key string)
+
+// Registry shares backends between locks. It is safe for concurrent use.
+type Registry struct {
+	reader    client.Reader
+	newLocker NewLockerFunc
+	log       logr.Logger
+
+	healthInterval time.Duration
+
+	mu        sync.Mutex
+	entries   map[string]*entry // by fingerprint
+	users     map[string]string // user -> fingerprint
+	listeners []ReleaseFunc
+	health    []HealthFunc
+	ctx       context.Context
+}
+
+type entry struct {
+	handle Handle
+	users  map[string]struct{}
+	cancel context.CancelFunc
+	// lastErr is the result of the last health check; checked tells whether there was one.
+	lastErr error
+	checked bool
+}
+
+// DefaultHealthInterval is how often every backend in use is pinged.
+const DefaultHealthInterval = 2 * time.Second
+
+// NewRegistry returns a registry that reads Secrets with reader (a direct
+// API reader, so no Secret is cached) and builds Lockers with newLocker. ctx
+// bounds the release watches of every backend.
+func NewRegistry(ctx context.Context, reader client.Reader, newLocker NewLockerFunc, log logr.Logger) *Registry {
+	return &Registry{
+		reader:         reader,
+		newLocker:      newLocker,
+		log:            log,
+		healthInterval: DefaultHealthInterval,
+		entries:        map[string]*entry{},
+		users:          map[string]string{},
+		ctx:            ctx,
+	}
+}
+
+// SetHealthInterval changes how often backends are pinged (before first use).
+func (r *Registry) SetHealthInterval(d time.Duration) { r.healthInterval = d }
+
+// OnHealth registers f to be told when a backend starts or stops answering.
+func (r *Registry) OnHealth(f HealthFunc) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.health = append(r.health, f)
+}
+
+// Health tells whether the backend with this ID was checked yet and, if so,
+// the result of the last check (nil: it answered).
+func (r *Registry) Health(id string) (checked bool, lastErr error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.entries {
+		if e.handle.ID == id && e.checked {
+			return true, e.lastErr
+		}
+	}
+	return false, nil
+}
+
+// OnRelease registers f to be told of releases on every backend in use.
+func (r *Registry) OnRelease(f ReleaseFunc) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.listeners = append(r.listeners, f)
+}
+
+// For returns the backend of dl for user (a stable name such as
+// "DistributedLock/ns/name"), building it when no other user shares it. The
+// user stops using the backend it had before, which is closed when nobody
+// else uses it.
+func (r *Registry) For(ctx context.Context, user string, dl *locksv1alpha1.DistributedLock) (Handle, error) {
+	cfg, id, fingerprint, err := r.resolve(ctx, dl)
+	if err != nil {
+		return Handle{}, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.entries[fingerprint]
+	if !ok {
+		l, err := r.newLocker(cfg)
+		if err != nil {
+			return Handle{}, &ConfigError{Field: "spec.backend.redis", Err: err}
+		}
+		wctx, cancel := context.WithCancel(r.ctx)
+		e = &entry{handle: Handle{ID: id, Locker: l}, users: map[string]struct{}{}, cancel: cancel}
+		r.entries[fingerprint] = e
+		go r.watch(wctx, e.handle)
+		go r.checkHealth(wctx, e)
+		r.log.V(1).Info("Built lock backend", "backend", id)
+	}
+	if old, had := r.users[user]; had && old != fingerprint {
+		r.dropLocked(user, old)
+	}
+	e.users[user] = struct{}{}
+	r.users[user] = fingerprint
+	return e.handle, nil
+}
+
+// Forget drops user's use of its backend, closing the backend when nobody uses it.
+func (r *Registry) Forget(user string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if fp, ok := r.users[user]; ok {
+		r.dropLocked(user, fp)
+	}
+}
+
+// Len returns the number of open backends.
+func (r *Registry) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.entries)
+}
+
+func (r *Registry) dropLocked(user, fingerprint string) {
+	delete(r.users, user)
+	e, ok := r.entries[fingerprint]
+	if !ok {
+		return
+	}
+	delete(e.users, user)
+	if len(e.users) > 0 {
+		return
+	}
+	delete(r.entries, fingerprint)
+	e.cancel()
+	if err := e.handle.Locker.Close(); err != nil {
+		r.log.Error(err, "Closing unused lock backend", "backend", e.handle.ID)
+	}
+	r.log.V(1).Info("Closed unused lock backend", "backend", e.handle.ID)
+}
+
+// watch forwards the backend's releases to the listeners until ctx ends,
+// subscribing again (with backoff) whenever the subscription fails.
+func (r *Registry) watch(ctx context.Context, h Handle) {
+	backoff := wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: 10 * time.Second}
+	for ctx.Err() == nil {
+		ch, err := h.Locker.Watch(ctx)
+		if err != nil {
+			r.log.V(2).Info("Subscribing to releases failed; retrying", "backend", h.ID, "error", err.Error())
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff.Step()):
+			}
+			continue
+		}
+		backoff.Duration = 100 * time.Millisecond
+		for key := range ch {
+			r.mu.Lock()
+			listeners := slices.Clone(r.listeners)
+			r.mu.Unlock()
+			for _, f := range listeners {
+				f(h.ID, key)
+			}
+		}
+	}
+}
+
+// checkHealth pings the backend every health interval and tells the health
+// listeners when the answer changes.
+func (r *Registry) checkHealth(ctx context.Context, e *entry) {
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		pctx, cancel := context.WithTimeout(ctx, r.healthInterval)
+		err := e.handle.Locker.Ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		r.mu.Lock()
+		changed := !e.checked || (e.lastErr == nil) != (err == nil)
+		e.lastErr, e.checked = err, true
+		listeners := slices.Clone(r.health)
+		r.mu.Unlock()
+		if !changed {
+			return
+		}
+		if err != nil {
+			r.log.Info("Lock backend stopped answering", "backend", e.handle.ID, "error", err.Error())
+		} else {
+			r.log.V(1).Info("Lock backend answers", "backend", e.handle.ID)
+		}
+		for _, f := range listeners {
+			f(e.handle.ID, err)
+		}
+	}, r.healthInterval)
+}
+
+// resolve turns dl's backend and Secrets into a Redis configuration, the
+// backend ID and a fingerprint of everything that shapes the client.
+func (r *Registry) resolve(ctx context.Context, dl *locksv1alpha1.DistributedLock) (redislock.Config, string, string, error) {
+	rb := dl.Spec.Backend.Redis
+	if rb == nil {
+		return redislock.Config{}, "", "", &ConfigError{Field: "spec.backend.redis", Err: errors.New("is required")}
+	}
+	cfg := redislock.Config{Addrs: slices.Clone(rb.Endpoints), DB: int(rb.DB), Prefix: KeyPrefix}
+	var err error
+	if rb.PasswordSecretRef != nil {
+		if cfg.Password, err = r.secretValue(ctx, dl.Namespace, "spec.backend.redis.passwordSecretRef", rb.PasswordSecretRef); err != nil {
+			return cfg, "", "", err
+		}
+	}
+	if s := rb.Sentinel; s != nil {
+		cfg.MasterName = s.MasterName
+		if s.PasswordSecretRef != nil {
+			if cfg.SentinelPassword, err = r.secretValue(ctx, dl.Namespace, "spec.backend.redis.sentinel.passwordSecretRef", s.PasswordSecretRef); err != nil {
+				return cfg, "", "", err
+			}
+		}
+	}
+	var caPEM string
+	if t := rb.TLS; t != nil {
+		cfg.TLS = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+		if t.CASecretRef != nil {
+			if caPEM, err = r.secretValue(ctx, dl.Namespace, "spec.backend.redis.tls.caSecretRef", t.CASecretRef); err != nil {
+				return cfg, "", "", err
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM([]byte(caPEM)) {
+				return cfg, "", "", &ConfigError{Field: "spec.backend.redis.tls.caSecretRef", Err: fmt.Errorf("the Secret %s/%s key %q holds no PEM certificate", dl.Namespace, t.CASecretRef.Name, t.CASecretRef.Key)}
+			}
+			cfg.TLS.RootCAs = pool
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, "", "", &ConfigError{Field: "spec.backend.redis", Err: err}
+	}
+	id := ID(rb)
+	tlsName := "plain"
+	if cfg.TLS != nil {
+		tlsName = "tls:" + cfg.TLS.ServerName
+	}
+	sum := sha256.Sum256([]byte(strings.Join([]string{id, tlsName, cfg.Password, cfg.SentinelPassword, caPEM}, "\x00")))
+	return cfg, id, hex.EncodeToString(sum[:]), nil
+}
+
+// secretValue reads one key of a Secret in namespace. Only the lock's own
+// namespace is ever read: a lock cannot reach another tenant's Secrets.
+func (r *Registry) secretValue(ctx context.Context, namespace, field string, ref *locksv1alpha1.SecretKeyRef) (string, error) {
+	var s corev1.Secret
+	if err := r.reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, &s); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "", &SecretError{Field: field, Err: fmt.Errorf("the Secret %s/%s was not found", namespace, ref.Name)}
+		}
+		return "", &SecretError{Field: field, Err: fmt.Errorf("reading Secret %s/%s: %w", namespace, ref.Name, err)}
+	}
+	v, ok := s.Data[ref.Key]
+	if !ok {
+		return "", &SecretError{Field: field, Err: fmt.Errorf("the Secret %s/%s has no key %q", namespace, ref.Name, ref.Key)}
+	}
+	return string(v), nil
+}
+
+// ID names a backend by what decides which keys it holds (mode, endpoints,
+// database), not by its credentials: locks with equal IDs share keys.
+func ID(rb *locksv1alpha1.RedisBackend) string {
+	if rb == nil {
+		return ""
+	}
+	endpoints := slices.Clone(rb.Endpoints)
+	slices.Sort(endpoints)
+	mode := "standalone"
+	switch {
+	case rb.Sentinel != nil:
+		mode = "sentinel:" + rb.Sentinel.MasterName
+	case len(endpoints) > 1:
+		mode = "redlock"
+	}
+	return fmt.Sprintf("%s/%s/db%d", mode, strings.Join(endpoints, ","), rb.DB)
+}
+
+// EngineKeys returns the Redis-side names of dl's keys: prefixed with the
+// namespace unless the scope is Global, so that namespaces never share keys
+// by accident.
+func EngineKeys(dl *locksv1alpha1.DistributedLock) []string {
+	out := make([]string, len(dl.Spec.Keys))
+	for i, k := range dl.Spec.Keys {
+		out[i] = EngineKey(dl.Namespace, dl.Spec.Scope, k)
+	}
+	return out
+}
+
+// EngineKey returns the Redis-side name of one key.
+func EngineKey(namespace string, scope locksv1alpha1.Scope, key string) string {
+	if scope == locksv1alpha1.ScopeGlobal {
+		return "global/" + key
+	}
+	return "ns/" + namespace + "/" + key
+}

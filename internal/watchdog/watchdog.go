@@ -1,0 +1,254 @@
+// Package watchdog renews every lease the operator holds, batched per backend,
+// and reports the leases it loses.
+//
+// One watchdog serves the whole manager and runs only on the elected leader.
+// A lease is renewed when a third of its TTL has passed since it was last
+// renewed; all the leases of one backend that are due (or nearly due) go to
+// the backend in one RenewAll call, so renewal traffic grows with the number
+// of backends, not with the number of leases. A renewal the backend refuses
+// (the lease is gone) and a lease whose validity ran out while the backend did
+// not answer are reported as lost, never silently re-acquired.
+package watchdog
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+	"github.com/lockwarden/lockwarden/internal/metrics"
+)
+
+// DefaultTick is how often the watchdog looks for due renewals.
+const DefaultTick = 250 * time.Millisecond
+
+// Ref names the Kubernetes object a lease is held for.
+type Ref struct {
+	Kind      string
+	Namespace string
+	Name      string
+}
+
+// Lost reports a lease that is no longer held.
+type Lost struct {
+	Ref   Ref
+	Lease *lock.Lease
+	// Err matches lock.ErrLost, wrapping the cause.
+	Err error
+}
+
+// Watchdog renews leases. Create it with New; it is safe for concurrent use.
+type Watchdog struct {
+	clock  clock.WithTicker
+	tick   time.Duration
+	log    logr.Logger
+	onLost func(Lost)
+
+	mu     sync.Mutex
+	leases map[Ref]*held
+}
+
+type held struct {
+	locker  lock.Locker
+	lease   *lock.Lease
+	renewAt time.Time
+}
+
+// Option configures a Watchdog.
+type Option func(*Watchdog)
+
+// WithClock sets the clock (default: the real clock).
+func WithClock(c clock.WithTicker) Option { return func(w *Watchdog) { w.clock = c } }
+
+// WithTick sets how often due renewals are looked for (default DefaultTick).
+func WithTick(d time.Duration) Option { return func(w *Watchdog) { w.tick = d } }
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l logr.Logger) Option { return func(w *Watchdog) { w.log = l } }
+
+// New returns a watchdog that calls onLost (from its own goroutine) for every lease it loses.
+func New(onLost func(Lost), opts ...Option) *Watchdog {
+	w := &Watchdog{clock: clock.RealClock{}, tick: DefaultTick, log: logr.Discard(), onLost: onLost, leases: map[Ref]*held{}}
+	for _, o := range opts {
+		o(w)
+	}
+	return w
+}
+
+// Hold makes the watchdog renew lease through locker for ref, replacing what it renewed for ref before.
+func (w *Watchdog) Hold(ref Ref, locker lock.Locker, lease *lock.Lease) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.leases[ref] = &held{locker: locker, lease: lease, renewAt: renewAt(lease)}
+	metrics.LeasesHeld.Set(float64(len(w.leases)))
+}
+
+// Lease returns the lease held for ref, if any.
+func (w *Watchdog) Lease(ref Ref) (*lock.Lease, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h, ok := w.leases[ref]
+	if !ok {
+		return nil, false
+	}
+	return h.lease, true
+}
+
+// Holding returns the lease held for ref and the backend it is renewed through.
+func (w *Watchdog) Holding(ref Ref) (*lock.Lease, lock.Locker, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h, ok := w.leases[ref]
+	if !ok {
+		return nil, nil, false
+	}
+	return h.lease, h.locker, true
+}
+
+// Drop stops renewing the lease of ref and returns it (nil when none).
+func (w *Watchdog) Drop(ref Ref) *lock.Lease {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h, ok := w.leases[ref]
+	if !ok {
+		return nil
+	}
+	delete(w.leases, ref)
+	metrics.LeasesHeld.Set(float64(len(w.leases)))
+	return h.lease
+}
+
+// Len returns the number of leases being renewed.
+func (w *Watchdog) Len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.leases)
+}
+
+// NeedLeaderElection makes the manager run the watchdog on the leader only.
+func (w *Watchdog) NeedLeaderElection() bool { return true }
+
+// Start renews due leases until ctx ends (a manager.Runnable).
+func (w *Watchdog) Start(ctx context.Context) error {
+	t := w.clock.NewTicker(w.tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C():
+			w.RenewDue(ctx)
+		}
+	}
+}
+
+// renewAt is when a lease is due: a third of its TTL after it was last
+// renewed, that is when two thirds of its validity are left.
+func renewAt(l *lock.Lease) time.Time { return l.Expires.Add(-2 * l.TTL / 3) }
+
+type batchKey struct {
+	locker lock.Locker
+	ttl    time.Duration
+}
+
+type batch struct {
+	refs   []Ref
+	leases []*lock.Lease
+}
+
+// RenewDue renews every lease that is due now, together with the leases of
+// the same backend that would be due within a sixth of their TTL, in one
+// RenewAll call per backend.
+func (w *Watchdog) RenewDue(ctx context.Context) {
+	now := w.clock.Now()
+	batches := map[batchKey]*batch{}
+	w.mu.Lock()
+	due := map[batchKey]bool{}
+	for _, h := range w.leases {
+		if !now.Before(h.renewAt) {
+			due[batchKey{h.locker, h.lease.TTL}] = true
+		}
+	}
+	for ref, h := range w.leases {
+		k := batchKey{h.locker, h.lease.TTL}
+		if !due[k] || now.Before(h.renewAt.Add(-h.lease.TTL/6)) {
+			continue
+		}
+		b := batches[k]
+		if b == nil {
+			b = &batch{}
+			batches[k] = b
+		}
+		b.refs = append(b.refs, ref)
+		b.leases = append(b.leases, h.lease)
+	}
+	w.mu.Unlock()
+
+	var wg sync.WaitGroup
+	for k, b := range batches {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.renewBatch(ctx, k, b)
+		}()
+	}
+	wg.Wait()
+}
+
+func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
+	metrics.RenewalBatches.Inc()
+	renewed, errs := k.locker.RenewAll(ctx, b.leases, k.ttl)
+	now := w.clock.Now()
+	var lost []Lost
+	w.mu.Lock()
+	for i, ref := range b.refs {
+		h, ok := w.leases[ref]
+		if !ok || h.lease != b.leases[i] {
+			continue // dropped or replaced while the renewal was in flight
+		}
+		var err error
+		if i < len(errs) {
+			err = errs[i]
+		}
+		switch {
+		case err == nil && i < len(renewed) && renewed[i] != nil:
+			metrics.Renewals.WithLabelValues(metrics.ResultOK).Inc()
+			h.lease = renewed[i]
+			h.renewAt = renewAt(renewed[i])
+		case err != nil && errors.Is(err, lock.ErrLost):
+			metrics.Renewals.WithLabelValues(metrics.ResultLost).Inc()
+			delete(w.leases, ref)
+			lost = append(lost, Lost{Ref: ref, Lease: h.lease, Err: err})
+		case !now.Before(h.lease.Expires):
+			// The backend did not answer for the whole validity: the lease
+			// may have expired there and someone else may hold it now.
+			metrics.Renewals.WithLabelValues(metrics.ResultError).Inc()
+			delete(w.leases, ref)
+			lost = append(lost, Lost{Ref: ref, Lease: h.lease, Err: errors.Join(lock.ErrLost, err)})
+		default:
+			metrics.Renewals.WithLabelValues(metrics.ResultError).Inc()
+			w.log.V(1).Info("Renewal failed; retrying", "kind", ref.Kind, "namespace", ref.Namespace, "name", ref.Name,
+				"validFor", h.lease.Expires.Sub(now).String(), "error", errString(err))
+		}
+	}
+	metrics.LeasesHeld.Set(float64(len(w.leases)))
+	w.mu.Unlock()
+	for _, l := range lost {
+		metrics.LeasesLost.WithLabelValues(l.Ref.Kind).Inc()
+		w.log.Info("Lost lease", "kind", l.Ref.Kind, "namespace", l.Ref.Namespace, "name", l.Ref.Name, "fence", l.Lease.Fence, "error", l.Err.Error())
+		if w.onLost != nil {
+			w.onLost(l)
+		}
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "no lease returned"
+	}
+	return err.Error()
+}
