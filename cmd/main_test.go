@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -25,7 +27,7 @@ import (
 // real kube-apiserver and a real redis-server, and checks what an operator
 // would look at after installing it.
 func TestManagerAgainstRealAPIServer(t *testing.T) {
-	env := kubetest.Start(t)
+	env := kubetest.Start(t, kubetest.WithWebhooks())
 	rdb := redistest.Start(t)
 
 	dc, err := discovery.NewDiscoveryClientForConfig(env.Config)
@@ -41,7 +43,11 @@ func TestManagerAgainstRealAPIServer(t *testing.T) {
 	}
 
 	metricsPort, probePort := freePort(t), freePort(t)
+	_, webhookPort, certDir := env.Webhook()
 	o, err := parseFlags([]string{
+		"--webhook-cert-mode=external",
+		"--webhook-cert-dir", certDir,
+		"--webhook-port", fmt.Sprint(webhookPort),
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metricsPort),
 		"--metrics-secure=false",
 		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probePort),
@@ -99,10 +105,36 @@ func TestManagerAgainstRealAPIServer(t *testing.T) {
 		return meta.IsStatusConditionTrue(got.Status.Conditions, locksv1alpha1.ConditionBackendReady)
 	})
 
-	// The reconcile shows up on the metrics endpoint.
+	// A Job that names the lock is gated by the webhook and started by the
+	// Job controller with a fencing token.
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: "default", Annotations: map[string]string{"lockwarden.io/lock": "billing"}},
+		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers:    []corev1.Container{{Name: "work", Image: "busybox"}},
+		}}},
+	}
+	if err := env.Client.Create(ctx, job); err != nil {
+		t.Fatalf("create Job: %v", err)
+	}
+	waitFor(t, "the Job to run with a fencing token", func() bool {
+		var j batchv1.Job
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: "default", Name: "nightly"}, &j); err != nil {
+			return false
+		}
+		return j.Spec.Suspend != nil && !*j.Spec.Suspend && j.Spec.Template.Annotations["lockwarden.io/fencing-token"] != ""
+	})
+
+	// The reconciles and the acquisition show up on the metrics endpoint.
 	body := httpBody(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort))
-	if !strings.Contains(body, `controller_runtime_reconcile_total{controller="distributedlock",result="success"}`) {
-		t.Fatalf("/metrics lacks the distributedlock reconcile counter; got:\n%.2000s", body)
+	for _, want := range []string{
+		`controller_runtime_reconcile_total{controller="distributedlock",result="success"}`,
+		`lockwarden_acquisitions_total{kind="Job",result="acquired"} 1`,
+		`lockwarden_leases_held 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("/metrics lacks %s; got:\n%.3000s", want, body)
+		}
 	}
 
 	// Killing Redis turns the condition False with a reason a user can act on.

@@ -4,124 +4,290 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
+	"github.com/lockwarden/lockwarden/internal/holder"
+	"github.com/lockwarden/lockwarden/internal/watchdog"
+	"github.com/lockwarden/lockwarden/internal/webhook"
 )
 
-// backendCheckInterval is how often a lock's backend is checked while nothing else happens.
-const backendCheckInterval = 10 * time.Second
+const (
+	// Finalizer keeps a DistributedLock until its manual holder's lease is released.
+	Finalizer = "locks.lockwarden.io/release"
 
-// backendPingTimeout bounds one reachability check of a lock's Redis.
-const backendPingTimeout = 2 * time.Second
+	// DefaultResyncPeriod bounds how long a change made outside this operator
+	// (a holder in another cluster) takes to show in status.
+	DefaultResyncPeriod = 30 * time.Second
+	// waitingRequeue is how often a queued manual holder refreshes its place
+	// in the queue (well within the backend's waiter TTL) and tries again.
+	waitingRequeue = 5 * time.Second
+	// backendRetry is how soon a lock whose backend failed is tried again.
+	backendRetry = 5 * time.Second
 
-// DistributedLockReconciler reconciles DistributedLock objects.
+	// indexBackend indexes DistributedLocks by backend ID.
+	indexBackend = "lockwarden.backend"
+	// indexBackendKey indexes DistributedLocks by backend ID and Redis-side key.
+	indexBackendKey = "lockwarden.backendKey"
+
+	lockKind = "DistributedLock"
+)
+
+// GlobalScopePolicy says where spec.scope Global is allowed.
+type GlobalScopePolicy struct {
+	// AllowAll allows Global in every namespace.
+	AllowAll bool
+	// NamespaceLabel, when set, allows Global in namespaces labelled <NamespaceLabel>=true.
+	NamespaceLabel string
+}
+
+// DistributedLockReconciler reconciles DistributedLock objects: it holds the
+// lock for a manual holder and reports in status what the backend holds.
 type DistributedLockReconciler struct {
 	client.Client
-	// APIReader reads Secrets straight from the API server, so the manager
-	// needs neither list nor watch on Secrets cluster-wide.
-	APIReader client.Reader
+	Registry    *backend.Registry
+	Watchdog    *watchdog.Watchdog
+	Tokens      *holder.Tokens
+	Recorder    events.EventRecorder
+	Clock       clock.PassiveClock
+	ClusterName string
+	GlobalScope GlobalScopePolicy
+	// MinSafeTTL is the shortest TTL that outlives a failover of the
+	// operator's leader; shorter TTLs are warned about.
+	MinSafeTTL time.Duration
+	Resync     time.Duration
+
+	// notify carries reconcile requests from Redis (releases, backend health)
+	// and from the watchdog (lost leases).
+	notify chan event.GenericEvent
+
+	mu sync.Mutex
+	// lost remembers leases the watchdog lost until the lock's next reconcile reports them.
+	lost map[types.NamespacedName]watchdog.Lost
+	// waitingSince remembers when a manual holder started waiting, for the wait metric.
+	waitingSince map[types.NamespacedName]time.Time
+	// warned remembers the generation a spec warning was last given for, so
+	// that it is given once per change, not on every resync.
+	warned map[warning]int64
+}
+
+type warning struct {
+	nn     types.NamespacedName
+	reason string
+}
+
+// warnOnce records a Warning event once per generation of the lock.
+func (r *DistributedLockReconciler) warnOnce(dl *locksv1alpha1.DistributedLock, reason, action, note string, args ...any) {
+	w := warning{nn: types.NamespacedName{Namespace: dl.Namespace, Name: dl.Name}, reason: reason}
+	r.mu.Lock()
+	done := r.warned[w] == dl.Generation
+	r.warned[w] = dl.Generation
+	r.mu.Unlock()
+	if !done {
+		r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, reason, action, note, args...)
+	}
 }
 
 // +kubebuilder:rbac:groups=locks.lockwarden.io,resources=distributedlocks,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=locks.lockwarden.io,resources=distributedlocks/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=locks.lockwarden.io,resources=distributedlocks/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
-// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// Reconcile checks that the lock's backend answers and records it in the
-// BackendReady condition.
+// Reconcile holds or releases the lock for its manual holder and rebuilds its
+// status from what the backend holds.
 func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	log := logf.FromContext(ctx)
-
 	var dl locksv1alpha1.DistributedLock
 	if err := r.Get(ctx, req.NamespacedName, &dl); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	if !dl.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, &dl)
+	}
+	if controllerutil.AddFinalizer(&dl, Finalizer) {
+		// The update event brings the lock back.
+		return ctrl.Result{}, r.Update(ctx, &dl)
+	}
 
-	cond := r.backendCondition(ctx, &dl)
+	obs := r.observe(ctx, &dl)
+	if obs.ready() {
+		r.reconcileHolder(ctx, &dl, obs)
+	}
+	if err := r.patchStatus(ctx, &dl, computeStatus(&dl, obs, r.ClusterName)); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: r.requeueAfter(obs)}, nil
+}
+
+// patchStatus writes status only when something a user can see changed.
+func (r *DistributedLockReconciler) patchStatus(ctx context.Context, dl *locksv1alpha1.DistributedLock, status locksv1alpha1.DistributedLockStatus) error {
+	if equality.Semantic.DeepEqual(dl.Status, status) {
+		return nil
+	}
 	before := dl.DeepCopy()
-	meta.SetStatusCondition(&dl.Status.Conditions, cond)
-	dl.Status.ObservedGeneration = dl.Generation
-	if !equalStatus(before.Status, dl.Status) {
-		if err := r.Status().Patch(ctx, &dl, client.MergeFrom(before)); err != nil {
-			return ctrl.Result{}, fmt.Errorf("patch status of %s: %w", req.NamespacedName, err)
-		}
-		log.Info("Updated backend condition", "status", cond.Status, "reason", cond.Reason)
+	dl.Status = status
+	if err := r.Status().Patch(ctx, dl, client.MergeFrom(before)); err != nil {
+		return fmt.Errorf("patch status of %s: %w", client.ObjectKeyFromObject(dl), err)
 	}
-	return ctrl.Result{RequeueAfter: backendCheckInterval}, nil
+	logf.FromContext(ctx).V(1).Info("Updated status", "fencingToken", status.FencingToken)
+	return nil
 }
 
-// backendCondition pings the lock's Redis and returns the BackendReady condition.
-func (r *DistributedLockReconciler) backendCondition(ctx context.Context, dl *locksv1alpha1.DistributedLock) metav1.Condition {
-	cond := metav1.Condition{Type: locksv1alpha1.ConditionBackendReady, ObservedGeneration: dl.Generation}
-	rb := dl.Spec.Backend.Redis
-	if rb == nil {
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, locksv1alpha1.ReasonInvalidBackend, "spec.backend.redis is required"
-		return cond
+func (r *DistributedLockReconciler) requeueAfter(obs *observation) time.Duration {
+	switch {
+	case obs.scopeDenied != "":
+		return 0 // a namespace label change brings it back
+	case obs.backendErr != nil:
+		return backendRetry
+	case obs.waiting:
+		return waitingRequeue
+	default:
+		return r.Resync
 	}
-	password := ""
-	if ref := rb.PasswordSecretRef; ref != nil {
-		var secret corev1.Secret
-		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: dl.Namespace, Name: ref.Name}, &secret); err != nil {
-			cond.Status, cond.Reason = metav1.ConditionFalse, locksv1alpha1.ReasonSecretNotFound
-			if apierrors.IsNotFound(err) {
-				cond.Message = fmt.Sprintf("spec.backend.redis.passwordSecretRef: Secret %s/%s not found", dl.Namespace, ref.Name)
-			} else {
-				cond.Message = fmt.Sprintf("spec.backend.redis.passwordSecretRef: reading Secret %s/%s: %v", dl.Namespace, ref.Name, err)
-			}
-			return cond
-		}
-		v, ok := secret.Data[ref.Key]
-		if !ok {
-			cond.Status, cond.Reason = metav1.ConditionFalse, locksv1alpha1.ReasonSecretNotFound
-			cond.Message = fmt.Sprintf("spec.backend.redis.passwordSecretRef: Secret %s/%s has no key %q", dl.Namespace, ref.Name, ref.Key)
-			return cond
-		}
-		password = string(v)
-	}
-	c := redis.NewClient(&redis.Options{Addr: rb.Endpoints[0], Password: password, DB: int(rb.DB), MaxRetries: -1})
-	defer func() { _ = c.Close() }()
-	pingCtx, cancel := context.WithTimeout(ctx, backendPingTimeout)
-	defer cancel()
-	if err := c.Ping(pingCtx).Err(); err != nil {
-		cond.Status, cond.Reason = metav1.ConditionFalse, locksv1alpha1.ReasonBackendUnreachable
-		cond.Message = fmt.Sprintf("Redis %s: %v", rb.Endpoints[0], err)
-		return cond
-	}
-	cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, locksv1alpha1.ReasonBackendReachable, fmt.Sprintf("Redis %s answers", rb.Endpoints[0])
-	return cond
 }
 
-// equalStatus reports whether two statuses would look the same to a user.
-func equalStatus(a, b locksv1alpha1.DistributedLockStatus) bool {
-	if a.ObservedGeneration != b.ObservedGeneration || len(a.Conditions) != len(b.Conditions) {
-		return false
+// Enqueue asks for a reconcile of one lock from outside the informers, for
+// example when a Job joins its queue.
+func (r *DistributedLockReconciler) Enqueue(nn types.NamespacedName) { r.enqueue(nn) }
+
+func (r *DistributedLockReconciler) enqueue(nn types.NamespacedName) {
+	obj := &locksv1alpha1.DistributedLock{}
+	obj.Namespace, obj.Name = nn.Namespace, nn.Name
+	select {
+	case r.notify <- event.GenericEvent{Object: obj}:
+	default:
+		// The channel is full: the resync catches up.
 	}
-	for _, c := range a.Conditions {
-		o := meta.FindStatusCondition(b.Conditions, c.Type)
-		if o == nil || o.Status != c.Status || o.Reason != c.Reason || o.Message != c.Message || o.ObservedGeneration != c.ObservedGeneration {
-			return false
-		}
-	}
-	return true
 }
 
-// SetupWithManager registers the reconciler with the manager.
+// enqueueIndexed enqueues every lock that the index maps value to.
+func (r *DistributedLockReconciler) enqueueIndexed(index, value string) {
+	var list locksv1alpha1.DistributedLockList
+	if err := r.List(context.Background(), &list, client.MatchingFields{index: value}); err != nil {
+		return
+	}
+	for i := range list.Items {
+		r.enqueue(client.ObjectKeyFromObject(&list.Items[i]))
+	}
+}
+
+// onLost is the watchdog's callback for lost leases.
+func (r *DistributedLockReconciler) onLost(l watchdog.Lost) {
+	if l.Ref.Kind != lockKind {
+		return
+	}
+	nn := types.NamespacedName{Namespace: l.Ref.Namespace, Name: l.Ref.Name}
+	r.mu.Lock()
+	r.lost[nn] = l
+	r.mu.Unlock()
+	r.enqueue(nn)
+}
+
+// LostHandler returns the function the watchdog calls for lost leases.
+func (r *DistributedLockReconciler) LostHandler() func(watchdog.Lost) { return r.onLost }
+
+func backendKeyIndexValues(dl *locksv1alpha1.DistributedLock) []string {
+	id := backend.ID(dl.Spec.Backend.Redis)
+	keys := backend.EngineKeys(dl)
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = id + "\x00" + k
+	}
+	return out
+}
+
+// SetupWithManager registers the reconciler, its indexes and its event sources.
 func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	if r.Resync == 0 {
+		r.Resync = DefaultResyncPeriod
+	}
+	r.notify = make(chan event.GenericEvent, 1024)
+	r.lost = map[types.NamespacedName]watchdog.Lost{}
+	r.waitingSince = map[types.NamespacedName]time.Time{}
+	r.warned = map[warning]int64{}
+
+	ctx := context.Background()
+	idx := mgr.GetFieldIndexer()
+	if err := idx.IndexField(ctx, &locksv1alpha1.DistributedLock{}, indexBackend, func(o client.Object) []string {
+		return []string{backend.ID(o.(*locksv1alpha1.DistributedLock).Spec.Backend.Redis)}
+	}); err != nil {
+		return err
+	}
+	if err := idx.IndexField(ctx, &locksv1alpha1.DistributedLock{}, indexBackendKey, func(o client.Object) []string {
+		return backendKeyIndexValues(o.(*locksv1alpha1.DistributedLock))
+	}); err != nil {
+		return err
+	}
+	r.Registry.OnRelease(func(backendID, key string) { r.enqueueIndexed(indexBackendKey, backendID+"\x00"+key) })
+	r.Registry.OnHealth(func(backendID string, _ error) { r.enqueueIndexed(indexBackend, backendID) })
+
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&locksv1alpha1.DistributedLock{}).
+		For(&locksv1alpha1.DistributedLock{}, builder.WithPredicates(predicate.Or(
+			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}, finalizerChanged{}))).
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.locksInNamespace),
+			builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		// A gated Job that starts, waits or finishes changes what its lock's status shows.
+		Watches(&batchv1.Job{}, handler.EnqueueRequestsFromMapFunc(lockOfJob)).
+		WatchesRawSource(source.Channel(r.notify, &handler.EnqueueRequestForObject{})).
 		Named("distributedlock").
 		Complete(r)
+}
+
+// lockOfJob maps a gated Job to its lock.
+func lockOfJob(_ context.Context, o client.Object) []reconcile.Request {
+	name := o.GetLabels()[webhook.LabelLock]
+	if name == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
+}
+
+// locksInNamespace maps a Namespace (whose labels may allow scope Global) to its Global locks.
+func (r *DistributedLockReconciler) locksInNamespace(ctx context.Context, o client.Object) []reconcile.Request {
+	var list locksv1alpha1.DistributedLockList
+	if err := r.List(ctx, &list, client.InNamespace(o.GetName())); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range list.Items {
+		if list.Items[i].Spec.Scope == locksv1alpha1.ScopeGlobal {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+	}
+	return out
+}
+
+// finalizerChanged lets updates through that change the finalizers or start a deletion.
+type finalizerChanged struct{ predicate.Funcs }
+
+// Update passes when finalizers or the deletion timestamp changed.
+func (finalizerChanged) Update(e event.UpdateEvent) bool {
+	if e.ObjectOld == nil || e.ObjectNew == nil {
+		return false
+	}
+	return !equality.Semantic.DeepEqual(e.ObjectOld.GetFinalizers(), e.ObjectNew.GetFinalizers()) ||
+		!e.ObjectOld.GetDeletionTimestamp().Equal(e.ObjectNew.GetDeletionTimestamp())
 }

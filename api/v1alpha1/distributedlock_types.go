@@ -198,11 +198,20 @@ type SecretKeyRef struct {
 
 // HolderStatus says who holds a lock.
 type HolderStatus struct {
-	// identity is the holder identity stored in Redis.
+	// identity is the holder identity stored in Redis: a manual holder's
+	// spec.holder.identity, or cluster/namespace/Kind/name/uid-prefix for a Job.
 	// +optional
 	Identity string `json:"identity,omitempty"`
-	// kind of the holding Kubernetes object (Job, DistributedLock), when the
-	// holder is one in this cluster.
+	// cluster is the name of the cluster the holder runs in (the holding
+	// operator's --cluster-name), when lockwarden acquired it.
+	// +optional
+	Cluster string `json:"cluster,omitempty"`
+	// lock is the name of the DistributedLock (in namespace) the holder
+	// acquired through; with scope Global it may differ from this lock.
+	// +optional
+	Lock string `json:"lock,omitempty"`
+	// kind of the holding Kubernetes object: DistributedLock for a manual
+	// holder, Job for a gated Job.
 	// +optional
 	Kind string `json:"kind,omitempty"`
 	// namespace of the holding object.
@@ -253,8 +262,9 @@ type DistributedLockStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// conditions: Held (the keys are held, by anyone) and BackendReady (Redis
-	// answers). See the Reason constants for their reasons.
+	// conditions: Held (True while a holder of this lock, its manual holder or
+	// one of its Jobs, holds the keys) and BackendReady (Redis answers). See
+	// the Reason constants for their reasons.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -265,13 +275,33 @@ type DistributedLockStatus struct {
 
 // Condition types.
 const (
-	// ConditionHeld is True while some holder holds the lock's keys.
+	// ConditionHeld is True while a holder of this lock holds its keys.
 	ConditionHeld = "Held"
 	// ConditionBackendReady is True while the lock's Redis answers.
 	ConditionBackendReady = "BackendReady"
 )
 
-// Condition reasons.
+// Reasons of the Held condition.
+const (
+	// ReasonAcquired: a holder of this lock (its manual holder or one of its Jobs) holds the keys.
+	ReasonAcquired = "Acquired"
+	// ReasonWaiting: this lock's holder waits in the FIFO queue for the current holder.
+	ReasonWaiting = "Waiting"
+	// ReasonHeldByOther: the keys are held by a holder that did not acquire
+	// through this lock (another lock with scope Global, or another cluster).
+	ReasonHeldByOther = "HeldByOther"
+	// ReasonFree: nobody holds the keys.
+	ReasonFree = "Free"
+	// ReasonLost: this lock's holder lost its lease (it expired during a
+	// backend outage, or was taken over).
+	ReasonLost = "Lost"
+	// ReasonScopeNotAllowed: scope Global is not allowed in this namespace.
+	ReasonScopeNotAllowed = "ScopeNotAllowed"
+	// ReasonBackendUnavailable: the backend did not answer, so who holds the keys is unknown.
+	ReasonBackendUnavailable = "BackendUnavailable"
+)
+
+// Reasons of the BackendReady condition.
 const (
 	// ReasonBackendReachable: every Redis endpoint (or a majority, for Redlock) answered.
 	ReasonBackendReachable = "Reachable"
@@ -290,7 +320,7 @@ const (
 // +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.status.holder.identity`
 // +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.status.fencingToken`
 // +kubebuilder:printcolumn:name="Held",type=string,JSONPath=`.status.conditions[?(@.type=="Held")].status`
-// +kubebuilder:printcolumn:name="Expires",type=date,JSONPath=`.status.expireTime`
+// +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.status.expireTime`,description="When the lease ends unless its holder renews it (RFC 3339)"
 // +kubebuilder:printcolumn:name="Backend",type=string,JSONPath=`.status.conditions[?(@.type=="BackendReady")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 

@@ -45,10 +45,30 @@ func Scheme() *runtime.Scheme {
 	return s
 }
 
+// Option configures a control plane.
+type Option func(*envtest.Environment, string)
+
+// WithWebhooks installs lockwarden's webhook configuration (config/webhook),
+// pointed at a local port with a generated certificate; see Env.Webhook.
+func WithWebhooks() Option {
+	return func(e *envtest.Environment, root string) {
+		e.WebhookInstallOptions = envtest.WebhookInstallOptions{
+			Paths: []string{filepath.Join(root, "config", "webhook", "manifests.yaml")},
+		}
+	}
+}
+
+// Webhook returns where the manager's webhook server must listen and the
+// directory with its serving certificate (WithWebhooks only).
+func (e *Env) Webhook() (host string, port int, certDir string) {
+	o := e.env.WebhookInstallOptions
+	return o.LocalServingHost, o.LocalServingPort, o.LocalServingCertDir
+}
+
 // Start starts a control plane for one test and stops it when the test ends.
-func Start(t testing.TB) *Env {
+func Start(t testing.TB, opts ...Option) *Env {
 	t.Helper()
-	e, err := StartEnv()
+	e, err := StartEnv(opts...)
 	if err != nil {
 		t.Fatalf("start envtest: %v", err)
 	}
@@ -61,7 +81,7 @@ func Start(t testing.TB) *Env {
 }
 
 // StartEnv starts a control plane; the caller stops it (for TestMain).
-func StartEnv() (*Env, error) {
+func StartEnv(opts ...Option) (*Env, error) {
 	root, err := ModuleRoot()
 	if err != nil {
 		return nil, err
@@ -76,6 +96,9 @@ func StartEnv() (*Env, error) {
 		ErrorIfCRDPathMissing: true,
 		BinaryAssetsDirectory: assets,
 		Scheme:                s,
+	}
+	for _, o := range opts {
+		o(env, root)
 	}
 	cfg, err := env.Start()
 	if err != nil {

@@ -1,0 +1,100 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+
+	batchv1 "k8s.io/api/batch/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	"github.com/lockwarden/lockwarden/internal/webhook"
+)
+
+// AnnotationSynced marks job-template annotations that were copied from the
+// CronJob's own annotations, so that they are removed with them.
+const AnnotationSynced = "lockwarden.io/synced-from-cronjob"
+
+// CronJobReconciler copies the lockwarden.io/lock and lockwarden.io/contention
+// annotations of a CronJob (as `kubectl annotate cronjob` sets them) into its
+// job template. The CronJob's Jobs then carry the annotation themselves, so
+// the admission webhook sees only annotated Jobs and can refuse them while it
+// is down (failurePolicy Fail) without touching any other Job.
+type CronJobReconciler struct {
+	client.Client
+}
+
+// +kubebuilder:rbac:groups=batch,resources=cronjobs,verbs=get;list;watch;patch
+
+// Reconcile brings the job template's lock annotations in line with the CronJob's.
+func (r *CronJobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var cj batchv1.CronJob
+	if err := r.Get(ctx, req.NamespacedName, &cj); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	want := syncedAnnotations(&cj)
+	tmpl := cj.Spec.JobTemplate.Annotations
+	if !needsSync(tmpl, want) {
+		return ctrl.Result{}, nil
+	}
+	before := cj.DeepCopy()
+	if cj.Spec.JobTemplate.Annotations == nil {
+		cj.Spec.JobTemplate.Annotations = map[string]string{}
+	}
+	for _, k := range []string{webhook.AnnotationLock, webhook.AnnotationContention, AnnotationSynced} {
+		if v, ok := want[k]; ok {
+			cj.Spec.JobTemplate.Annotations[k] = v
+		} else {
+			delete(cj.Spec.JobTemplate.Annotations, k)
+		}
+	}
+	if err := r.Patch(ctx, &cj, client.MergeFrom(before)); err != nil {
+		return ctrl.Result{}, fmt.Errorf("sync lock annotations into the job template: %w", err)
+	}
+	logf.FromContext(ctx).Info("Synced lock annotations into the job template", "lock", want[webhook.AnnotationLock])
+	return ctrl.Result{}, nil
+}
+
+// syncedAnnotations returns the job-template annotations the CronJob should
+// have: its lock annotations, marked as synced; none when the CronJob has no
+// lock annotation and the template's own (not synced) annotations are the user's.
+func syncedAnnotations(cj *batchv1.CronJob) map[string]string {
+	lock, ok := cj.Annotations[webhook.AnnotationLock]
+	if !ok {
+		if cj.Spec.JobTemplate.Annotations[AnnotationSynced] != "true" {
+			return nil // the user's own template annotations, if any: leave them
+		}
+		return map[string]string{}
+	}
+	want := map[string]string{webhook.AnnotationLock: lock, AnnotationSynced: "true"}
+	if c, ok := cj.Annotations[webhook.AnnotationContention]; ok {
+		want[webhook.AnnotationContention] = c
+	}
+	return want
+}
+
+func needsSync(have, want map[string]string) bool {
+	if want == nil {
+		return false
+	}
+	for _, k := range []string{webhook.AnnotationLock, webhook.AnnotationContention, AnnotationSynced} {
+		hv, hok := have[k]
+		wv, wok := want[k]
+		if hok != wok || hv != wv {
+			return true
+		}
+	}
+	return false
+}
+
+// SetupWithManager registers the reconciler; it sees only CronJobs whose
+// annotations or job template changed.
+func (r *CronJobReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&batchv1.CronJob{}, builder.WithPredicates(predicate.Or(predicate.AnnotationChangedPredicate{}, predicate.GenerationChangedPredicate{}))).
+		Named("cronjob").
+		Complete(r)
+}

@@ -1,0 +1,359 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
+	"github.com/lockwarden/lockwarden/internal/holder"
+	"github.com/lockwarden/lockwarden/internal/lock"
+	"github.com/lockwarden/lockwarden/internal/metrics"
+	"github.com/lockwarden/lockwarden/internal/watchdog"
+)
+
+// Event reasons.
+const (
+	EventAcquired           = "Acquired"
+	EventReleased           = "Released"
+	EventLost               = "Lost"
+	EventBackendUnavailable = "BackendUnavailable"
+	EventScopeNotAllowed    = "ScopeNotAllowed"
+	EventShortTTL           = "TTLShorterThanFailover"
+)
+
+// observation is what one reconcile learned from the cluster and the backend.
+type observation struct {
+	now time.Time
+	// scopeDenied explains why scope Global is not allowed here ("" when allowed).
+	scopeDenied string
+	// backendErr is why the backend cannot be used or did not answer (nil: it answered).
+	backendErr    error
+	backendReason string
+	handle        backend.Handle
+	keys          []string
+	// states is what the backend holds for each key.
+	states []lock.KeyState
+	// mine is the lease this lock's manual holder holds, if any.
+	mine *lock.Lease
+	// waiting is set when the manual holder waits in the queue; busy says for whom.
+	waiting bool
+	busy    *lock.HeldError
+	// lost is a lease the watchdog lost since the last reconcile.
+	lost *watchdog.Lost
+}
+
+func (o *observation) ready() bool { return o.scopeDenied == "" && o.backendErr == nil }
+
+func (r *DistributedLockReconciler) ref(dl *locksv1alpha1.DistributedLock) watchdog.Ref {
+	return watchdog.Ref{Kind: lockKind, Namespace: dl.Namespace, Name: dl.Name}
+}
+
+func userOf(dl *locksv1alpha1.DistributedLock) string {
+	return lockKind + "/" + dl.Namespace + "/" + dl.Name
+}
+
+// manualHolder returns the holder record of dl's spec.holder.
+func (r *DistributedLockReconciler) manualHolder(dl *locksv1alpha1.DistributedLock, identity string) holder.Holder {
+	return holder.Holder{
+		Cluster: r.ClusterName, Namespace: dl.Namespace, Lock: dl.Name,
+		Kind: lockKind, Name: dl.Name, UID: string(dl.UID), Identity: identity,
+	}
+}
+
+// observe checks the scope, builds the backend and reads what it holds.
+func (r *DistributedLockReconciler) observe(ctx context.Context, dl *locksv1alpha1.DistributedLock) *observation {
+	obs := &observation{now: r.Clock.Now(), keys: backend.EngineKeys(dl)}
+	nn := client.ObjectKeyFromObject(dl)
+	r.mu.Lock()
+	if l, ok := r.lost[nn]; ok {
+		obs.lost = &l
+		delete(r.lost, nn)
+	}
+	r.mu.Unlock()
+	if obs.lost != nil {
+		r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, EventLost, "Renew",
+			"Lost the lease of %s (fencing token %d): %v", obs.lost.Lease.Holder, obs.lost.Lease.Fence, obs.lost.Err)
+	}
+
+	if dl.Spec.Scope == locksv1alpha1.ScopeGlobal {
+		if reason := r.globalScopeDenied(ctx, dl.Namespace); reason != "" {
+			obs.scopeDenied = reason
+			r.warnOnce(dl, EventScopeNotAllowed, "Validate", "%s", reason)
+			return obs
+		}
+	}
+	if ttl := time.Duration(dl.Spec.TTLSeconds) * time.Second; r.MinSafeTTL > 0 && ttl < r.MinSafeTTL {
+		r.warnOnce(dl, EventShortTTL, "Validate",
+			"spec.ttlSeconds %d is shorter than %v, the longest failover of the operator's leader: a lease may expire while a new leader takes over",
+			dl.Spec.TTLSeconds, r.MinSafeTTL)
+	}
+
+	h, err := r.Registry.For(ctx, userOf(dl), dl)
+	if err != nil {
+		obs.backendErr = err
+		var se *backend.SecretError
+		if errors.As(err, &se) {
+			obs.backendReason = locksv1alpha1.ReasonSecretNotFound
+		} else {
+			obs.backendReason = locksv1alpha1.ReasonInvalidBackend
+		}
+		metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(0)
+		return obs
+	}
+	obs.handle = h
+	states, err := h.Locker.Inspect(ctx, obs.keys)
+	if err != nil {
+		obs.backendErr, obs.backendReason = err, locksv1alpha1.ReasonBackendUnreachable
+		metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(0)
+		if !backendWasDown(dl) {
+			r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, EventBackendUnavailable, "Inspect", "Redis did not answer: %v", err)
+		}
+		return obs
+	}
+	metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(1)
+	obs.states = states
+	if len(states) > 0 {
+		metrics.QueueDepth.WithLabelValues(dl.Namespace, dl.Name).Set(float64(len(states[0].Waiters)))
+	}
+	if l, ok := r.Watchdog.Lease(r.ref(dl)); ok {
+		obs.mine = l
+	}
+	return obs
+}
+
+func backendWasDown(dl *locksv1alpha1.DistributedLock) bool {
+	for _, c := range dl.Status.Conditions {
+		if c.Type == locksv1alpha1.ConditionBackendReady {
+			return c.Status != "True"
+		}
+	}
+	return false
+}
+
+// globalScopeDenied returns why scope Global is not allowed in namespace, or "".
+func (r *DistributedLockReconciler) globalScopeDenied(ctx context.Context, namespace string) string {
+	if r.GlobalScope.AllowAll {
+		return ""
+	}
+	if r.GlobalScope.NamespaceLabel != "" {
+		var ns corev1.Namespace
+		if err := r.Get(ctx, types.NamespacedName{Name: namespace}, &ns); err == nil && ns.Labels[r.GlobalScope.NamespaceLabel] == "true" {
+			return ""
+		}
+		return fmt.Sprintf("spec.scope: Global is not allowed in namespace %q: label the namespace %s=true (if the operator's policy allows it) or use scope Namespace",
+			namespace, r.GlobalScope.NamespaceLabel)
+	}
+	return fmt.Sprintf("spec.scope: Global is not allowed in namespace %q: the operator runs without --allow-global-scope; use scope Namespace", namespace)
+}
+
+// reconcileHolder acquires, keeps or releases the lease of the manual holder
+// so that the backend matches spec.holder.
+func (r *DistributedLockReconciler) reconcileHolder(ctx context.Context, dl *locksv1alpha1.DistributedLock, obs *observation) {
+	var want *holder.Holder
+	if dl.Spec.Holder != nil {
+		h := r.manualHolder(dl, dl.Spec.Holder.Identity)
+		want = &h
+	}
+	// Release what this lock holds for anyone other than the wanted holder
+	// (the holder was removed or renamed), including leases held before a restart.
+	r.releaseStale(ctx, dl, obs, want)
+	if want == nil {
+		return
+	}
+	if obs.mine != nil && obs.mine.Holder == want.Encode() && heldBy(obs.states, want.Encode()) {
+		// Held and renewed by the watchdog; renew through the current client
+		// (it changes when a referenced Secret changed).
+		r.Watchdog.Hold(r.ref(dl), obs.handle.Locker, obs.mine)
+		return
+	}
+	r.acquire(ctx, dl, obs, *want)
+}
+
+// heldBy reports whether every key is held by the holder string h.
+func heldBy(states []lock.KeyState, h string) bool {
+	for _, s := range states {
+		if !s.Held || s.Holder != h {
+			return false
+		}
+	}
+	return len(states) > 0
+}
+
+// queued reports whether the holder string h waits in the first key's queue.
+func queued(states []lock.KeyState, h string) bool {
+	if len(states) == 0 {
+		return false
+	}
+	for _, w := range states[0].Waiters {
+		if w.Holder == h {
+			return true
+		}
+	}
+	return false
+}
+
+// releaseStale releases leases of this lock's manual holders other than want.
+func (r *DistributedLockReconciler) releaseStale(ctx context.Context, dl *locksv1alpha1.DistributedLock, obs *observation, want *holder.Holder) {
+	wantStr := ""
+	if want != nil {
+		wantStr = want.Encode()
+	}
+	if obs.mine != nil && obs.mine.Holder != wantStr {
+		r.release(ctx, dl, obs, obs.mine)
+		obs.mine = nil
+	}
+	// A lease held by a previous incarnation of this operator: its owner
+	// token is derived from the holder string in Redis.
+	for _, s := range obs.states {
+		if !s.Held || s.Holder == wantStr {
+			continue
+		}
+		h := holder.Decode(s.Holder)
+		if h.Kind != lockKind || h.UID != string(dl.UID) || !h.Of(r.ClusterName, dl.Namespace, dl.Name) {
+			continue
+		}
+		r.release(ctx, dl, obs, &lock.Lease{Keys: obs.keys, Owner: r.Tokens.Owner(h), Holder: s.Holder, Fence: s.Fence})
+		break
+	}
+	// Leave the queues for holders that are no longer wanted. A waiter deeper
+	// in the queue than Inspect shows drops out when its heartbeats stop.
+	dequeued := map[string]bool{}
+	for _, s := range obs.states {
+		for _, w := range s.Waiters {
+			h := holder.Decode(w.Holder)
+			if w.Holder == wantStr || dequeued[w.Holder] || h.Kind != lockKind || h.UID != string(dl.UID) {
+				continue
+			}
+			dequeued[w.Holder] = true
+			if err := obs.handle.Locker.Dequeue(ctx, obs.keys, r.Tokens.Owner(h)); err != nil {
+				logf.FromContext(ctx).V(1).Info("Leaving the queue failed; the entry expires without heartbeats", "holder", h.Identity, "error", err.Error())
+			}
+		}
+	}
+}
+
+func (r *DistributedLockReconciler) release(ctx context.Context, dl *locksv1alpha1.DistributedLock, obs *observation, l *lock.Lease) {
+	log := logf.FromContext(ctx)
+	r.Watchdog.Drop(r.ref(dl))
+	err := obs.handle.Locker.Release(ctx, l)
+	switch {
+	case err == nil:
+		metrics.HoldSeconds.WithLabelValues(lockKind).Observe(obs.now.Sub(l.Acquired).Seconds())
+		r.Recorder.Eventf(dl, nil, corev1.EventTypeNormal, EventReleased, "Release",
+			"Released the keys held by %s (fencing token %d)", holder.Decode(l.Holder).Identity, l.Fence)
+		log.Info("Released lease", "holder", holder.Decode(l.Holder).Identity, "fence", l.Fence)
+	case errors.Is(err, lock.ErrNotHeld):
+		log.V(1).Info("Lease was no longer held", "holder", holder.Decode(l.Holder).Identity)
+	default:
+		// Not renewed any more, the lease ends with its TTL at the latest.
+		log.Error(err, "Releasing lease failed; it expires with its TTL", "holder", holder.Decode(l.Holder).Identity)
+	}
+	if refreshed, err := obs.handle.Locker.Inspect(ctx, obs.keys); err == nil {
+		obs.states = refreshed
+	}
+}
+
+// acquire takes the keys for the manual holder: it first tries to recover a
+// lease this holder already holds (after a restart or a leader change), then
+// to acquire, waiting its turn in the queue.
+func (r *DistributedLockReconciler) acquire(ctx context.Context, dl *locksv1alpha1.DistributedLock, obs *observation, h holder.Holder) {
+	log := logf.FromContext(ctx)
+	ttl := time.Duration(dl.Spec.TTLSeconds) * time.Second
+	owner := r.Tokens.Owner(h)
+	nn := client.ObjectKeyFromObject(dl)
+	if heldBy(obs.states, h.Encode()) {
+		renewed, err := obs.handle.Locker.Renew(ctx, &lock.Lease{Keys: obs.keys, Owner: owner, Holder: h.Encode(), TTL: ttl, Fence: obs.states[0].Fence}, ttl)
+		if err == nil {
+			if renewed.Fence == 0 {
+				renewed.Fence = obs.states[0].Fence
+			}
+			r.Watchdog.Hold(r.ref(dl), obs.handle.Locker, renewed)
+			obs.mine = renewed
+			log.Info("Recovered held lease", "holder", h.Identity, "fence", renewed.Fence)
+			return
+		}
+		log.Info("Could not recover held lease; acquiring anew", "holder", h.Identity, "error", err.Error())
+	}
+	lease, err := obs.handle.Locker.TryAcquire(ctx, lock.Request{Keys: obs.keys, TTL: ttl, Owner: owner, Holder: h.Encode(), Queue: true})
+	var busy *lock.HeldError
+	switch {
+	case err == nil:
+		metrics.Acquisitions.WithLabelValues(lockKind, metrics.ResultAcquired).Inc()
+		r.mu.Lock()
+		since, waited := r.waitingSince[nn]
+		delete(r.waitingSince, nn)
+		r.mu.Unlock()
+		if !waited {
+			since = obs.now
+		}
+		metrics.WaitSeconds.WithLabelValues(lockKind).Observe(r.Clock.Since(since).Seconds())
+		r.Watchdog.Hold(r.ref(dl), obs.handle.Locker, lease)
+		obs.mine, obs.waiting, obs.busy = lease, false, nil
+		if states, err := obs.handle.Locker.Inspect(ctx, obs.keys); err == nil {
+			obs.states = states
+		}
+		r.Recorder.Eventf(dl, nil, corev1.EventTypeNormal, EventAcquired, "Acquire",
+			"Acquired %v for %s with fencing token %d", dl.Spec.Keys, h.Identity, lease.Fence)
+		log.Info("Acquired lease", "holder", h.Identity, "fence", lease.Fence)
+	case errors.As(err, &busy):
+		metrics.Acquisitions.WithLabelValues(lockKind, metrics.ResultBusy).Inc()
+		r.mu.Lock()
+		if _, ok := r.waitingSince[nn]; !ok {
+			r.waitingSince[nn] = obs.now
+		}
+		r.mu.Unlock()
+		obs.waiting, obs.busy = true, busy
+		if !queued(obs.states, h.Encode()) {
+			// Joined the queue just now: show it.
+			if states, err := obs.handle.Locker.Inspect(ctx, obs.keys); err == nil {
+				obs.states = states
+			}
+		}
+		log.V(1).Info("Waiting for lock", "holder", h.Identity, "heldBy", busy.Holder, "position", busy.Position)
+	default:
+		metrics.Acquisitions.WithLabelValues(lockKind, metrics.ResultError).Inc()
+		obs.backendErr, obs.backendReason = err, locksv1alpha1.ReasonBackendUnreachable
+		log.Error(err, "Acquiring lease failed", "holder", h.Identity)
+	}
+}
+
+// reconcileDelete releases the manual holder's lease and leaves the queues,
+// then lets the lock go.
+func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *locksv1alpha1.DistributedLock) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(dl, Finalizer) {
+		return ctrl.Result{}, nil
+	}
+	obs := r.observe(ctx, dl)
+	if obs.backendErr == nil && obs.scopeDenied == "" {
+		r.releaseStale(ctx, dl, obs, nil)
+	} else if l := r.Watchdog.Drop(r.ref(dl)); l != nil {
+		// The backend cannot be reached: the lease is no longer renewed and
+		// ends with its TTL.
+		logf.FromContext(ctx).Info("Backend unavailable while deleting; the lease expires with its TTL", "fence", l.Fence)
+	}
+	r.Registry.Forget(userOf(dl))
+	nn := client.ObjectKeyFromObject(dl)
+	r.mu.Lock()
+	delete(r.waitingSince, nn)
+	delete(r.lost, nn)
+	for w := range r.warned {
+		if w.nn == nn {
+			delete(r.warned, w)
+		}
+	}
+	r.mu.Unlock()
+	metrics.QueueDepth.DeleteLabelValues(dl.Namespace, dl.Name)
+	metrics.BackendUp.DeleteLabelValues(dl.Namespace, dl.Name)
+	controllerutil.RemoveFinalizer(dl, Finalizer)
+	return ctrl.Result{}, client.IgnoreNotFound(r.Update(ctx, dl))
+}

@@ -1,0 +1,110 @@
+package controllers
+
+import (
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/holder"
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// maxWaitingInStatus bounds status.waiting.
+const maxWaitingInStatus = 10
+
+// computeStatus rebuilds a lock's status from what was observed. Timestamps of
+// an unchanged holder are carried over, so that renewals, which move the
+// expiry in Redis, do not rewrite status.
+func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster string) locksv1alpha1.DistributedLockStatus {
+	old := dl.Status
+	st := locksv1alpha1.DistributedLockStatus{
+		ObservedGeneration: dl.Generation,
+		Conditions:         append([]metav1.Condition(nil), old.Conditions...),
+	}
+	set := func(t string, s metav1.ConditionStatus, reason, msg string) {
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: dl.Generation})
+	}
+
+	switch {
+	case obs.scopeDenied != "":
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonScopeNotAllowed, obs.scopeDenied)
+		meta.RemoveStatusCondition(&st.Conditions, locksv1alpha1.ConditionBackendReady)
+		return st
+	case obs.backendErr != nil:
+		set(locksv1alpha1.ConditionBackendReady, metav1.ConditionFalse, obs.backendReason, obs.backendErr.Error())
+		// What Redis holds is unknown: keep the last known holder, but say so.
+		st.Holder, st.FencingToken, st.AcquiredTime, st.ExpireTime, st.Waiting = old.Holder, old.FencingToken, old.AcquiredTime, old.ExpireTime, old.Waiting
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionUnknown, locksv1alpha1.ReasonBackendUnavailable,
+			"The backend did not answer; the holder shown is the last one observed")
+		return st
+	}
+	set(locksv1alpha1.ConditionBackendReady, metav1.ConditionTrue, locksv1alpha1.ReasonBackendReachable, "Redis answers")
+
+	held := firstHeld(obs.states)
+	if held != nil {
+		h := holder.Decode(held.Holder)
+		st.Holder = &locksv1alpha1.HolderStatus{Identity: h.Identity, Cluster: h.Cluster, Lock: h.Lock, Kind: h.Kind, Namespace: h.Namespace, Name: h.Name}
+		st.FencingToken = held.Fence
+		if old.Holder != nil && *old.Holder == *st.Holder && old.FencingToken == st.FencingToken && old.AcquiredTime != nil {
+			st.AcquiredTime, st.ExpireTime = old.AcquiredTime, old.ExpireTime
+		} else {
+			acquired := metav1.NewTime(obs.now)
+			if !held.Acquired.IsZero() {
+				acquired = metav1.NewTime(held.Acquired)
+			}
+			expires := metav1.NewTime(held.Expires)
+			st.AcquiredTime, st.ExpireTime = &acquired, &expires
+		}
+	}
+	st.Waiting = waitingStatus(obs.states)
+
+	switch {
+	case held != nil && holder.Decode(held.Holder).Of(cluster, dl.Namespace, dl.Name):
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired,
+			fmt.Sprintf("Held by %s with fencing token %d", st.Holder.Identity, st.FencingToken))
+	case obs.lost != nil:
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonLost,
+			fmt.Sprintf("The lease of %s (fencing token %d) was lost: %v", holder.Decode(obs.lost.Lease.Holder).Identity, obs.lost.Lease.Fence, obs.lost.Err))
+	case held != nil && obs.waiting:
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonWaiting,
+			fmt.Sprintf("Waiting: the keys are held by %s (fencing token %d)", st.Holder.Identity, st.FencingToken))
+	case held != nil:
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonHeldByOther,
+			fmt.Sprintf("The keys are held by %s (fencing token %d), not through this lock", st.Holder.Identity, st.FencingToken))
+	case obs.waiting:
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonWaiting,
+			fmt.Sprintf("Waiting in the queue behind %d waiter(s)", max(obs.busy.Position, 0)))
+	default:
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonFree, "No holder holds the keys")
+	}
+	return st
+}
+
+// firstHeld returns the state of the first held key, or nil.
+func firstHeld(states []lock.KeyState) *lock.KeyState {
+	for i := range states {
+		if states[i].Held {
+			return &states[i]
+		}
+	}
+	return nil
+}
+
+// waitingStatus lists the head of the first key's queue.
+func waitingStatus(states []lock.KeyState) []locksv1alpha1.WaiterStatus {
+	if len(states) == 0 || len(states[0].Waiters) == 0 {
+		return nil
+	}
+	ws := states[0].Waiters
+	if len(ws) > maxWaitingInStatus {
+		ws = ws[:maxWaitingInStatus]
+	}
+	out := make([]locksv1alpha1.WaiterStatus, len(ws))
+	for i, w := range ws {
+		since := metav1.NewTime(w.Since)
+		out[i] = locksv1alpha1.WaiterStatus{Identity: holder.Decode(w.Holder).Identity, Since: &since}
+	}
+	return out
+}

@@ -1,0 +1,225 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
+	"github.com/lockwarden/lockwarden/internal/holder"
+	"github.com/lockwarden/lockwarden/internal/watchdog"
+	"github.com/lockwarden/lockwarden/internal/webhook"
+)
+
+const (
+	jobKind = "Job"
+
+	// AnnotationLost records on a Job that its lease was lost, and why.
+	AnnotationLost = "lockwarden.io/lost"
+	// AnnotationSkipped records on a Job that it did not run because the lock was held.
+	AnnotationSkipped = "lockwarden.io/skipped"
+
+	// Job event reasons.
+	EventWaiting    = "Waiting"
+	EventSkipped    = "Skipped"
+	EventUnsuspend  = "UnsuspendedWithoutLock"
+	EventTerminated = "Terminated"
+)
+
+// JobReconciler runs gated Jobs one at a time: it acquires the lock for a
+// suspended Job (in FIFO order, or not at all with contention Skip), hands it
+// the fencing token, unsuspends it, renews the lease while it runs and
+// releases it when the Job finishes or is deleted.
+type JobReconciler struct {
+	client.Client
+	Registry    *backend.Registry
+	Watchdog    *watchdog.Watchdog
+	Tokens      *holder.Tokens
+	Recorder    events.EventRecorder
+	Clock       clock.PassiveClock
+	ClusterName string
+	// LockChanged, when set, is told when a Job joins a lock's queue, starts
+	// or releases, so that the lock's status shows it at once.
+	LockChanged func(types.NamespacedName)
+
+	notify chan event.GenericEvent
+
+	mu sync.Mutex
+	// lost remembers leases the watchdog lost until the Job's next reconcile handles them.
+	lost map[types.NamespacedName]watchdog.Lost
+	// waitingSince remembers when a Job started waiting, for the wait metric and the Waiting event.
+	waitingSince map[types.NamespacedName]time.Time
+}
+
+// +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups=batch,resources=jobs/finalizers,verbs=update
+// +kubebuilder:rbac:groups=batch,resources=cronjobs,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconcile moves one gated Job through waiting, holding and releasing.
+func (r *JobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var job batchv1.Job
+	if err := r.Get(ctx, req.NamespacedName, &job); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if job.Labels[webhook.LabelLock] == "" || !controllerutil.ContainsFinalizer(&job, webhook.JobFinalizer) {
+		return ctrl.Result{}, nil // not gated, or done with
+	}
+	g, err := r.gatedJob(ctx, &job)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	switch {
+	case !job.DeletionTimestamp.IsZero() || jobFinished(&job):
+		return r.reconcileRelease(ctx, g)
+	case job.Annotations[AnnotationLost] != "":
+		return ctrl.Result{}, nil // reported; the Job runs on (Ignore) or was stopped (Terminate)
+	case job.Annotations[webhook.AnnotationFencingToken] != "":
+		return r.reconcileHeld(ctx, g)
+	default:
+		return r.reconcileWaiting(ctx, g)
+	}
+}
+
+// gatedJob is a Job with what its reconcile needs to know about its lock.
+type gatedJob struct {
+	job *batchv1.Job
+	// dl is the Job's lock; nil when it was deleted.
+	dl     *locksv1alpha1.DistributedLock
+	ref    watchdog.Ref
+	holder holder.Holder
+	owner  string
+}
+
+func (r *JobReconciler) gatedJob(ctx context.Context, job *batchv1.Job) (*gatedJob, error) {
+	lockName := job.Labels[webhook.LabelLock]
+	g := &gatedJob{job: job, ref: watchdog.Ref{Kind: jobKind, Namespace: job.Namespace, Name: job.Name}}
+	g.holder = holder.Holder{
+		Cluster: r.ClusterName, Namespace: job.Namespace, Lock: lockName, Kind: jobKind, Name: job.Name, UID: string(job.UID),
+		Identity: holder.WorkloadIdentity(r.ClusterName, job.Namespace, jobKind, job.Name, string(job.UID)),
+	}
+	g.owner = r.Tokens.Owner(g.holder)
+	var dl locksv1alpha1.DistributedLock
+	if err := r.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: lockName}, &dl); err == nil {
+		g.dl = &dl
+	} else if client.IgnoreNotFound(err) != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+func jobFinished(job *batchv1.Job) bool {
+	for _, c := range job.Status.Conditions {
+		if (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
+func jobUser(job *batchv1.Job) string { return jobKind + "/" + job.Namespace + "/" + job.Name }
+
+// onLost is the watchdog's callback for lost leases.
+func (r *JobReconciler) onLost(l watchdog.Lost) {
+	if l.Ref.Kind != jobKind {
+		return
+	}
+	nn := types.NamespacedName{Namespace: l.Ref.Namespace, Name: l.Ref.Name}
+	r.mu.Lock()
+	r.lost[nn] = l
+	r.mu.Unlock()
+	r.enqueue(nn)
+}
+
+// LostHandler returns the function the watchdog calls for lost leases.
+func (r *JobReconciler) LostHandler() func(watchdog.Lost) { return r.onLost }
+
+func (r *JobReconciler) enqueue(nn types.NamespacedName) {
+	obj := &batchv1.Job{}
+	obj.Namespace, obj.Name = nn.Namespace, nn.Name
+	select {
+	case r.notify <- event.GenericEvent{Object: obj}:
+	default:
+	}
+}
+
+// onRelease wakes the waiting Jobs of every lock on the released key.
+func (r *JobReconciler) onRelease(backendID, key string) {
+	ctx := context.Background()
+	var locks locksv1alpha1.DistributedLockList
+	if err := r.List(ctx, &locks, client.MatchingFields{indexBackendKey: backendID + "\x00" + key}); err != nil {
+		return
+	}
+	for _, dl := range locks.Items {
+		var jobs batchv1.JobList
+		if err := r.List(ctx, &jobs, client.InNamespace(dl.Namespace), client.MatchingLabels{webhook.LabelLock: dl.Name}); err != nil {
+			continue
+		}
+		for i := range jobs.Items {
+			j := &jobs.Items[i]
+			if j.Annotations[webhook.AnnotationFencingToken] == "" && !jobFinished(j) {
+				r.enqueue(client.ObjectKeyFromObject(j))
+			}
+		}
+	}
+}
+
+// SetupWithManager registers the reconciler. The DistributedLock reconciler
+// must be set up first (it registers the index this one uses).
+func (r *JobReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	r.notify = make(chan event.GenericEvent, 1024)
+	r.lost = map[types.NamespacedName]watchdog.Lost{}
+	r.waitingSince = map[types.NamespacedName]time.Time{}
+	r.Registry.OnRelease(r.onRelease)
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&batchv1.Job{}).
+		WatchesRawSource(source.Channel(r.notify, &handler.EnqueueRequestForObject{})).
+		Named("job").
+		Complete(r)
+}
+
+func (r *JobReconciler) lockChanged(job *batchv1.Job) {
+	if r.LockChanged != nil {
+		r.LockChanged(types.NamespacedName{Namespace: job.Namespace, Name: job.Labels[webhook.LabelLock]})
+	}
+}
+
+func (r *JobReconciler) eventf(obj client.Object, eventtype, reason, action, note string, args ...any) {
+	r.Recorder.Eventf(obj, nil, eventtype, reason, action, note, args...)
+}
+
+// cronJobOf returns a reference object for the Job's controlling CronJob, for events.
+func cronJobOf(job *batchv1.Job) *batchv1.CronJob {
+	for _, ref := range job.OwnerReferences {
+		if ref.Kind == "CronJob" && ref.Controller != nil && *ref.Controller {
+			cj := &batchv1.CronJob{}
+			cj.Namespace, cj.Name, cj.UID = job.Namespace, ref.Name, ref.UID
+			return cj
+		}
+	}
+	return nil
+}
+
+func describeHolder(identity string, fence int64) string {
+	if identity == "" {
+		return "another waiter ahead in the queue"
+	}
+	return fmt.Sprintf("%s (fencing token %d)", identity, fence)
+}

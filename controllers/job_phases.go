@@ -1,0 +1,281 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
+	"github.com/lockwarden/lockwarden/internal/holder"
+	"github.com/lockwarden/lockwarden/internal/lock"
+	"github.com/lockwarden/lockwarden/internal/metrics"
+	"github.com/lockwarden/lockwarden/internal/webhook"
+)
+
+// lockMissingRequeue is how soon a Job whose lock does not exist is looked at again.
+const lockMissingRequeue = 30 * time.Second
+
+// reconcileWaiting tries to acquire the lock for a suspended Job; on success
+// it hands the Job the fencing token and unsuspends it.
+func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl.Result, error) {
+	log := logf.FromContext(ctx)
+	job := g.job
+	if g.dl == nil {
+		r.eventf(job, corev1.EventTypeWarning, "LockNotFound", "Wait",
+			"DistributedLock %q does not exist in namespace %q; the Job stays suspended until it does", job.Labels[webhook.LabelLock], job.Namespace)
+		return ctrl.Result{RequeueAfter: lockMissingRequeue}, nil
+	}
+	if job.Spec.Suspend == nil || !*job.Spec.Suspend {
+		// Someone unsuspended the Job without the lock: suspend it again.
+		before := job.DeepCopy()
+		suspend := true
+		job.Spec.Suspend = &suspend
+		if err := r.Patch(ctx, job, client.MergeFrom(before)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("suspend Job: %w", err)
+		}
+		r.eventf(job, corev1.EventTypeWarning, EventUnsuspend, "Suspend",
+			"The Job was unsuspended before it held lock %s; it waits for its turn", g.dl.Name)
+	}
+	h, err := r.Registry.For(ctx, jobUser(job), g.dl)
+	if err != nil {
+		r.eventf(job, corev1.EventTypeWarning, EventBackendUnavailable, "Acquire", "Lock %s: %v", g.dl.Name, err)
+		return ctrl.Result{RequeueAfter: backendRetry}, nil
+	}
+	contention := locksv1alpha1.Contention(job.Annotations[webhook.AnnotationContention])
+	if contention == "" {
+		contention = g.dl.Spec.Contention
+	}
+	ttl := time.Duration(g.dl.Spec.TTLSeconds) * time.Second
+	keys := backend.EngineKeys(g.dl)
+	lease, err := h.Locker.TryAcquire(ctx, lock.Request{Keys: keys, TTL: ttl, Owner: g.owner, Holder: g.holder.Encode(), Queue: contention != locksv1alpha1.ContentionSkip})
+	var busy *lock.HeldError
+	switch {
+	case err == nil:
+		return r.start(ctx, g, h, lease)
+	case errors.As(err, &busy) && contention == locksv1alpha1.ContentionSkip:
+		metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultBusy).Inc()
+		return r.skip(ctx, g, busy)
+	case errors.As(err, &busy):
+		metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultBusy).Inc()
+		nn := client.ObjectKeyFromObject(job)
+		r.mu.Lock()
+		_, was := r.waitingSince[nn]
+		if !was {
+			r.waitingSince[nn] = r.Clock.Now()
+		}
+		r.mu.Unlock()
+		if !was {
+			r.lockChanged(job)
+			h := holder.Decode(busy.Holder)
+			r.eventf(job, corev1.EventTypeNormal, EventWaiting, "Acquire", "Waiting for lock %s, held by %s", g.dl.Name, describeHolder(h.Identity, busy.Fence))
+		}
+		log.V(1).Info("Waiting for lock", "lock", g.dl.Name, "position", busy.Position)
+		return ctrl.Result{RequeueAfter: waitingRequeue}, nil
+	default:
+		metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultError).Inc()
+		log.Error(err, "Acquiring lock failed", "lock", g.dl.Name)
+		return ctrl.Result{RequeueAfter: backendRetry}, nil
+	}
+}
+
+// start records the fencing token on the Job and its pod template and unsuspends it.
+func (r *JobReconciler) start(ctx context.Context, g *gatedJob, h backend.Handle, lease *lock.Lease) (ctrl.Result, error) {
+	job := g.job
+	nn := client.ObjectKeyFromObject(job)
+	r.Watchdog.Hold(g.ref, h.Locker, lease)
+	metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultAcquired).Inc()
+	r.mu.Lock()
+	since, waited := r.waitingSince[nn]
+	delete(r.waitingSince, nn)
+	r.mu.Unlock()
+	if !waited {
+		since = lease.Acquired
+	}
+	metrics.WaitSeconds.WithLabelValues(jobKind).Observe(r.Clock.Since(since).Seconds())
+
+	before := job.DeepCopy()
+	fence := strconv.FormatInt(lease.Fence, 10)
+	setAnnotation(&job.ObjectMeta, webhook.AnnotationFencingToken, fence)
+	setAnnotation(&job.ObjectMeta, webhook.AnnotationHolder, g.holder.Identity)
+	setAnnotation(&job.Spec.Template.ObjectMeta, webhook.AnnotationFencingToken, fence)
+	setAnnotation(&job.Spec.Template.ObjectMeta, webhook.AnnotationHolder, g.holder.Identity)
+	suspend := false
+	job.Spec.Suspend = &suspend
+	if err := r.Patch(ctx, job, client.MergeFrom(before)); err != nil {
+		// Still held and renewed: the next attempt acquires again as the same owner.
+		return ctrl.Result{}, fmt.Errorf("start Job with fencing token %d: %w", lease.Fence, err)
+	}
+	r.lockChanged(job)
+	r.eventf(job, corev1.EventTypeNormal, EventAcquired, "Acquire", "Acquired lock %s with fencing token %d; starting", g.dl.Name, lease.Fence)
+	logf.FromContext(ctx).Info("Acquired lock for Job", "lock", g.dl.Name, "fence", lease.Fence)
+	return ctrl.Result{}, nil
+}
+
+func setAnnotation(m *metav1.ObjectMeta, k, v string) {
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Annotations[k] = v
+}
+
+// skip records why a Job with contention Skip does not run. A CronJob's Job
+// is deleted (its run is skipped, as the CronJob's events say); a plain Job
+// stays suspended, with the reason on it.
+func (r *JobReconciler) skip(ctx context.Context, g *gatedJob, busy *lock.HeldError) (ctrl.Result, error) {
+	job := g.job
+	hd := holder.Decode(busy.Holder)
+	reason := fmt.Sprintf("lock %s is held by %s", g.dl.Name, describeHolder(hd.Identity, busy.Fence))
+	r.eventf(job, corev1.EventTypeNormal, EventSkipped, "Skip", "Not run: %s (contention Skip)", reason)
+	cj := cronJobOf(job)
+	if cj != nil {
+		r.eventf(cj, corev1.EventTypeNormal, EventSkipped, "Skip", "Skipped Job %s: %s (contention Skip)", job.Name, reason)
+	}
+	before := job.DeepCopy()
+	setAnnotation(&job.ObjectMeta, AnnotationSkipped, reason)
+	controllerutil.RemoveFinalizer(job, webhook.JobFinalizer)
+	if err := r.Patch(ctx, job, client.MergeFrom(before)); err != nil {
+		return ctrl.Result{}, fmt.Errorf("mark Job skipped: %w", err)
+	}
+	r.Registry.Forget(jobUser(job))
+	if cj != nil {
+		if err := r.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+			return ctrl.Result{}, fmt.Errorf("delete skipped Job: %w", err)
+		}
+	}
+	logf.FromContext(ctx).Info("Skipped Job", "reason", reason)
+	return ctrl.Result{}, nil
+}
+
+// reconcileHeld keeps the lease of a running Job renewed; after a restart of
+// the operator it takes the lease over with the same owner token and fence.
+func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Result, error) {
+	if lost := r.takeLost(g.job); lost != nil {
+		return r.handleLost(ctx, g, lost)
+	}
+	if _, _, ok := r.Watchdog.Holding(g.ref); ok {
+		return ctrl.Result{}, nil
+	}
+	if g.dl == nil {
+		return r.handleLost(ctx, g, fmt.Errorf("%w: DistributedLock %q was deleted", lock.ErrLost, g.job.Labels[webhook.LabelLock]))
+	}
+	h, err := r.Registry.For(ctx, jobUser(g.job), g.dl)
+	if err != nil {
+		return ctrl.Result{RequeueAfter: backendRetry}, nil
+	}
+	fence, _ := strconv.ParseInt(g.job.Annotations[webhook.AnnotationFencingToken], 10, 64)
+	ttl := time.Duration(g.dl.Spec.TTLSeconds) * time.Second
+	renewed, err := h.Locker.Renew(ctx, &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, TTL: ttl}, ttl)
+	switch {
+	case err == nil:
+		if renewed.Fence == 0 {
+			renewed.Fence = fence
+		}
+		r.Watchdog.Hold(g.ref, h.Locker, renewed)
+		logf.FromContext(ctx).Info("Recovered held lease of Job", "fence", fence)
+		return ctrl.Result{}, nil
+	case errors.Is(err, lock.ErrLost), errors.Is(err, lock.ErrNotHeld):
+		return r.handleLost(ctx, g, err)
+	default:
+		return ctrl.Result{RequeueAfter: backendRetry}, nil
+	}
+}
+
+func (r *JobReconciler) takeLost(job *batchv1.Job) error {
+	nn := client.ObjectKeyFromObject(job)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l, ok := r.lost[nn]
+	if !ok {
+		return nil
+	}
+	delete(r.lost, nn)
+	if l.Err == nil {
+		return lock.ErrLost
+	}
+	return l.Err
+}
+
+// handleLost reports a running Job's lost lease and applies the lock's onLost.
+func (r *JobReconciler) handleLost(ctx context.Context, g *gatedJob, cause error) (ctrl.Result, error) {
+	job := g.job
+	r.Watchdog.Drop(g.ref)
+	metrics.LeasesLost.WithLabelValues(jobKind).Inc()
+	fence := job.Annotations[webhook.AnnotationFencingToken]
+	r.eventf(job, corev1.EventTypeWarning, EventLost, "Renew", "Lost the lease of lock %s (fencing token %s): %v", job.Labels[webhook.LabelLock], fence, cause)
+	before := job.DeepCopy()
+	setAnnotation(&job.ObjectMeta, AnnotationLost, fmt.Sprintf("%s: %v", r.Clock.Now().UTC().Format(time.RFC3339), cause))
+	terminate := g.dl != nil && g.dl.Spec.OnLost == locksv1alpha1.OnLostTerminate
+	if terminate {
+		suspend := true
+		job.Spec.Suspend = &suspend // the Job controller stops its pods
+	}
+	if err := r.Patch(ctx, job, client.MergeFrom(before)); err != nil {
+		return ctrl.Result{}, fmt.Errorf("record lost lease: %w", err)
+	}
+	if terminate {
+		r.eventf(job, corev1.EventTypeWarning, EventTerminated, "Terminate", "Stopped the Job's pods: its lease was lost and the lock's onLost is Terminate")
+	}
+	logf.FromContext(ctx).Info("Job lost its lease", "fence", fence, "terminate", terminate, "cause", cause.Error())
+	return ctrl.Result{}, nil
+}
+
+// reconcileRelease releases the lease of a finished or deleted Job, leaves
+// the queue, and removes the finalizer.
+func (r *JobReconciler) reconcileRelease(ctx context.Context, g *gatedJob) (ctrl.Result, error) {
+	job := g.job
+	log := logf.FromContext(ctx)
+	lease, locker, held := r.Watchdog.Holding(g.ref)
+	if !held && g.dl != nil && job.Annotations[AnnotationLost] == "" {
+		if h, err := r.Registry.For(ctx, jobUser(job), g.dl); err == nil {
+			locker = h.Locker
+			fence, _ := strconv.ParseInt(job.Annotations[webhook.AnnotationFencingToken], 10, 64)
+			lease = &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence}
+		}
+	}
+	if locker != nil {
+		r.Watchdog.Drop(g.ref)
+		err := locker.Release(ctx, lease)
+		switch {
+		case err == nil:
+			if !lease.Acquired.IsZero() {
+				metrics.HoldSeconds.WithLabelValues(jobKind).Observe(r.Clock.Since(lease.Acquired).Seconds())
+			}
+			r.lockChanged(job)
+			r.eventf(job, corev1.EventTypeNormal, EventReleased, "Release", "Released lock %s (fencing token %d)", job.Labels[webhook.LabelLock], lease.Fence)
+			log.Info("Released lock of Job", "fence", lease.Fence)
+		case errors.Is(err, lock.ErrNotHeld):
+		default:
+			if r.Clock.Now().Before(lease.Expires) {
+				return ctrl.Result{}, fmt.Errorf("release lock of Job (it expires with its TTL): %w", err)
+			}
+		}
+		if err := locker.Dequeue(ctx, lease.Keys, g.owner); err != nil {
+			log.V(1).Info("Leaving the queue failed; the entry expires without heartbeats", "error", err.Error())
+		}
+	}
+	r.Registry.Forget(jobUser(job))
+	nn := types.NamespacedName{Namespace: job.Namespace, Name: job.Name}
+	r.mu.Lock()
+	delete(r.waitingSince, nn)
+	delete(r.lost, nn)
+	r.mu.Unlock()
+	before := job.DeepCopy()
+	if controllerutil.RemoveFinalizer(job, webhook.JobFinalizer) {
+		if err := r.Patch(ctx, job, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
+			return ctrl.Result{}, fmt.Errorf("remove finalizer: %w", err)
+		}
+	}
+	return ctrl.Result{}, nil
+}

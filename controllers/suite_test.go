@@ -1,0 +1,303 @@
+package controllers
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
+	"github.com/lockwarden/lockwarden/internal/holder"
+	redislock "github.com/lockwarden/lockwarden/internal/lock/redis"
+	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
+	"github.com/lockwarden/lockwarden/internal/watchdog"
+	"github.com/lockwarden/lockwarden/internal/webhook"
+)
+
+var env *kubetest.Env
+
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapLevel())))
+	backend.RouteRedisLogs(ctrl.Log.WithName("go-redis"))
+	e, err := kubetest.StartEnv(kubetest.WithWebhooks())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	env = e
+	code := m.Run()
+	if err := e.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop envtest:", err)
+	}
+	os.Exit(code)
+}
+
+// testOwnerKey is the owner key of every manager the tests start: a
+// restarted manager derives the same owner tokens, as replicas do from the
+// shared Secret.
+var testOwnerKey = bytes.Repeat([]byte{42}, holder.MinKeyLen)
+
+// managerOptions adjust the manager a test starts.
+type managerOptions struct {
+	cluster     string
+	globalScope GlobalScopePolicy
+	resync      time.Duration
+	// env is the control plane to run against (default: the package's).
+	env *kubetest.Env
+}
+
+// testManager is a running manager with the lock controller.
+type testManager struct {
+	reconciler *DistributedLockReconciler
+	jobs       *JobReconciler
+	stop       func()
+}
+
+// startManager starts a manager with the DistributedLock controller, as main
+// does, and stops it when the test ends (or earlier, with stop).
+func startManager(t *testing.T, o managerOptions) *testManager {
+	t.Helper()
+	if o.cluster == "" {
+		o.cluster = "test"
+	}
+	if o.resync == 0 {
+		o.resync = DefaultResyncPeriod
+	}
+	if o.env == nil {
+		o.env = env
+	}
+	skipNameValidation := true
+	host, port, certDir := o.env.Webhook()
+	mgr, err := ctrl.NewManager(o.env.Config, ctrl.Options{
+		Scheme:                 o.env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             config.Controller{SkipNameValidation: &skipNameValidation},
+		WebhookServer:          ctrlwebhook.NewServer(ctrlwebhook.Options{Host: host, Port: port, CertDir: certDir}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tokens, err := holder.NewTokens(testOwnerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	registry := backend.NewRegistry(ctx, mgr.GetAPIReader(), func(cfg redislock.Config) (backend.Locker, error) {
+		return redislock.New(cfg)
+	}, ctrl.Log.WithName("backend"))
+	registry.SetHealthInterval(500 * time.Millisecond)
+	r := &DistributedLockReconciler{
+		Client:      mgr.GetClient(),
+		Registry:    registry,
+		Tokens:      tokens,
+		Recorder:    mgr.GetEventRecorder("lockwarden"),
+		ClusterName: o.cluster,
+		GlobalScope: o.globalScope,
+		MinSafeTTL:  20 * time.Second,
+		Resync:      o.resync,
+	}
+	jr := &JobReconciler{
+		Client:      mgr.GetClient(),
+		Registry:    registry,
+		Tokens:      tokens,
+		Recorder:    r.Recorder,
+		ClusterName: o.cluster,
+		LockChanged: r.Enqueue,
+	}
+	onLost, onJobLost := r.LostHandler(), jr.LostHandler()
+	r.Watchdog = watchdog.New(func(l watchdog.Lost) { onLost(l); onJobLost(l) })
+	jr.Watchdog = r.Watchdog
+	if err := mgr.Add(r.Watchdog); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	if err := jr.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&CronJobReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&webhook.JobGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	var stopped atomic.Bool
+	stop := func() {
+		if stopped.Swap(true) {
+			return
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	// Ready when the webhook answers: Jobs created from now on are gated.
+	eventually(t, 10*time.Second, "the webhook server to listen", func() (bool, string) {
+		err := mgr.GetWebhookServer().StartedChecker()(nil)
+		return err == nil, fmt.Sprint(err)
+	})
+	return &testManager{reconciler: r, jobs: jr, stop: stop}
+}
+
+// zapLevel logs everything with LOCKWARDEN_TEST_LOG set, else errors only.
+func zapLevel() zapcore.Level {
+	if os.Getenv("LOCKWARDEN_TEST_LOG") != "" {
+		return zapcore.Level(-2)
+	}
+	return zapcore.ErrorLevel
+}
+
+// newNamespace creates a namespace with a unique name for one test.
+func newNamespace(t *testing.T, labels map[string]string) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "t-", Labels: labels}}
+	if err := env.Client.Create(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+// namedNamespace creates a namespace with the given name in e.
+func namedNamespace(t *testing.T, e *kubetest.Env, name string) {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := e.Client.Create(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lockBuilder builds DistributedLocks for tests.
+type lockBuilder struct{ dl locksv1alpha1.DistributedLock }
+
+func makeLock(name, namespace string, endpoints ...string) *lockBuilder {
+	return &lockBuilder{dl: locksv1alpha1.DistributedLock{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: locksv1alpha1.DistributedLockSpec{
+			Keys:       []string{"billing/ledger"},
+			TTLSeconds: 30,
+			Backend:    locksv1alpha1.Backend{Redis: &locksv1alpha1.RedisBackend{Endpoints: endpoints}},
+		},
+	}}
+}
+
+func (b *lockBuilder) keys(k ...string) *lockBuilder { b.dl.Spec.Keys = k; return b }
+func (b *lockBuilder) ttl(s int32) *lockBuilder      { b.dl.Spec.TTLSeconds = s; return b }
+func (b *lockBuilder) holder(id string) *lockBuilder {
+	b.dl.Spec.Holder = &locksv1alpha1.ManualHolder{Identity: id}
+	return b
+}
+func (b *lockBuilder) scope(s locksv1alpha1.Scope) *lockBuilder { b.dl.Spec.Scope = s; return b }
+func (b *lockBuilder) password(secret, key string) *lockBuilder {
+	b.dl.Spec.Backend.Redis.PasswordSecretRef = &locksv1alpha1.SecretKeyRef{Name: secret, Key: key}
+	return b
+}
+func (b *lockBuilder) obj() *locksv1alpha1.DistributedLock { return b.dl.DeepCopy() }
+
+func create(t *testing.T, obj client.Object) {
+	t.Helper()
+	if err := env.Client.Create(context.Background(), obj); err != nil {
+		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
+	}
+}
+
+func getLock(t *testing.T, namespace, name string) *locksv1alpha1.DistributedLock {
+	t.Helper()
+	var dl locksv1alpha1.DistributedLock
+	if err := env.Client.Get(context.Background(), types.NamespacedName{Namespace: namespace, Name: name}, &dl); err != nil {
+		t.Fatalf("get DistributedLock %s/%s: %v", namespace, name, err)
+	}
+	return &dl
+}
+
+// eventually polls cond every 25ms until it returns true, failing after timeout with the last message.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(context.Background(), 25*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		ok, msg := cond()
+		last = msg
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("timed out after %v waiting for %s; last seen: %s", timeout, what, last)
+	}
+}
+
+// waitCondition waits until the lock's condition has the status and reason, returning the lock.
+func waitCondition(t *testing.T, timeout time.Duration, namespace, name, condType string, status metav1.ConditionStatus, reason string) *locksv1alpha1.DistributedLock {
+	t.Helper()
+	var dl locksv1alpha1.DistributedLock
+	eventually(t, timeout, fmt.Sprintf("%s/%s %s=%s (%s)", namespace, name, condType, status, reason), func() (bool, string) {
+		if err := env.Client.Get(context.Background(), types.NamespacedName{Namespace: namespace, Name: name}, &dl); err != nil {
+			return false, err.Error()
+		}
+		c := meta.FindStatusCondition(dl.Status.Conditions, condType)
+		if c == nil {
+			return false, "no condition"
+		}
+		return c.Status == status && c.Reason == reason, fmt.Sprintf("%s %s: %s", c.Status, c.Reason, c.Message)
+	})
+	return &dl
+}
+
+// eventsFor lists the Events regarding a lock, as `kubectl describe` shows them.
+func eventsFor(t *testing.T, namespace, name string) []string {
+	t.Helper()
+	var list corev1.EventList
+	if err := env.Client.List(context.Background(), &list, client.InNamespace(namespace)); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range list.Items {
+		if e.InvolvedObject.Name == name {
+			out = append(out, e.Reason+": "+e.Message)
+		}
+	}
+	return out
+}
+
+func hasEvent(t *testing.T, namespace, name, reason string) (bool, string) {
+	evs := eventsFor(t, namespace, name)
+	for _, e := range evs {
+		if strings.HasPrefix(e, reason+":") {
+			return true, e
+		}
+	}
+	return false, strings.Join(evs, " | ")
+}
+
+func nn(namespace, name string) types.NamespacedName {
+	return types.NamespacedName{Namespace: namespace, Name: name}
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,206 @@
+// Package webhook holds lockwarden's admission webhooks.
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// Annotations, labels and environment variables of gated Jobs.
+const (
+	// AnnotationLock names the DistributedLock (in the same namespace) a Job,
+	// a CronJob or a CronJob's job template is gated by.
+	AnnotationLock = "lockwarden.io/lock"
+	// AnnotationContention overrides the lock's spec.contention: Queue or Skip.
+	AnnotationContention = "lockwarden.io/contention"
+	// LabelLock marks a gated Job with its lock, so the controller watches only gated Jobs.
+	LabelLock = "lockwarden.io/lock"
+	// AnnotationFencingToken carries the holder's fencing token, on the Job and its pod template.
+	AnnotationFencingToken = "lockwarden.io/fencing-token" //nolint:gosec // G101: an annotation name, not a credential
+	// AnnotationHolder carries the holder identity, on the Job and its pod template.
+	AnnotationHolder = "lockwarden.io/holder"
+	// JobFinalizer keeps a gated Job until its lease is released.
+	JobFinalizer = "locks.lockwarden.io/release"
+
+	// EnvFencingToken is the environment variable that hands the fencing token to the workload.
+	EnvFencingToken = "LOCKWARDEN_FENCING_TOKEN" //nolint:gosec // G101: an environment variable name, not a credential
+	// EnvHolder is the environment variable with the holder identity.
+	EnvHolder = "LOCKWARDEN_HOLDER"
+	// EnvLock is the environment variable with the lock's name.
+	EnvLock = "LOCKWARDEN_LOCK"
+)
+
+// JobGate suspends new Jobs that a lock gates, so that the Job controller
+// starts them one at a time.
+type JobGate struct {
+	// Reader reads CronJobs and DistributedLocks (the manager's cache).
+	Reader client.Reader
+	// APIReader confirms a lock the cache does not have yet.
+	APIReader client.Reader
+}
+
+var _ admission.Defaulter[*batchv1.Job] = (*JobGate)(nil)
+
+// +kubebuilder:rbac:groups=batch,resources=cronjobs,verbs=get;list;watch
+
+// SetupWithManager registers the webhook at /mutate-batch-v1-job.
+func (g *JobGate) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewWebhookManagedBy(mgr, &batchv1.Job{}).WithDefaulter(g).Complete()
+}
+
+// Default gates a Job that names a lock, or whose CronJob does: it suspends
+// it, labels it, adds the finalizer and the environment variables that carry
+// the fencing token. Jobs that name no lock are left untouched.
+func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
+	log := logf.FromContext(ctx).WithName("job-gate")
+	name, contention, source, found, err := g.lockOf(ctx, job)
+	if err != nil || !found {
+		return err
+	}
+	path := field.NewPath("metadata", "annotations")
+	if errs := validateAnnotations(name, contention, path, source); len(errs) > 0 {
+		return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, errs)
+	}
+	if err := g.lockExists(ctx, job.Namespace, name); err != nil {
+		return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, field.ErrorList{
+			field.Invalid(path.Key(AnnotationLock), name, fmt.Sprintf("%sno DistributedLock %q in namespace %q (%v): create it, or name an existing lock", source, name, job.Namespace, err)),
+		})
+	}
+	Gate(job, name, contention)
+	log.V(1).Info("Gated Job", "job", job.Name, "generateName", job.GenerateName, "namespace", job.Namespace, "lock", name)
+	return nil
+}
+
+// Gate applies the gating mutations to a Job being created.
+func Gate(job *batchv1.Job, lock, contention string) {
+	if job.Labels == nil {
+		job.Labels = map[string]string{}
+	}
+	job.Labels[LabelLock] = lock
+	if job.Annotations == nil {
+		job.Annotations = map[string]string{}
+	}
+	job.Annotations[AnnotationLock] = lock
+	if contention != "" {
+		job.Annotations[AnnotationContention] = contention
+	}
+	// A new Job never arrives holding the lock: drop any token it claims
+	// (only the controller writes them, after acquiring) and suspend it.
+	delete(job.Annotations, AnnotationFencingToken)
+	delete(job.Annotations, AnnotationHolder)
+	delete(job.Spec.Template.Annotations, AnnotationFencingToken)
+	delete(job.Spec.Template.Annotations, AnnotationHolder)
+	suspend := true
+	job.Spec.Suspend = &suspend
+	controllerutil.AddFinalizer(job, JobFinalizer)
+	env := []corev1.EnvVar{
+		{Name: EnvFencingToken, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + AnnotationFencingToken + "']"}}},
+		{Name: EnvHolder, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + AnnotationHolder + "']"}}},
+		{Name: EnvLock, Value: lock},
+	}
+	spec := &job.Spec.Template.Spec
+	for i := range spec.InitContainers {
+		spec.InitContainers[i].Env = withEnv(spec.InitContainers[i].Env, env)
+	}
+	for i := range spec.Containers {
+		spec.Containers[i].Env = withEnv(spec.Containers[i].Env, env)
+	}
+}
+
+// withEnv sets the variables in add, replacing any of the same name.
+func withEnv(have, add []corev1.EnvVar) []corev1.EnvVar {
+	out := slices.DeleteFunc(slices.Clone(have), func(e corev1.EnvVar) bool {
+		return slices.ContainsFunc(add, func(a corev1.EnvVar) bool { return a.Name == e.Name })
+	})
+	return append(out, add...)
+}
+
+// lockOf finds the lock that gates job: its own annotation, or its owning
+// CronJob's (the owner reference's UID must match the CronJob found). source
+// says where a CronJob's annotation came from, for error messages.
+func (g *JobGate) lockOf(ctx context.Context, job *batchv1.Job) (name, contention, source string, found bool, err error) {
+	if v, ok := job.Annotations[AnnotationLock]; ok {
+		return v, job.Annotations[AnnotationContention], "", true, nil
+	}
+	ref := ownerCronJob(job)
+	if ref == nil {
+		return "", "", "", false, nil
+	}
+	var cj batchv1.CronJob
+	if err := g.Reader.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: ref.Name}, &cj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "", "", "", false, nil
+		}
+		return "", "", "", false, fmt.Errorf("read CronJob %s/%s that owns the Job: %w", job.Namespace, ref.Name, err)
+	}
+	if cj.UID != ref.UID {
+		return "", "", "", false, nil // a CronJob of the same name, not the owner
+	}
+	v, ok := cj.Annotations[AnnotationLock]
+	if !ok {
+		return "", "", "", false, nil
+	}
+	return v, cj.Annotations[AnnotationContention], fmt.Sprintf("on CronJob %s: ", cj.Name), true, nil
+}
+
+// ownerCronJob returns the controlling owner reference of kind CronJob, if any.
+func ownerCronJob(job *batchv1.Job) *metaOwnerRef {
+	for i := range job.OwnerReferences {
+		r := &job.OwnerReferences[i]
+		if r.Kind == "CronJob" && r.Controller != nil && *r.Controller && schema.FromAPIVersionAndKind(r.APIVersion, r.Kind).Group == "batch" {
+			return &metaOwnerRef{Name: r.Name, UID: r.UID}
+		}
+	}
+	return nil
+}
+
+type metaOwnerRef struct {
+	Name string
+	UID  types.UID
+}
+
+// validateAnnotations checks the lock and contention annotation values.
+func validateAnnotations(lock, contention string, path *field.Path, source string) field.ErrorList {
+	var errs field.ErrorList
+	for _, msg := range validation.IsDNS1123Subdomain(lock) {
+		errs = append(errs, field.Invalid(path.Key(AnnotationLock), lock, source+"must name a DistributedLock in the Job's namespace: "+msg))
+	}
+	switch locksv1alpha1.Contention(contention) {
+	case "", locksv1alpha1.ContentionQueue, locksv1alpha1.ContentionSkip:
+	default:
+		errs = append(errs, field.Invalid(path.Key(AnnotationContention), contention,
+			source+`must be "Queue" (wait in FIFO order) or "Skip" (do not run while the lock is held), or be left out to use the lock's spec.contention`))
+	}
+	return errs
+}
+
+// lockExists checks the cache, then the API server (the cache may lag behind
+// a lock created a moment ago).
+func (g *JobGate) lockExists(ctx context.Context, namespace, name string) error {
+	nn := types.NamespacedName{Namespace: namespace, Name: name}
+	var dl locksv1alpha1.DistributedLock
+	err := g.Reader.Get(ctx, nn, &dl)
+	if apierrors.IsNotFound(err) && g.APIReader != nil {
+		err = g.APIReader.Get(ctx, nn, &dl)
+	}
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("not found")
+	}
+	return err
+}
