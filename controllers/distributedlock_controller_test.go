@@ -221,6 +221,9 @@ func TestBackendOutageIsReportedAndRecovers(t *testing.T) {
 	if after.Status.FencingToken <= before.Status.FencingToken {
 		t.Fatalf("token after the restart %d is not larger than before %d", after.Status.FencingToken, before.Status.FencingToken)
 	}
+	// The old lease was lost with the data, and that is reported, not hidden
+	// behind the new acquisition.
+	eventually(t, 5*time.Second, "a Lost event", func() (bool, string) { return hasEvent(t, ns, "billing", EventLost) })
 }
 
 func TestManagerRestartKeepsTheLeaseWithTheSameOwner(t *testing.T) {

@@ -170,13 +170,32 @@ func (r *DistributedLockReconciler) reconcileHolder(ctx context.Context, dl *loc
 	if want == nil {
 		return
 	}
-	if obs.mine != nil && obs.mine.Holder == want.Encode() && heldBy(obs.states, want.Encode()) {
-		// Held and renewed by the watchdog; renew through the current client
-		// (it changes when a referenced Secret changed).
-		r.Watchdog.Hold(r.ref(dl), obs.handle.Locker, obs.mine)
-		return
+	if obs.mine != nil && obs.mine.Holder == want.Encode() {
+		if heldBy(obs.states, want.Encode()) {
+			// Held and renewed by the watchdog; renew through the current
+			// client (it changes when a referenced Secret changed).
+			r.Watchdog.Hold(r.ref(dl), obs.handle.Locker, obs.mine)
+			return
+		}
+		// The backend no longer holds what the watchdog renews (it lost its
+		// data, or the lease expired during an outage): that is a lost
+		// lease, reported before any new acquisition.
+		r.reportLost(dl, obs, fmt.Errorf("%w: the backend no longer holds the keys for this owner", lock.ErrLost))
 	}
 	r.acquire(ctx, dl, obs, *want)
+}
+
+// reportLost records the loss of the lease the watchdog renewed for dl.
+func (r *DistributedLockReconciler) reportLost(dl *locksv1alpha1.DistributedLock, obs *observation, cause error) {
+	l := r.Watchdog.Drop(r.ref(dl))
+	if l == nil {
+		l = obs.mine
+	}
+	obs.mine = nil
+	metrics.LeasesLost.WithLabelValues(lockKind).Inc()
+	obs.lost = &watchdog.Lost{Ref: r.ref(dl), Lease: l, Err: cause}
+	r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, EventLost, "Renew",
+		"Lost the lease of %s (fencing token %d): %v", holder.Decode(l.Holder).Identity, l.Fence, cause)
 }
 
 // heldBy reports whether every key is held by the holder string h.

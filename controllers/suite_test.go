@@ -73,7 +73,7 @@ type testManager struct {
 
 // startManager starts a manager with the DistributedLock controller, as main
 // does, and stops it when the test ends (or earlier, with stop).
-func startManager(t *testing.T, o managerOptions) *testManager {
+func startManager(t testing.TB, o managerOptions) *testManager {
 	t.Helper()
 	if o.cluster == "" {
 		o.cluster = "test"
@@ -171,7 +171,7 @@ func zapLevel() zapcore.Level {
 }
 
 // newNamespace creates a namespace with a unique name for one test.
-func newNamespace(t *testing.T, labels map[string]string) string {
+func newNamespace(t testing.TB, labels map[string]string) string {
 	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "t-", Labels: labels}}
 	if err := env.Client.Create(context.Background(), ns); err != nil {
@@ -233,7 +233,7 @@ func getLock(t *testing.T, namespace, name string) *locksv1alpha1.DistributedLoc
 }
 
 // eventually polls cond every 25ms until it returns true, failing after timeout with the last message.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
 	var last string
 	err := wait.PollUntilContextTimeout(context.Background(), 25*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
