@@ -22,7 +22,6 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/backend"
@@ -76,15 +75,11 @@ type DistributedLockReconciler struct {
 	MinSafeTTL time.Duration
 	Resync     time.Duration
 
-	// notify carries reconcile requests from Redis (releases, backend health)
-	// and from the watchdog (lost leases).
-	notify chan event.GenericEvent
+	// tracker carries reconcile requests from Redis (releases, backend
+	// health) and the watchdog (lost leases), and remembers waiting holders.
+	*tracker
 
 	mu sync.Mutex
-	// lost remembers leases the watchdog lost until the lock's next reconcile reports them.
-	lost map[types.NamespacedName]watchdog.Lost
-	// waitingSince remembers when a manual holder started waiting, for the wait metric.
-	waitingSince map[types.NamespacedName]time.Time
 	// warned remembers the generation a spec warning was last given for, so
 	// that it is given once per change, not on every resync.
 	warned map[warning]int64
@@ -170,16 +165,6 @@ func (r *DistributedLockReconciler) requeueAfter(obs *observation) time.Duration
 // example when a Job joins its queue.
 func (r *DistributedLockReconciler) Enqueue(nn types.NamespacedName) { r.enqueue(nn) }
 
-func (r *DistributedLockReconciler) enqueue(nn types.NamespacedName) {
-	obj := &locksv1alpha1.DistributedLock{}
-	obj.Namespace, obj.Name = nn.Namespace, nn.Name
-	select {
-	case r.notify <- event.GenericEvent{Object: obj}:
-	default:
-		// The channel is full: the resync catches up.
-	}
-}
-
 // enqueueIndexed enqueues every lock that the index maps value to.
 func (r *DistributedLockReconciler) enqueueIndexed(index, value string) {
 	var list locksv1alpha1.DistributedLockList
@@ -191,20 +176,19 @@ func (r *DistributedLockReconciler) enqueueIndexed(index, value string) {
 	}
 }
 
-// onLost is the watchdog's callback for lost leases.
-func (r *DistributedLockReconciler) onLost(l watchdog.Lost) {
-	if l.Ref.Kind != lockKind {
-		return
-	}
-	nn := types.NamespacedName{Namespace: l.Ref.Namespace, Name: l.Ref.Name}
-	r.mu.Lock()
-	r.lost[nn] = l
-	r.mu.Unlock()
-	r.enqueue(nn)
+// LostHandler returns the function the watchdog calls for lost leases.
+func (r *DistributedLockReconciler) LostHandler() func(watchdog.Lost) {
+	r.init()
+	return r.onLost
 }
 
-// LostHandler returns the function the watchdog calls for lost leases.
-func (r *DistributedLockReconciler) LostHandler() func(watchdog.Lost) { return r.onLost }
+// init makes the tracker (LostHandler may be needed before SetupWithManager).
+func (r *DistributedLockReconciler) init() {
+	if r.tracker == nil {
+		r.tracker = newTracker(lockKind, func() client.Object { return &locksv1alpha1.DistributedLock{} })
+		r.warned = map[warning]int64{}
+	}
+}
 
 func backendKeyIndexValues(dl *locksv1alpha1.DistributedLock) []string {
 	id := backend.ID(dl.Spec.Backend.Redis)
@@ -224,10 +208,7 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Resync == 0 {
 		r.Resync = DefaultResyncPeriod
 	}
-	r.notify = make(chan event.GenericEvent, 1024)
-	r.lost = map[types.NamespacedName]watchdog.Lost{}
-	r.waitingSince = map[types.NamespacedName]time.Time{}
-	r.warned = map[warning]int64{}
+	r.init()
 
 	ctx := context.Background()
 	idx := mgr.GetFieldIndexer()
@@ -251,7 +232,7 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		// A gated Job that starts, waits or finishes changes what its lock's status shows.
 		Watches(&batchv1.Job{}, handler.EnqueueRequestsFromMapFunc(lockOfJob)).
-		WatchesRawSource(source.Channel(r.notify, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(r.source()).
 		Named("distributedlock").
 		Complete(r)
 }

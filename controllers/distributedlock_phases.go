@@ -74,12 +74,9 @@ func (r *DistributedLockReconciler) manualHolder(dl *locksv1alpha1.DistributedLo
 func (r *DistributedLockReconciler) observe(ctx context.Context, dl *locksv1alpha1.DistributedLock) *observation {
 	obs := &observation{now: r.Clock.Now(), keys: backend.EngineKeys(dl)}
 	nn := client.ObjectKeyFromObject(dl)
-	r.mu.Lock()
-	if l, ok := r.lost[nn]; ok {
+	if l, ok := r.takeLost(nn); ok {
 		obs.lost = &l
-		delete(r.lost, nn)
 	}
-	r.mu.Unlock()
 	if obs.lost != nil {
 		r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, EventLost, "Renew",
 			"Lost the lease of %s (fencing token %d): %v", obs.lost.Lease.Holder, obs.lost.Lease.Fence, obs.lost.Err)
@@ -308,13 +305,7 @@ func (r *DistributedLockReconciler) acquire(ctx context.Context, dl *locksv1alph
 	switch {
 	case err == nil:
 		metrics.Acquisitions.WithLabelValues(lockKind, metrics.ResultAcquired).Inc()
-		r.mu.Lock()
-		since, waited := r.waitingSince[nn]
-		delete(r.waitingSince, nn)
-		r.mu.Unlock()
-		if !waited {
-			since = obs.now
-		}
+		since := r.stopWaiting(nn, obs.now)
 		metrics.WaitSeconds.WithLabelValues(lockKind).Observe(r.Clock.Since(since).Seconds())
 		r.Watchdog.Hold(r.ref(dl), obs.handle.Locker, lease)
 		obs.mine, obs.waiting, obs.busy = lease, false, nil
@@ -326,11 +317,7 @@ func (r *DistributedLockReconciler) acquire(ctx context.Context, dl *locksv1alph
 		log.Info("Acquired lease", "holder", h.Identity, "fence", lease.Fence)
 	case errors.As(err, &busy):
 		metrics.Acquisitions.WithLabelValues(lockKind, metrics.ResultBusy).Inc()
-		r.mu.Lock()
-		if _, ok := r.waitingSince[nn]; !ok {
-			r.waitingSince[nn] = obs.now
-		}
-		r.mu.Unlock()
+		r.startWaiting(nn, obs.now)
 		obs.waiting, obs.busy = true, busy
 		if !queued(obs.states, h.Encode()) {
 			// Joined the queue just now: show it.
@@ -362,9 +349,8 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 	}
 	r.Registry.Forget(userOf(dl))
 	nn := client.ObjectKeyFromObject(dl)
+	r.forget(nn)
 	r.mu.Lock()
-	delete(r.waitingSince, nn)
-	delete(r.lost, nn)
 	for w := range r.warned {
 		if w.nn == nn {
 			delete(r.warned, w)

@@ -3,8 +3,6 @@ package controllers
 import (
 	"context"
 	"fmt"
-	"sync"
-	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -14,9 +12,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/backend"
@@ -56,13 +51,9 @@ type JobReconciler struct {
 	// or releases, so that the lock's status shows it at once.
 	LockChanged func(types.NamespacedName)
 
-	notify chan event.GenericEvent
-
-	mu sync.Mutex
-	// lost remembers leases the watchdog lost until the Job's next reconcile handles them.
-	lost map[types.NamespacedName]watchdog.Lost
-	// waitingSince remembers when a Job started waiting, for the wait metric and the Waiting event.
-	waitingSince map[types.NamespacedName]time.Time
+	// tracker carries reconcile requests from Redis (releases) and the
+	// watchdog (lost leases), and remembers waiting Jobs.
+	*tracker
 }
 
 // +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;update;patch;delete
@@ -133,27 +124,15 @@ func jobFinished(job *batchv1.Job) bool {
 
 func jobUser(job *batchv1.Job) string { return jobKind + "/" + job.Namespace + "/" + job.Name }
 
-// onLost is the watchdog's callback for lost leases.
-func (r *JobReconciler) onLost(l watchdog.Lost) {
-	if l.Ref.Kind != jobKind {
-		return
-	}
-	nn := types.NamespacedName{Namespace: l.Ref.Namespace, Name: l.Ref.Name}
-	r.mu.Lock()
-	r.lost[nn] = l
-	r.mu.Unlock()
-	r.enqueue(nn)
+// LostHandler returns the function the watchdog calls for lost leases.
+func (r *JobReconciler) LostHandler() func(watchdog.Lost) {
+	r.init()
+	return r.onLost
 }
 
-// LostHandler returns the function the watchdog calls for lost leases.
-func (r *JobReconciler) LostHandler() func(watchdog.Lost) { return r.onLost }
-
-func (r *JobReconciler) enqueue(nn types.NamespacedName) {
-	obj := &batchv1.Job{}
-	obj.Namespace, obj.Name = nn.Namespace, nn.Name
-	select {
-	case r.notify <- event.GenericEvent{Object: obj}:
-	default:
+func (r *JobReconciler) init() {
+	if r.tracker == nil {
+		r.tracker = newTracker(jobKind, func() client.Object { return &batchv1.Job{} })
 	}
 }
 
@@ -184,13 +163,11 @@ func (r *JobReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
 	}
-	r.notify = make(chan event.GenericEvent, 1024)
-	r.lost = map[types.NamespacedName]watchdog.Lost{}
-	r.waitingSince = map[types.NamespacedName]time.Time{}
+	r.init()
 	r.Registry.OnRelease(r.onRelease)
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&batchv1.Job{}).
-		WatchesRawSource(source.Channel(r.notify, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(r.source()).
 		Named("job").
 		Complete(r)
 }

@@ -70,12 +70,7 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 	case errors.As(err, &busy):
 		metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultBusy).Inc()
 		nn := client.ObjectKeyFromObject(job)
-		r.mu.Lock()
-		_, was := r.waitingSince[nn]
-		if !was {
-			r.waitingSince[nn] = r.Clock.Now()
-		}
-		r.mu.Unlock()
+		was := !r.startWaiting(nn, r.Clock.Now())
 		if !was {
 			r.lockChanged(job)
 			h := holder.Decode(busy.Holder)
@@ -96,13 +91,7 @@ func (r *JobReconciler) start(ctx context.Context, g *gatedJob, h backend.Handle
 	nn := client.ObjectKeyFromObject(job)
 	r.Watchdog.Hold(g.ref, h.Locker, lease)
 	metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultAcquired).Inc()
-	r.mu.Lock()
-	since, waited := r.waitingSince[nn]
-	delete(r.waitingSince, nn)
-	r.mu.Unlock()
-	if !waited {
-		since = lease.Acquired
-	}
+	since := r.stopWaiting(nn, lease.Acquired)
 	metrics.WaitSeconds.WithLabelValues(jobKind).Observe(r.Clock.Since(since).Seconds())
 
 	before := job.DeepCopy()
@@ -161,7 +150,7 @@ func (r *JobReconciler) skip(ctx context.Context, g *gatedJob, busy *lock.HeldEr
 // reconcileHeld keeps the lease of a running Job renewed; after a restart of
 // the operator it takes the lease over with the same owner token and fence.
 func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Result, error) {
-	if lost := r.takeLost(g.job); lost != nil {
+	if lost := r.lostError(g.job); lost != nil {
 		return r.handleLost(ctx, g, lost)
 	}
 	if _, _, ok := r.Watchdog.Holding(g.ref); ok {
@@ -192,19 +181,16 @@ func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Re
 	}
 }
 
-func (r *JobReconciler) takeLost(job *batchv1.Job) error {
-	nn := client.ObjectKeyFromObject(job)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	l, ok := r.lost[nn]
-	if !ok {
+func (r *JobReconciler) lostError(job *batchv1.Job) error {
+	l, ok := r.takeLost(client.ObjectKeyFromObject(job))
+	switch {
+	case !ok:
 		return nil
-	}
-	delete(r.lost, nn)
-	if l.Err == nil {
+	case l.Err == nil:
 		return lock.ErrLost
+	default:
+		return l.Err
 	}
-	return l.Err
 }
 
 // handleLost reports a running Job's lost lease and applies the lock's onLost.
@@ -266,11 +252,7 @@ func (r *JobReconciler) reconcileRelease(ctx context.Context, g *gatedJob) (ctrl
 		}
 	}
 	r.Registry.Forget(jobUser(job))
-	nn := types.NamespacedName{Namespace: job.Namespace, Name: job.Name}
-	r.mu.Lock()
-	delete(r.waitingSince, nn)
-	delete(r.lost, nn)
-	r.mu.Unlock()
+	r.forget(types.NamespacedName{Namespace: job.Namespace, Name: job.Name})
 	before := job.DeepCopy()
 	if controllerutil.RemoveFinalizer(job, webhook.JobFinalizer) {
 		if err := r.Patch(ctx, job, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {

@@ -1,0 +1,112 @@
+package controllers
+
+import (
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/lockwarden/lockwarden/internal/watchdog"
+)
+
+// notifyBuffer bounds the reconcile requests waiting in a tracker's channel;
+// when it is full, requests are dropped and the resync catches up.
+const notifyBuffer = 1024
+
+// tracker is what a reconciler of lease holders remembers between reconciles
+// of one Kind: reconcile requests that come from Redis or the watchdog rather
+// than from informers, leases the watchdog lost, and when holders started
+// waiting. The zero value is not usable; use newTracker.
+type tracker struct {
+	kind   string
+	newObj func() client.Object
+	notify chan event.GenericEvent
+
+	mu           sync.Mutex
+	lost         map[types.NamespacedName]watchdog.Lost
+	waitingSince map[types.NamespacedName]time.Time
+}
+
+func newTracker(kind string, newObj func() client.Object) *tracker {
+	return &tracker{
+		kind:         kind,
+		newObj:       newObj,
+		notify:       make(chan event.GenericEvent, notifyBuffer),
+		lost:         map[types.NamespacedName]watchdog.Lost{},
+		waitingSince: map[types.NamespacedName]time.Time{},
+	}
+}
+
+// source delivers the tracker's reconcile requests to a controller.
+func (t *tracker) source() source.Source {
+	return source.Channel(t.notify, &handler.EnqueueRequestForObject{})
+}
+
+// enqueue asks for a reconcile of one object.
+func (t *tracker) enqueue(nn types.NamespacedName) {
+	obj := t.newObj()
+	obj.SetNamespace(nn.Namespace)
+	obj.SetName(nn.Name)
+	select {
+	case t.notify <- event.GenericEvent{Object: obj}:
+	default:
+	}
+}
+
+// onLost is the watchdog's callback: it remembers a lost lease of this Kind
+// and asks for a reconcile, which reports it.
+func (t *tracker) onLost(l watchdog.Lost) {
+	if l.Ref.Kind != t.kind {
+		return
+	}
+	nn := types.NamespacedName{Namespace: l.Ref.Namespace, Name: l.Ref.Name}
+	t.mu.Lock()
+	t.lost[nn] = l
+	t.mu.Unlock()
+	t.enqueue(nn)
+}
+
+// takeLost returns and forgets the lost lease of nn, if any.
+func (t *tracker) takeLost(nn types.NamespacedName) (watchdog.Lost, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l, ok := t.lost[nn]
+	delete(t.lost, nn)
+	return l, ok
+}
+
+// startWaiting records that nn waits since now, unless it already did;
+// it reports whether this is the first time.
+func (t *tracker) startWaiting(nn types.NamespacedName, now time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.waitingSince[nn]; ok {
+		return false
+	}
+	t.waitingSince[nn] = now
+	return true
+}
+
+// stopWaiting forgets that nn waits and returns since when it did (or fallback).
+func (t *tracker) stopWaiting(nn types.NamespacedName, fallback time.Time) time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	since, ok := t.waitingSince[nn]
+	delete(t.waitingSince, nn)
+	if !ok {
+		return fallback
+	}
+	return since
+}
+
+// forget drops everything remembered about nn.
+func (t *tracker) forget(nn types.NamespacedName) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.lost, nn)
+	delete(t.waitingSince, nn)
+}
