@@ -1,0 +1,153 @@
+package bench
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/bsm/redislock"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
+)
+
+// casDelete is the compare-and-delete every Redis lock releases with.
+var casDelete = goredis.NewScript(`if redis.call("get", KEYS[1]) == ARGV[1] then return redis.call("del", KEYS[1]) else return 0 end`)
+
+// BenchmarkUncontended measures one acquire+release cycle on a free key, one
+// goroutine, every library on the same redis-server:
+//
+//	lib=raw          the physical floor: a go-redis client sending SET key token NX PX
+//	                 and EVALSHA of a compare-and-delete, nothing around them
+//	lib=lockwarden   Locker.TryAcquire + Locker.Release (standalone)
+//	lib=lockwarden-acquire
+//	                 Locker.Acquire (blocking; subscribes to releases first) + Release
+//	lib=redsync      Mutex.TryLockContext + UnlockContext, one pool
+//	lib=redislock    Client.Obtain (no retry) + Lock.Release
+func BenchmarkUncontended(b *testing.B) {
+	s := redistest.Start(b)
+	libs := []locklib{
+		newLockwarden(b, "lockwarden", []*redistest.Server{s}, false),
+		newRedsync(b, "redsync", []*redistest.Server{s}),
+		newRedislock(b, "redislock", s, nil),
+	}
+	b.Run("lib=raw", func(b *testing.B) { benchRaw(b, s.Client(), "uncontended:raw") })
+	for _, l := range libs {
+		b.Run("lib="+l.name, func(b *testing.B) { benchCycle(b, l.try, "uncontended:"+l.name) })
+	}
+	b.Run("lib=lockwarden-acquire", func(b *testing.B) {
+		benchCycle(b, libs[0].wait, "uncontended:lockwarden-acquire")
+	})
+}
+
+// BenchmarkUncontendedPaired runs the same cycles as BenchmarkUncontended, but
+// each iteration times one raw-floor cycle and one cycle of the library back
+// to back (alternating which goes first), so that both see the same machine
+// load. It reports the medians of both and their ratio (x/p50-vs-raw: 1.15
+// means 15% slower than the floor), which is robust against other work on
+// the machine where ns/op of separate runs is not. ns/op covers both cycles.
+func BenchmarkUncontendedPaired(b *testing.B) {
+	s := redistest.Start(b)
+	c := s.Client()
+	libs := []locklib{
+		newLockwarden(b, "lockwarden", []*redistest.Server{s}, false),
+		newRedsync(b, "redsync", []*redistest.Server{s}),
+		newRedislock(b, "redislock", s, nil),
+	}
+	for _, l := range libs {
+		b.Run("lib="+l.name, func(b *testing.B) {
+			raw := rawCycle(b, c, "paired:raw:"+l.name)
+			lib := libCycle(b, l.try, "paired:"+l.name)
+			raw()
+			lib()
+			rawT := make([]time.Duration, 0, 1024)
+			libT := make([]time.Duration, 0, 1024)
+			timed := func(f func(), into *[]time.Duration) {
+				start := time.Now()
+				f()
+				*into = append(*into, time.Since(start))
+			}
+			i := 0
+			for b.Loop() {
+				if i%2 == 0 {
+					timed(raw, &rawT)
+					timed(lib, &libT)
+				} else {
+					timed(lib, &libT)
+					timed(raw, &rawT)
+				}
+				i++
+			}
+			r, l := percentile(rawT, 0.5), percentile(libT, 0.5)
+			b.ReportMetric(float64(r.Nanoseconds()), "ns/p50-raw-cycle")
+			b.ReportMetric(float64(l.Nanoseconds()), "ns/p50-lib-cycle")
+			b.ReportMetric(float64(l)/float64(r), "x/p50-vs-raw")
+		})
+	}
+}
+
+// benchRaw is the floor: two commands, two round trips, a fixed token.
+func benchRaw(b *testing.B, c *goredis.Client, key string) {
+	cycle := rawCycle(b, c, key)
+	cycle() // connect before the clock starts
+	for b.Loop() {
+		cycle()
+	}
+}
+
+// rawCycle returns the floor's cycle: SET NX PX, then EVALSHA compare-and-delete.
+func rawCycle(b *testing.B, c *goredis.Client, key string) func() {
+	ctx := context.Background()
+	const token = "0123456789abcdef0123456789abcdef"
+	ttl := leaseTTL.Milliseconds()
+	if err := casDelete.Load(ctx, c).Err(); err != nil {
+		b.Fatalf("SCRIPT LOAD: %v", err)
+	}
+	cycle := func() {
+		set := goredis.NewStatusCmd(ctx, "set", key, token, "px", ttl, "nx")
+		if err := c.Process(ctx, set); err != nil || set.Val() != "OK" {
+			b.Fatalf("SET NX PX: %q, %v", set.Val(), err)
+		}
+		n, err := casDelete.EvalSha(ctx, c, []string{key}, token).Int64()
+		if err != nil || n != 1 {
+			b.Fatalf("EVALSHA compare-and-delete: %d, %v", n, err)
+		}
+	}
+	return cycle
+}
+
+// benchCycle runs acquire+release cycles on one key.
+func benchCycle(b *testing.B, acquire func(context.Context, string) (releaseFunc, error), key string) {
+	cycle := libCycle(b, acquire, key)
+	cycle() // connect and load the scripts before the clock starts
+	for b.Loop() {
+		cycle()
+	}
+}
+
+// libCycle returns one acquire+release cycle of a library.
+func libCycle(b *testing.B, acquire func(context.Context, string) (releaseFunc, error), key string) func() {
+	ctx := context.Background()
+	cycle := func() {
+		release, err := acquire(ctx, key)
+		if err != nil {
+			b.Fatalf("acquire %s: %v", key, err)
+		}
+		if err := release(ctx); err != nil {
+			b.Fatalf("release %s: %v", key, err)
+		}
+	}
+	return cycle
+}
+
+// Retry strategies used for redislock's blocking Obtain in the handover
+// benchmarks (redislock's default is not to retry at all).
+var (
+	// redislockLinear is the setting of redislock's own example: every 100ms.
+	redislockLinear = func() redislock.RetryStrategy { return redislock.LinearBackoff(100 * time.Millisecond) }
+	// redislockExp starts at the 16ms minimum redislock's documentation
+	// recommends and doubles up to 300ms (as in its tests).
+	redislockExp = func() redislock.RetryStrategy {
+		return redislock.ExponentialBackoff(16*time.Millisecond, 300*time.Millisecond)
+	}
+)
