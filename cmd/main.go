@@ -23,6 +23,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -67,6 +68,7 @@ type options struct {
 	webhookService       string
 	webhookConfigName    string
 	namespace            string
+	kubeconfig           string
 	zap                  zap.Options
 }
 
@@ -118,6 +120,8 @@ func parseFlags(args []string) (*options, error) {
 		"namespace/name of the Secret holding the key owner tokens are derived from; created when missing. Default: lockwarden-owner-key in the manager's namespace.")
 	fs.DurationVar(&o.resyncPeriod, "resync-period", controllers.DefaultResyncPeriod,
 		"How often every lock's status is refreshed from Redis even without a release notification (a holder in another cluster shows up within it).")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "",
+		"Path to a kubeconfig. Default: $KUBECONFIG, then the in-cluster configuration, then ~/.kube/config.")
 	fs.BoolVar(&o.enableWebhook, "enable-webhook", true,
 		"Serve the Job admission webhook that gates Jobs annotated with lockwarden.io/lock.")
 	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the admission webhook listens on.")
@@ -355,6 +359,15 @@ func run(ctx context.Context, cfg *rest.Config, o *options) error {
 	return nil
 }
 
+// restConfig loads the API server configuration from kubeconfig when given,
+// else the way controller-runtime does ($KUBECONFIG, in-cluster, ~/.kube/config).
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	return ctrl.GetConfig()
+}
+
 func main() {
 	o, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
@@ -365,7 +378,7 @@ func main() {
 		os.Exit(2)
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.zap)))
-	cfg, err := ctrl.GetConfig()
+	cfg, err := restConfig(o.kubeconfig)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lockwarden: no Kubernetes configuration (in-cluster, --kubeconfig or $KUBECONFIG):", err)
 		os.Exit(1)

@@ -148,6 +148,16 @@ func TestManagerAgainstRealAPIServer(t *testing.T) {
 	})
 }
 
+func TestKubeconfigFlagIsUsed(t *testing.T) {
+	o, err := parseFlags([]string{"--kubeconfig", "/nonexistent/kubeconfig"})
+	if err != nil {
+		t.Fatalf("--kubeconfig rejected: %v", err)
+	}
+	if _, err := restConfig(o.kubeconfig); err == nil || !strings.Contains(err.Error(), "/nonexistent/kubeconfig") {
+		t.Fatalf("restConfig = %v, want an error naming the kubeconfig given", err)
+	}
+}
+
 func TestParseFlagsRejectsBadElectionTimings(t *testing.T) {
 	_, err := parseFlags([]string{"--leader-election-lease-duration=5s", "--leader-election-renew-deadline=10s"})
 	if err == nil || !strings.Contains(err.Error(), "--leader-election-renew-deadline") {
