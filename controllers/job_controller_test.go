@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
@@ -468,5 +470,48 @@ func TestMalformedAnnotationsAreDenied(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// staleClient answers Get for one Job with an old copy, as a lagging cache would.
+type staleClient struct {
+	client.Client
+	job *batchv1.Job
+}
+
+func (c staleClient) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if j, ok := obj.(*batchv1.Job); ok && key == client.ObjectKeyFromObject(c.job) {
+		c.job.DeepCopyInto(j)
+		return nil
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+func TestStaleJobNeverGetsASecondFencingToken(t *testing.T) {
+	rdb := redistest.Start(t)
+	m := startManager(t, managerOptions{})
+	ns := newNamespace(t, nil)
+	c := env.Client
+	create(t, makeLock("billing", ns, rdb.Addr).obj())
+	j := makeJob("once", ns).lock("billing").obj()
+	create(t, j)
+	stale := j.DeepCopy() // as created: suspended, no token, the creation's resourceVersion
+	running := waitRunning(t, c, 10*time.Second, ns, "once")
+	first := fence(t, running)
+
+	// A reconcile that sees the Job as it was before it started.
+	r := *m.jobs
+	r.Client = staleClient{Client: m.jobs.Client, job: stale}
+	_, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: client.ObjectKeyFromObject(j)})
+	if err == nil || !apierrors.IsConflict(errors.Unwrap(err)) {
+		t.Fatalf("reconcile of a stale Job = %v, want a conflict (the start patch must not apply to a newer Job)", err)
+	}
+	if got := fence(t, getJob(t, c, ns, "once")); got != first {
+		t.Fatalf("the Job's token changed from %d to %d", first, got)
+	}
+	// Redis still holds the first token: no second acquisition happened.
+	meta, err := rdb.Client().HGet(context.Background(), "lockwarden:{ns/"+ns+"/billing/ledger}:meta", "fence").Result()
+	if err != nil || meta != strconv.FormatInt(first, 10) {
+		t.Fatalf("Redis holds fence %q (%v), want %d", meta, err, first)
 	}
 }

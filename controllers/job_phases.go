@@ -37,12 +37,19 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 			"DistributedLock %q does not exist in namespace %q; the Job stays suspended until it does", job.Labels[webhook.LabelLock], job.Namespace)
 		return ctrl.Result{RequeueAfter: lockMissingRequeue}, nil
 	}
+	if lease, _, held := r.Watchdog.Holding(g.ref); held {
+		// Acquired already, but the Job seen here does not show it yet (the
+		// cache lags behind the start patch, or that patch failed): start it
+		// with the lease held, never acquire again (that would issue a new
+		// fencing token while the Job may already run with this one).
+		return r.startJob(ctx, g, lease)
+	}
 	if job.Spec.Suspend == nil || !*job.Spec.Suspend {
 		// Someone unsuspended the Job without the lock: suspend it again.
 		before := job.DeepCopy()
 		suspend := true
 		job.Spec.Suspend = &suspend
-		if err := r.Patch(ctx, job, client.MergeFrom(before)); err != nil {
+		if err := r.Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 			return ctrl.Result{}, fmt.Errorf("suspend Job: %w", err)
 		}
 		r.eventf(job, corev1.EventTypeWarning, EventUnsuspend, "Suspend",
@@ -85,15 +92,22 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 	}
 }
 
-// start records the fencing token on the Job and its pod template and unsuspends it.
+// start hands an acquired lease to the watchdog and starts the Job.
 func (r *JobReconciler) start(ctx context.Context, g *gatedJob, h backend.Handle, lease *lock.Lease) (ctrl.Result, error) {
-	job := g.job
-	nn := client.ObjectKeyFromObject(job)
 	r.Watchdog.Hold(g.ref, h.Locker, lease)
 	metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultAcquired).Inc()
-	since := r.stopWaiting(nn, lease.Acquired)
+	since := r.stopWaiting(client.ObjectKeyFromObject(g.job), lease.Acquired)
 	metrics.WaitSeconds.WithLabelValues(jobKind).Observe(r.Clock.Since(since).Seconds())
+	r.eventf(g.job, corev1.EventTypeNormal, EventAcquired, "Acquire", "Acquired lock %s with fencing token %d; starting", g.dl.Name, lease.Fence)
+	logf.FromContext(ctx).Info("Acquired lock for Job", "lock", g.dl.Name, "fence", lease.Fence)
+	return r.startJob(ctx, g, lease)
+}
 
+// startJob records the fencing token on the Job and its pod template and
+// unsuspends it. The patch carries the Job's resourceVersion: it never
+// applies to a newer Job than the one seen.
+func (r *JobReconciler) startJob(ctx context.Context, g *gatedJob, lease *lock.Lease) (ctrl.Result, error) {
+	job := g.job
 	before := job.DeepCopy()
 	fence := strconv.FormatInt(lease.Fence, 10)
 	setAnnotation(&job.ObjectMeta, webhook.AnnotationFencingToken, fence)
@@ -102,13 +116,11 @@ func (r *JobReconciler) start(ctx context.Context, g *gatedJob, h backend.Handle
 	setAnnotation(&job.Spec.Template.ObjectMeta, webhook.AnnotationHolder, g.holder.Identity)
 	suspend := false
 	job.Spec.Suspend = &suspend
-	if err := r.Patch(ctx, job, client.MergeFrom(before)); err != nil {
-		// Still held and renewed: the next attempt acquires again as the same owner.
+	if err := r.Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		// Still held and renewed: the next reconcile starts it with the same lease.
 		return ctrl.Result{}, fmt.Errorf("start Job with fencing token %d: %w", lease.Fence, err)
 	}
 	r.lockChanged(job)
-	r.eventf(job, corev1.EventTypeNormal, EventAcquired, "Acquire", "Acquired lock %s with fencing token %d; starting", g.dl.Name, lease.Fence)
-	logf.FromContext(ctx).Info("Acquired lock for Job", "lock", g.dl.Name, "fence", lease.Fence)
 	return ctrl.Result{}, nil
 }
 
