@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,8 +63,13 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 
 	switch {
 	case held != nil && holder.Decode(held.Holder).Of(cluster, dl.Namespace, dl.Name):
+		// This operator renews the lease: it has no fixed expiry, and a time
+		// written here would be out of date after the first renewal.
+		st.ExpireTime = nil
+		ttl := time.Duration(dl.Spec.TTLSeconds) * time.Second
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired,
-			fmt.Sprintf("Held by %s with fencing token %d", st.Holder.Identity, st.FencingToken))
+			fmt.Sprintf("Held by %s with fencing token %d; renewed every %v, the keys are freed at most %v after the holder stops",
+				st.Holder.Identity, st.FencingToken, ttl/3, ttl))
 	case obs.lost != nil:
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonLost,
 			fmt.Sprintf("The lease of %s (fencing token %d) was lost: %v", holder.Decode(obs.lost.Lease.Holder).Identity, obs.lost.Lease.Fence, obs.lost.Err))

@@ -248,7 +248,9 @@ type DistributedLockStatus struct {
 	AcquiredTime *metav1.Time `json:"acquiredTime,omitempty"`
 
 	// expireTime is when the current lease ends unless its holder renews it,
-	// as observed at the last change of holder.
+	// as observed at the last change of holder. Empty while a holder of this
+	// lock holds it: this operator renews that lease about every
+	// ttlSeconds/3, so it has no fixed expiry.
 	// +optional
 	ExpireTime *metav1.Time `json:"expireTime,omitempty"`
 
@@ -320,7 +322,7 @@ const (
 // +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.status.holder.identity`
 // +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.status.fencingToken`
 // +kubebuilder:printcolumn:name="Held",type=string,JSONPath=`.status.conditions[?(@.type=="Held")].status`
-// +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.status.expireTime`,description="When the lease ends unless its holder renews it (RFC 3339)"
+// +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.status.expireTime`,description="When another holder's lease ends unless renewed (RFC 3339); empty while this lock's holder holds it and the operator renews it"
 // +kubebuilder:printcolumn:name="Backend",type=string,JSONPath=`.status.conditions[?(@.type=="BackendReady")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
