@@ -11,6 +11,8 @@ SHELL = /usr/bin/env bash -o pipefail
 TEST_TIMEOUT ?= 20m
 GO_TEST_FLAGS ?=
 E2E_TIMEOUT ?= 30m
+# BENCH_COUNT is how many times `make bench` runs each benchmark (benchstat needs several).
+BENCH_COUNT ?= 6
 
 .PHONY: all
 all: build
@@ -30,6 +32,10 @@ manifests: controller-gen ## Generate the CRD, RBAC and webhook manifests from t
 .PHONY: generate
 generate: controller-gen ## Generate the DeepCopy methods of the API types.
 	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./..."
+
+.PHONY: api-docs
+api-docs: crd-ref-docs ## Generate the API reference, docs/api.md, from the types in api/.
+	$(CRD_REF_DOCS) --source-path=./api --config=hack/api-docs/config.yaml --renderer=markdown --output-path=docs/api.md
 
 .PHONY: fmt
 fmt: ## Run go fmt against code.
@@ -51,6 +57,11 @@ lint-fix: golangci-lint ## Run golangci-lint and apply its fixes.
 redis-server: ## Make sure redis-server is installed (installs the Debian/Ubuntu package as root when missing).
 	@hack/ensure-redis.sh
 
+.PHONY: dev
+dev: redis-server ## Run a local control plane (kube-controller-manager, kwok node), Redis and the operator; REDLOCK=1 for three Redis masters. Ctrl-C stops it.
+	@go build -o bin/lockwarden-dev ./hack/dev
+	@REDLOCK="$(REDLOCK)" bin/lockwarden-dev
+
 .PHONY: envtest-assets
 envtest-assets: ## Print the directory of kube-apiserver and etcd for envtest, building them into the cache when missing.
 	@hack/control-plane.sh
@@ -62,6 +73,16 @@ test: manifests generate fmt vet lint redis-server ## Run all unit and envtest s
 .PHONY: test-e2e
 test-e2e: redis-server ## Run the end-to-end suite against a local control plane with kube-controller-manager and kwok.
 	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh --e2e)" go test -tags e2e ./test/e2e/... -count=1 -timeout $(E2E_TIMEOUT) -v $(GO_TEST_FLAGS)
+
+.PHONY: perf
+perf: redis-server ## Run the load harness (test/perf) on a local cluster and write bin/perf-report.md.
+	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh --e2e)" go test -tags perf ./test/perf/... -count=1 -timeout 90m -v $(GO_TEST_FLAGS)
+
+.PHONY: bench
+bench: redis-server benchstat ## Run the lock engine benchmarks (bench/, its own module) against lockwarden, redsync and redislock.
+	mkdir -p bin
+	cd bench && go test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) -timeout 30m ./... | tee ../bin/bench.txt
+	$(BENCHSTAT) bin/bench.txt
 
 ##@ Build
 
@@ -116,11 +137,16 @@ KUBECTL ?= $(LOCALBIN)/kubectl
 KUSTOMIZE ?= $(LOCALBIN)/kustomize
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
+CRD_REF_DOCS ?= $(LOCALBIN)/crd-ref-docs
+BENCHSTAT ?= $(LOCALBIN)/benchstat
 
 ## Tool versions
 KUSTOMIZE_VERSION ?= v5.8.1
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 GOLANGCI_LINT_VERSION ?= v2.15.0
+CRD_REF_DOCS_VERSION ?= v0.3.0
+# golang.org/x/perf has no tags: a pseudo-version the module proxy serves.
+BENCHSTAT_VERSION ?= v0.0.0-20260908200009-22c9c6c9d4da
 
 .PHONY: kubectl
 kubectl: $(KUBECTL) ## Build kubectl of the pinned Kubernetes version into the control-plane cache and link it into bin/.
@@ -141,6 +167,16 @@ $(CONTROLLER_GEN): $(LOCALBIN)
 golangci-lint: $(GOLANGCI_LINT) ## Download golangci-lint locally if necessary.
 $(GOLANGCI_LINT): $(LOCALBIN)
 	$(call go-install-tool,$(GOLANGCI_LINT),github.com/golangci/golangci-lint/v2/cmd/golangci-lint,$(GOLANGCI_LINT_VERSION))
+
+.PHONY: benchstat
+benchstat: $(BENCHSTAT) ## Download benchstat locally if necessary.
+$(BENCHSTAT): $(LOCALBIN)
+	$(call go-install-tool,$(BENCHSTAT),golang.org/x/perf/cmd/benchstat,$(BENCHSTAT_VERSION))
+
+.PHONY: crd-ref-docs
+crd-ref-docs: $(CRD_REF_DOCS) ## Download crd-ref-docs locally if necessary.
+$(CRD_REF_DOCS): $(LOCALBIN)
+	$(call go-install-tool,$(CRD_REF_DOCS),github.com/elastic/crd-ref-docs,$(CRD_REF_DOCS_VERSION))
 
 # go-install-tool will 'go install' any package with custom target and name of binary, if it doesn't exist
 # $1 - target path with name of binary

@@ -63,6 +63,7 @@ type options struct {
 	resyncPeriod         time.Duration
 	enableWebhook        bool
 	webhookPort          int
+	webhookHost          string
 	webhookCertDir       string
 	webhookCertMode      string
 	webhookService       string
@@ -125,6 +126,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.enableWebhook, "enable-webhook", true,
 		"Serve the Job admission webhook that gates Jobs annotated with lockwarden.io/lock.")
 	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the admission webhook listens on.")
+	fs.StringVar(&o.webhookHost, "webhook-host", "", "Address the admission webhook listens on. Default: every interface.")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs",
 		"Directory of the webhook's serving certificate (tls.crt, tls.key).")
 	fs.StringVar(&o.webhookCertMode, "webhook-cert-mode", certModeSelfSigned,
@@ -212,6 +214,7 @@ func newManager(ctx context.Context, cfg *rest.Config, o *options) (ctrl.Manager
 			&corev1.Secret{}: {Namespaces: map[string]cache.Config{certNS: {}}},
 		}},
 		WebhookServer: ctrlwebhook.NewServer(ctrlwebhook.Options{
+			Host:    o.webhookHost,
 			Port:    o.webhookPort,
 			CertDir: o.webhookCertDir,
 			TLSOpts: tlsOpts,

@@ -1,0 +1,197 @@
+// Command dev is `make dev`: it runs a local Kubernetes control plane
+// (etcd, kube-apiserver, kube-controller-manager, kube-scheduler and a kwok
+// node), Redis and the lockwarden operator on this machine as child
+// processes, prints how to reach them, streams the operator's log and stops
+// everything on Ctrl-C.
+//
+// Usage (from the checkout): make dev [REDLOCK=1]
+//
+//	go run ./hack/dev [-redlock] [-dir .dev] [-leader-elect]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lockwarden/lockwarden/internal/devcluster"
+)
+
+// The samples in config/samples name these Redis endpoints.
+var (
+	standalonePorts = []int{6379}
+	redlockPorts    = []int{6380, 6381, 6382}
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "dev:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		redlock     = flag.Bool("redlock", truthy(os.Getenv("REDLOCK")), "Start three independent Redis masters (on 6380-6382 when free) instead of one (on 6379 when free). Default from $REDLOCK.")
+		dir         = flag.String("dir", "", "State directory, emptied at start. Default: .dev in the checkout.")
+		leaderElect = flag.Bool("leader-elect", false, "Run the operator with leader election.")
+		noBuild     = flag.Bool("no-build", false, "Use bin/lockwarden as it is instead of rebuilding it.")
+	)
+	flag.Parse()
+	begin := time.Now()
+	logf := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "[dev] "+format+"\n", args...)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	root, err := devcluster.FindRoot()
+	if err != nil {
+		return err
+	}
+	logf("control-plane binaries: hack/control-plane.sh --e2e (builds them on first use, cached afterwards)")
+	assets, err := devcluster.FindAssets(root)
+	if err != nil {
+		return err
+	}
+	manager := filepath.Join(root, "bin", "lockwarden")
+	if _, err := os.Stat(manager); err != nil || !*noBuild {
+		logf("building the operator: go build -o bin/lockwarden ./cmd")
+		if err := devcluster.BuildManager(ctx, root, manager); err != nil {
+			return err
+		}
+	}
+	ports := standalonePorts
+	if *redlock {
+		ports = redlockPorts
+	}
+	logf("starting the cluster in %s", displayDir(root, *dir))
+	c, err := devcluster.Start(ctx, devcluster.Options{
+		Dir:         *dir,
+		Root:        root,
+		Assets:      assets,
+		Manager:     manager,
+		RedisPorts:  ports,
+		LeaderElect: *leaderElect,
+		ManagerArgs: []string{"--zap-devel", "--resync-period=10s"},
+		Logf:        logf,
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		logf("stopping everything")
+		c.Stop()
+		logf("stopped; logs stay in %s until the next make dev", c.LogDir())
+	}()
+	printBanner(os.Stdout, root, c, ports, *redlock, time.Since(begin))
+
+	go follow(ctx, c.LogPath("lockwarden"), os.Stdout)
+	<-ctx.Done()
+	fmt.Println()
+	return nil
+}
+
+func truthy(s string) bool {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "1", "true", "yes", "on":
+		return true
+	}
+	return false
+}
+
+func displayDir(root, dir string) string {
+	if dir == "" {
+		return filepath.Join(root, ".dev")
+	}
+	return dir
+}
+
+// printBanner says how to use the cluster.
+func printBanner(w io.Writer, root string, c *devcluster.Cluster, wanted []int, redlock bool, took time.Duration) {
+	kubectl := "kubectl"
+	if _, err := exec.LookPath("kubectl"); err != nil {
+		kubectl = filepath.Join(root, "bin", "kubectl")
+		if _, err := os.Stat(kubectl); err != nil {
+			kubectl = filepath.Join(c.Assets, "kubectl")
+		}
+	}
+	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+	p("")
+	p("lockwarden dev cluster is ready (%s).", took.Round(100*time.Millisecond))
+	p("")
+	p("In another terminal:")
+	p("")
+	p("  export KUBECONFIG=%s", c.Kubeconfig)
+	if kubectl != "kubectl" {
+		p("  alias kubectl=%s", kubectl)
+	}
+	p("  cd %s", root)
+	p("")
+	p("API server:  %s (kube-controller-manager, kube-scheduler, kwok node %s)", c.APIServerURL, devcluster.NodeName)
+	var moved []string
+	for i, r := range c.Redis {
+		p("Redis:       %s", r.Addr)
+		if wanted[i] != 0 && r.Port != wanted[i] {
+			moved = append(moved, fmt.Sprintf("127.0.0.1:%d -> %s", wanted[i], r.Addr))
+		}
+	}
+	if len(moved) > 0 {
+		p("             (ports in use; the samples name the wanted ones, edit their endpoints: %s)", strings.Join(moved, ", "))
+	}
+	p("Operator:    metrics %s, webhook %s", c.MetricsURL, c.WebhookURL)
+	p("Logs:        %s/<component>.log", c.LogDir())
+	p("")
+	p("Try:")
+	if redlock {
+		p("  kubectl apply -f config/samples/locks_v1alpha1_distributedlock_redlock.yaml")
+		p("  kubectl get dlock reports -o wide -w            # held by a manual holder on 2 of 3 masters or more")
+		p("  kubectl describe dlock reports")
+	} else {
+		p("  kubectl apply -k config/samples                 # locks billing and maintenance-window, two CronJobs sharing billing")
+		p("  kubectl get dlock -w                            # NAME KEYS HOLDER FENCE HELD EXPIRES AGE")
+		p("  kubectl get jobs -w                             # every minute, the two CronJobs' Jobs run one at a time")
+		p("  kubectl apply -f config/samples/batch_v1_job_fenced.yaml")
+		p("  kubectl get job fenced-write -o jsonpath='{.metadata.annotations.lockwarden\\.io/fencing-token}'")
+		p("  kubectl describe dlock billing")
+		p("  kubectl wait --for=condition=Held dlock/maintenance-window")
+		p("  kubectl annotate cronjob ledger-compaction lockwarden.io/contention=Skip")
+		p("  kubectl delete -k config/samples")
+	}
+	p("")
+	p("The operator's log follows. Ctrl-C stops everything.")
+	p("")
+}
+
+// follow copies a growing file to w until ctx ends.
+func follow(ctx context.Context, path string, w io.Writer) {
+	f, err := os.Open(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dev: follow operator log:", err)
+		return
+	}
+	defer f.Close()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := io.Copy(w, f); err != nil && !errors.Is(err, io.EOF) {
+			fmt.Fprintln(os.Stderr, "dev: follow operator log:", err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}

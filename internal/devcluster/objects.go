@@ -1,0 +1,160 @@
+package devcluster
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// Scheme returns a scheme with client-go's kinds and lockwarden's API.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(locksv1alpha1.AddToScheme(s))
+	return s
+}
+
+// installObjects installs what the operator needs before it starts: the
+// CRDs, its namespace and the webhook configuration pointing at it.
+func (c *Cluster) installObjects(ctx context.Context) error {
+	if _, err := envtest.InstallCRDs(c.Config, envtest.CRDInstallOptions{
+		Paths:              []string{filepath.Join(c.Root, "config", "crd", "bases")},
+		ErrorIfPathMissing: true,
+		MaxTime:            startTimeout,
+		PollInterval:       100 * time.Millisecond,
+	}); err != nil {
+		return fmt.Errorf("install CRDs from config/crd/bases: %w", err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: OperatorNamespace}}
+	if err := c.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create namespace %s: %w", OperatorNamespace, err)
+	}
+	wh, err := WebhookConfiguration(filepath.Join(c.Root, "config", "webhook", "manifests.yaml"), c.WebhookURL, c.pki.caPEM)
+	if err != nil {
+		return err
+	}
+	if err := c.Client.Create(ctx, wh); err != nil {
+		return fmt.Errorf("create MutatingWebhookConfiguration %s: %w", wh.Name, err)
+	}
+	return nil
+}
+
+// WebhookConfiguration reads the MutatingWebhookConfiguration in path
+// (config/webhook/manifests.yaml) and points every webhook at url, trusting caPEM.
+func WebhookConfiguration(path, url string, caPEM []byte) (*admissionregistrationv1.MutatingWebhookConfiguration, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var wh admissionregistrationv1.MutatingWebhookConfiguration
+	if err := yaml.UnmarshalStrict(data, &wh); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", path, err)
+	}
+	if wh.Kind != "MutatingWebhookConfiguration" || len(wh.Webhooks) == 0 {
+		return nil, fmt.Errorf("%s holds no MutatingWebhookConfiguration with webhooks", path)
+	}
+	wh.Name = WebhookConfigurationName
+	for i := range wh.Webhooks {
+		wh.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM}
+	}
+	return &wh, nil
+}
+
+// writeKwokStages concatenates the kwok Stages the cluster uses (node/fast,
+// pod/general, from the kwok module's kustomize/stage) into one file.
+func writeKwokStages(assets, out string) (string, error) {
+	var buf bytes.Buffer
+	for _, dir := range []string{"node/fast", "pod/general"} {
+		files, err := filepath.Glob(filepath.Join(assets, "kwok-stages", dir, "*.yaml"))
+		if err != nil {
+			return "", err
+		}
+		files = slices.DeleteFunc(files, func(f string) bool { return filepath.Base(f) == "kustomization.yaml" })
+		if len(files) == 0 {
+			return "", fmt.Errorf("no kwok Stage files in %s", filepath.Join(assets, "kwok-stages", dir))
+		}
+		for _, f := range files {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				return "", err
+			}
+			buf.WriteString("---\n# " + dir + "/" + filepath.Base(f) + "\n")
+			buf.Write(data)
+			if !bytes.HasSuffix(data, []byte("\n")) {
+				buf.WriteByte('\n')
+			}
+		}
+	}
+	return out, os.WriteFile(out, buf.Bytes(), 0o600)
+}
+
+// createNode registers the node kwok simulates. It carries no taint, so Pods
+// need no toleration; it is labelled type=kwok for nodeSelectors.
+func createNode(ctx context.Context, c client.Client) error {
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("32"),
+		corev1.ResourceMemory: resource.MustParse("256Gi"),
+		corev1.ResourcePods:   resource.MustParse("110"),
+	}
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: NodeName,
+			Annotations: map[string]string{
+				"kwok.x-k8s.io/node":           "fake",
+				"node.alpha.kubernetes.io/ttl": "0",
+			},
+			Labels: map[string]string{
+				"type":                   "kwok",
+				"kubernetes.io/hostname": NodeName,
+				"kubernetes.io/os":       "linux",
+				"kubernetes.io/arch":     "amd64",
+			},
+		},
+		Status: corev1.NodeStatus{Capacity: capacity, Allocatable: capacity},
+	}
+	if err := c.Create(ctx, node); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create node %s: %w", NodeName, err)
+	}
+	return nil
+}
+
+func nodeReady(ctx context.Context, c client.Client) (bool, error) {
+	var node corev1.Node
+	if err := c.Get(ctx, types.NamespacedName{Name: NodeName}, &node); err != nil {
+		return false, err
+	}
+	for _, cond := range node.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return cond.Status == corev1.ConditionTrue, nil
+		}
+	}
+	return false, nil
+}
+
+func defaultServiceAccountExists(ctx context.Context, c client.Client) (bool, error) {
+	var sa corev1.ServiceAccount
+	err := c.Get(ctx, types.NamespacedName{Namespace: metav1.NamespaceDefault, Name: "default"}, &sa)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
