@@ -240,6 +240,11 @@ func TestJobsOfTwoCronJobsRunOneAtATimeInFIFOOrder(t *testing.T) {
 		}
 	}
 	ov.check(t)
+	// kubectl describe dlock tells the story of the lock.
+	eventually(t, 5*time.Second, "Acquired and Released events on the lock naming the Jobs", func() (bool, string) {
+		evs := strings.Join(eventsFor(t, ns, "billing"), " | ")
+		return strings.Contains(evs, "Acquired: Acquired by Job report-1") && strings.Contains(evs, "Released: Released by Job report-1"), evs
+	})
 	slices.Sort(handovers)
 	t.Logf("handover from holder completion to the next Job unsuspended: min %v, median %v, max %v",
 		handovers[0], handovers[len(handovers)/2], handovers[len(handovers)-1])

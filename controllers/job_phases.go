@@ -99,6 +99,7 @@ func (r *JobReconciler) start(ctx context.Context, g *gatedJob, h backend.Handle
 	since := r.stopWaiting(client.ObjectKeyFromObject(g.job), lease.Acquired)
 	metrics.WaitSeconds.WithLabelValues(jobKind).Observe(r.Clock.Since(since).Seconds())
 	r.eventf(g.job, corev1.EventTypeNormal, EventAcquired, "Acquire", "Acquired lock %s with fencing token %d; starting", g.dl.Name, lease.Fence)
+	r.Recorder.Eventf(g.dl, g.job, corev1.EventTypeNormal, EventAcquired, "Acquire", "Acquired by Job %s with fencing token %d", g.job.Name, lease.Fence)
 	logf.FromContext(ctx).Info("Acquired lock for Job", "lock", g.dl.Name, "fence", lease.Fence)
 	return r.startJob(ctx, g, lease)
 }
@@ -252,6 +253,9 @@ func (r *JobReconciler) reconcileRelease(ctx context.Context, g *gatedJob) (ctrl
 			}
 			r.lockChanged(job)
 			r.eventf(job, corev1.EventTypeNormal, EventReleased, "Release", "Released lock %s (fencing token %d)", job.Labels[webhook.LabelLock], lease.Fence)
+			if g.dl != nil {
+				r.Recorder.Eventf(g.dl, job, corev1.EventTypeNormal, EventReleased, "Release", "Released by Job %s (fencing token %d)", job.Name, lease.Fence)
+			}
 			log.Info("Released lock of Job", "fence", lease.Fence)
 		case errors.Is(err, lock.ErrNotHeld):
 		default:
