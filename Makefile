@@ -67,7 +67,10 @@ envtest-assets: ## Print the directory of kube-apiserver and etcd for envtest, b
 	@hack/control-plane.sh
 
 .PHONY: test
-test: manifests generate fmt vet lint redis-server ## Run all unit and envtest suites against real Redis and a real kube-apiserver.
+test: test-unit test-e2e ## Run everything CI runs: generate, vet, lint, the unit and envtest suites, then the end-to-end suite.
+
+.PHONY: test-unit
+test-unit: manifests generate fmt vet lint redis-server ## Run the unit and envtest suites against real Redis and a real kube-apiserver.
 	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh)" go test ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: test-e2e
