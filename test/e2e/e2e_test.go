@@ -56,6 +56,19 @@ func TestConfigDefaultAppliesToAPIServer(t *testing.T) {
 			t.Errorf("the dry run does not show %s as applied", want)
 		}
 	}
+
+	// The sample Redis manifests (1 server, 3 independent masters) apply too.
+	ns := newNamespace(t, "e2e-redis")
+	for _, dir := range []string{"standalone", "redlock"} {
+		rendered, err := exec.Command(kustomize, "build", filepath.Join(cluster.Root, "config", "redis", dir)).Output()
+		if err != nil {
+			t.Fatalf("kustomize build config/redis/%s: %v", dir, err)
+		}
+		out := kubectl(t, string(rendered), "apply", "-n", ns, "--server-side", "--dry-run=server", "--field-manager=e2e", "-f", "-")
+		if !strings.Contains(out, "statefulset.apps/redis") {
+			t.Errorf("config/redis/%s: the dry run shows no StatefulSet:\n%s", dir, out)
+		}
+	}
 }
 
 // TestKubectlShowsLocks checks what `kubectl get`, `describe` and `wait`
