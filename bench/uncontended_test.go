@@ -21,7 +21,8 @@ var casDelete = goredis.NewScript(`if redis.call("get", KEYS[1]) == ARGV[1] then
 //	                 and EVALSHA of a compare-and-delete, nothing around them
 //	lib=lockwarden   Locker.TryAcquire + Locker.Release (standalone)
 //	lib=lockwarden-acquire
-//	                 Locker.Acquire (blocking; subscribes to releases first) + Release
+//	                 Locker.Acquire (blocking; on a free key its first try succeeds,
+//	                 without subscribing to releases) + Release
 //	lib=redsync      Mutex.TryLockContext + UnlockContext, one pool
 //	lib=redislock    Client.Obtain (no retry) + Lock.Release
 func BenchmarkUncontended(b *testing.B) {

@@ -32,29 +32,46 @@ func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease,
 }
 
 // Acquire blocks until it holds every key of req or ctx ends (see lock.Locker).
-// It subscribes to the keys' release messages first, then tries; after a
-// failed try it waits for a release message, the holder's remaining TTL or
-// the next backoff step (WithBackoff), whichever comes first. With req.Queue
-// it waits in the keys' FIFO queues, heartbeating its place at least every
-// third of the waiter TTL, and leaves the queues when ctx ends. Errors from
-// Redis are retried too; when ctx ends the error wraps both ctx.Err() and the
-// last attempt's error.
+// It tries once; when the keys are busy it subscribes to their release
+// messages and tries again at once (so a release between the first try and
+// the subscription is not missed), then after each failed try waits for a
+// release message, the holder's remaining TTL or the next backoff step
+// (WithBackoff), whichever comes first. With req.Queue it waits in the keys'
+// FIFO queues, heartbeating its place at least every third of the waiter TTL,
+// and leaves the queues when ctx ends. Errors from Redis are retried too; when
+// ctx ends the error wraps both ctx.Err() and the last attempt's error.
 func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
 	req, err := l.prepare(req, false)
 	if err != nil {
 		return nil, err
 	}
+	var lastErr error
+	if ctx.Err() == nil {
+		// A free key needs no subscription (a new pub/sub connection per call).
+		lease, _, err := l.attempt(ctx, req)
+		if err == nil {
+			return lease, nil
+		}
+		lastErr = err
+	}
 	log := l.log.WithValues("keys", req.Keys, "holder", req.Holder)
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	released, err := l.Watch(wctx, req.Keys...)
-	if err != nil {
-		log.V(2).Info("Watching releases failed; polling only", "err", err.Error())
-		released = nil
+	var released <-chan string
+	if ctx.Err() == nil {
+		if l.beforeWatch != nil {
+			l.beforeWatch()
+		}
+		released, err = l.Watch(wctx, req.Keys...)
+		if err != nil {
+			log.V(2).Info("Watching releases failed; polling only", "err", err.Error())
+			released = nil
+		}
 	}
 	b := l.backoff()
 	heartbeat := l.opts.waiterTTL / 3
-	var lastErr error
+	// The first attempt of the loop comes right after the subscription: a
+	// release published before it was active is seen by this attempt.
 	for ctx.Err() == nil {
 		lease, hint, err := l.attempt(ctx, req)
 		if err == nil {
@@ -71,7 +88,9 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 		if req.Queue && d > heartbeat {
 			d = heartbeat
 		}
-		log.V(4).Info("Waiting for lease", "wait", d.String(), "err", err.Error())
+		if v := log.V(4); v.Enabled() {
+			v.Info("Waiting for lease", "wait", d.String(), "err", err.Error())
+		}
 		timer, stop := l.newTimer(d)
 		select {
 		case <-ctx.Done():
@@ -124,14 +143,14 @@ type acquireReply struct {
 	ticket    int64
 }
 
-func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticket int64) (acquireReply, error) {
+func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticket, proposal int64) (acquireReply, error) {
 	keys := append(l.redisKeys(req.Keys, "lock", "meta", "fence", "queue", "deadlines", "waiters"), l.ticketKey())
 	join := "0"
 	if req.Queue {
 		join = "1"
 	}
 	v, err := run(ctx, acquireScript, n.client, "acquire", keys,
-		req.Owner, req.TTL.Milliseconds(), req.Holder, join, l.opts.waiterTTL.Milliseconds(), ticket, lock.MaxFence)
+		req.Owner, req.TTL.Milliseconds(), req.Holder, join, l.opts.waiterTTL.Milliseconds(), ticket, lock.MaxFence, proposal)
 	if err != nil {
 		return acquireReply{}, err
 	}
@@ -177,6 +196,33 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 	return r, nil
 }
 
+// The Redlock fence proposal (see acquire.lua and docs/safety.md, "Fencing
+// tokens"). Every node issues max(counter + 1, its TIME, min(proposal, its
+// TIME + fenceWindow)), so when the client proposes the same token to every
+// node, ahead of the nodes' clocks by the time the scripts run, the nodes
+// agree and no fence write-back is needed. The cap keeps a client clock that
+// is far ahead (or behind) from moving tokens further than fenceWindow ahead
+// of a node's own clock; then the nodes disagree and writeBack makes them
+// agree, as without a proposal.
+const (
+	// fenceLead is how far ahead of the client clock the proposal is: more
+	// than the time from reading the clock to the script running on the
+	// slowest node, plus the clock offset between client and nodes.
+	fenceLead = 10 * time.Millisecond
+	// fenceWindow is window in acquire.lua: how far ahead of a node's clock
+	// a proposal may be, and where a key without a counter starts.
+	fenceWindow = 20 * time.Millisecond
+)
+
+// fenceProposal is the token proposed to every Redlock node for an attempt
+// that started at start. It is always positive, even from a clock that is
+// unusable (before 1970 or past MaxFence): a proposal, whatever its value,
+// makes a node start a key without a counter at its clock + fenceWindow,
+// above the tokens it capped at that bound before an empty restart.
+func fenceProposal(start time.Time) int64 {
+	return min(max(start.UnixMicro()+fenceLead.Microseconds(), 1), lock.MaxFence-1)
+}
+
 // attempt is one acquisition on every node. It returns the lease, or a hint
 // of when the busy holder's lease ends (0 when unknown) and the error.
 func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, time.Duration, error) {
@@ -188,9 +234,13 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		}
 	}
 	start := l.opts.clock.Now()
+	var proposal int64
+	if redlock {
+		proposal = fenceProposal(start)
+	}
 	timeout := l.callTimeout(req.TTL)
 	res := fanOut(ctx, l.nodes, timeout, func(ctx context.Context, n *node) (acquireReply, error) {
-		return l.acquireOn(ctx, n, req, ticket)
+		return l.acquireOn(ctx, n, req, ticket, proposal)
 	})
 	var (
 		acquired   []result[acquireReply]
@@ -239,7 +289,9 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 			Acquired: start,
 			Expires:  start.Add(validity),
 		}
-		l.log.V(1).Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", validity.String())
+		if v := l.log.V(1); v.Enabled() {
+			v.Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", validity.String())
+		}
 		return lease, 0, nil
 	}
 

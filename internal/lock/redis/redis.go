@@ -73,6 +73,10 @@ type Locker struct {
 	// tickets remembers, in Redlock mode, the queue ticket of each queued
 	// owner, so that every node orders the waiters the same way.
 	tickets sync.Map // owner -> int64
+
+	// beforeWatch, when set (tests only), runs in Acquire between the first
+	// failed attempt and the subscription to the release messages.
+	beforeWatch func()
 }
 
 var _ lock.Locker = (*Locker)(nil)

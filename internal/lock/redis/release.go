@@ -34,7 +34,9 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	if released == 0 {
 		return fmt.Errorf("release keys %q (fencing token %d): %w: the lease expired or another owner took it", lease.Keys, lease.Fence, lock.ErrNotHeld)
 	}
-	l.log.V(1).Info("Released lease", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
+	if v := l.log.V(1); v.Enabled() {
+		v.Info("Released lease", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
+	}
 	return nil
 }
 

@@ -132,7 +132,9 @@ func (l *Locker) renewOutcome(ctx context.Context, lease *lock.Lease, ttl time.D
 		next := *lease
 		next.TTL = ttl
 		next.Expires = start.Add(validity)
-		l.log.V(4).Info("Renewed lease", "keys", lease.Keys, "fence", lease.Fence, "validity", validity.String())
+		if v := l.log.V(4); v.Enabled() {
+			v.Info("Renewed lease", "keys", lease.Keys, "fence", lease.Fence, "validity", validity.String())
+		}
 		return &next, nil
 	}
 	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)

@@ -14,6 +14,15 @@
 --   5 waiter TTL in milliseconds
 --   6 ticket to queue with (0: keep the one held, or draw a new one)
 --   7 largest fencing token allowed
+--   8 proposed fencing token, a canonical decimal integer (0: none, as in
+--     standalone and Sentinel mode). Redlock clients always propose, the same
+--     value to every node (their clock in microseconds plus a lead), so that
+--     the nodes issue the same token.
+-- The fencing token is the largest of: every key's counter + 1; this server's
+-- TIME in microseconds; the proposal, capped at TIME + window. With a
+-- proposal, a key without a counter (never used, or lost in an empty restart)
+-- counts as TIME + window, so that a restarted node still issues more than any
+-- token it capped before (see docs/safety.md, "Fencing tokens").
 -- Returns {1, fence} when every key was taken, otherwise
 --   {0, busy key index (1-based), holder, holder fence, position (-1: not queued),
 --    queue length, holder PTTL in milliseconds, ticket}.
@@ -24,23 +33,35 @@ local join = ARGV[4] == '1'
 local waiterTTL = tonumber(ARGV[5])
 local ticket = tonumber(ARGV[6])
 local maxFence = tonumber(ARGV[7])
+local proposal = tonumber(ARGV[8]) or 0
 local n = (#KEYS - 1) / 6
 
+-- How far ahead of this server's clock (microseconds) a proposed token may be.
+-- Must match fenceWindow in acquire.go.
+local window = 20000
+
 local function key(i, j) return KEYS[(i - 1) * 6 + j] end
--- Lua 5.1 prints numbers with 14 significant digits: format integers explicitly.
+-- Lua 5.1 prints numbers with 14 significant digits: format integers explicitly
+-- (off the fast path; the common values are built from strings instead).
 local function int(x) return string.format('%.0f', x) end
 
 local t = redis.call('TIME')
+local usec = string.rep('0', 6 - #t[2]) .. t[2]
 local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local nowMs = math.floor(nowUs / 1000)
+local nowUsStr = t[1] .. usec
 
--- Prune waiters that missed their heartbeat.
+-- Prune waiters that missed their heartbeat. A key whose queue keys do not
+-- exist has nobody to prune, no queue head and nothing to clean up below.
+local queued = {}
 for i = 1, n do
-  local dead = redis.call('ZRANGEBYSCORE', key(i, 5), '-inf', '(' .. int(nowMs))
-  for _, w in ipairs(dead) do
-    redis.call('ZREM', key(i, 4), w)
-    redis.call('ZREM', key(i, 5), w)
-    redis.call('HDEL', key(i, 6), w)
+  if redis.call('EXISTS', key(i, 4), key(i, 5), key(i, 6)) > 0 then
+    queued[i] = true
+    local dead = redis.call('ZRANGEBYSCORE', key(i, 5), '-inf', '(' .. t[1] .. string.sub(usec, 1, 3))
+    for _, w in ipairs(dead) do
+      redis.call('ZREM', key(i, 4), w)
+      redis.call('ZREM', key(i, 5), w)
+      redis.call('HDEL', key(i, 6), w)
+    end
   end
 end
 
@@ -57,7 +78,7 @@ for i = 1, n do
     bFence = tonumber(redis.call('HGET', key(i, 2), 'fence') or '0')
     bPttl = redis.call('PTTL', key(i, 1))
     break
-  else
+  elseif queued[i] then
     local head = redis.call('ZRANGE', key(i, 4), 0, 0)
     if head[1] and head[1] ~= owner then
       busy = i
@@ -67,6 +88,7 @@ for i = 1, n do
 end
 
 if busy > 0 then
+  local nowMs = math.floor(nowUs / 1000)
   local tk = 0
   if join then
     tk = ticket
@@ -82,7 +104,7 @@ if busy > 0 then
     end
     for i = 1, n do
       if not redis.call('ZSCORE', key(i, 4), owner) then
-        redis.call('HSET', key(i, 6), owner, int(nowUs) .. ' ' .. holder)
+        redis.call('HSET', key(i, 6), owner, nowUsStr .. ' ' .. holder)
       end
       redis.call('ZADD', key(i, 4), int(tk), owner)
       redis.call('ZADD', key(i, 5), int(nowMs + waiterTTL), owner)
@@ -95,26 +117,44 @@ if busy > 0 then
   return {0, busy, bHolder, int(bFence), position, redis.call('ZCARD', key(busy, 4)), bPttl, int(tk)}
 end
 
-local fence = nowUs
+-- fenceStr is fence as a string when it is known without formatting.
+local fence, fenceStr = nowUs, nowUsStr
+if proposal > nowUs then
+  if proposal <= nowUs + window then
+    fence, fenceStr = proposal, ARGV[8]
+  else
+    fence, fenceStr = nowUs + window, nil
+  end
+end
 for i = 1, n do
-  local c = tonumber(redis.call('GET', key(i, 3)) or '0')
-  if c + 1 > fence then fence = c + 1 end
+  local c = redis.call('GET', key(i, 3))
+  if c then
+    c = tonumber(c) + 1
+  elseif proposal > 0 then
+    c = nowUs + window
+  else
+    c = 0
+  end
+  if c > fence then fence, fenceStr = c, nil end
 end
 if fence > maxFence then
   return redis.error_reply('ERR fencing token ' .. int(fence) .. ' would exceed ' .. ARGV[7])
 end
+fenceStr = fenceStr or int(fence)
 for i = 1, n do
   if mine[i] then
     redis.call('SET', key(i, 1), owner, 'PX', ttl, 'XX')
   else
     redis.call('SET', key(i, 1), owner, 'PX', ttl, 'NX')
   end
-  redis.call('DEL', key(i, 2))
-  redis.call('HSET', key(i, 2), 'holder', holder, 'fence', int(fence), 'acquired', int(nowUs))
+  -- HSET rewrites every field of meta, and nothing else is ever stored in it.
+  redis.call('HSET', key(i, 2), 'holder', holder, 'fence', fenceStr, 'acquired', nowUsStr)
   redis.call('PEXPIRE', key(i, 2), ttl)
-  redis.call('SET', key(i, 3), int(fence))
-  redis.call('ZREM', key(i, 4), owner)
-  redis.call('ZREM', key(i, 5), owner)
-  redis.call('HDEL', key(i, 6), owner)
+  redis.call('SET', key(i, 3), fenceStr)
+  if queued[i] then
+    redis.call('ZREM', key(i, 4), owner)
+    redis.call('ZREM', key(i, 5), owner)
+    redis.call('HDEL', key(i, 6), owner)
+  end
 end
-return {1, int(fence)}
+return {1, fenceStr}
