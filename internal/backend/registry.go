@@ -85,6 +85,13 @@ type Registry struct {
 	log       logr.Logger
 
 	healthInterval time.Duration
+	secretTTL      time.Duration
+
+	// secrets remembers Secrets read recently, so that many locks (and
+	// their Jobs) that share one Secret cost one read per secretTTL, not one
+	// per reconcile.
+	secretsMu sync.Mutex
+	secrets   map[types.NamespacedName]cachedSecret
 
 	mu        sync.Mutex
 	entries   map[string]*entry // by fingerprint
@@ -103,8 +110,18 @@ type entry struct {
 	checked bool
 }
 
+type cachedSecret struct {
+	data map[string][]byte
+	err  error
+	at   time.Time
+}
+
 // DefaultHealthInterval is how often every backend in use is pinged.
 const DefaultHealthInterval = 2 * time.Second
+
+// DefaultSecretTTL is how long a Secret read for a lock is reused: a changed
+// Secret takes effect within it (and the lock's next reconcile).
+const DefaultSecretTTL = 10 * time.Second
 
 // NewRegistry returns a registry that reads Secrets with reader (a direct
 // API reader, so no Secret is cached) and builds Lockers with newLocker. ctx
@@ -115,6 +132,8 @@ func NewRegistry(ctx context.Context, reader client.Reader, newLocker NewLockerF
 		newLocker:      newLocker,
 		log:            log,
 		healthInterval: DefaultHealthInterval,
+		secretTTL:      DefaultSecretTTL,
+		secrets:        map[types.NamespacedName]cachedSecret{},
 		entries:        map[string]*entry{},
 		users:          map[string]string{},
 		ctx:            ctx,
@@ -123,6 +142,9 @@ func NewRegistry(ctx context.Context, reader client.Reader, newLocker NewLockerF
 
 // SetHealthInterval changes how often backends are pinged (before first use).
 func (r *Registry) SetHealthInterval(d time.Duration) { r.healthInterval = d }
+
+// SetSecretTTL changes how long a Secret read is reused (before first use).
+func (r *Registry) SetSecretTTL(d time.Duration) { r.secretTTL = d }
 
 // OnHealth registers f to be told when a backend starts or stops answering.
 func (r *Registry) OnHealth(f HealthFunc) {
@@ -324,19 +346,50 @@ func (r *Registry) resolve(ctx context.Context, dl *locksv1alpha1.DistributedLoc
 // secretValue reads one key of a Secret in namespace. Only the lock's own
 // namespace is ever read: a lock cannot reach another tenant's Secrets.
 func (r *Registry) secretValue(ctx context.Context, namespace, field string, ref *locksv1alpha1.SecretKeyRef) (string, error) {
-	var s corev1.Secret
-	if err := r.reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, &s); err != nil {
+	nn := types.NamespacedName{Namespace: namespace, Name: ref.Name}
+	data, err := r.readSecret(ctx, nn)
+	if err != nil {
 		if apierrors.IsNotFound(err) {
 			return "", &SecretError{Field: field, Err: fmt.Errorf("the Secret %s/%s was not found", namespace, ref.Name)}
 		}
 		return "", &SecretError{Field: field, Err: fmt.Errorf("reading Secret %s/%s: %w", namespace, ref.Name, err)}
 	}
-	v, ok := s.Data[ref.Key]
+	v, ok := data[ref.Key]
 	if !ok {
 		return "", &SecretError{Field: field, Err: fmt.Errorf("the Secret %s/%s has no key %q", namespace, ref.Name, ref.Key)}
 	}
 	return string(v), nil
 }
+
+// readSecret returns a Secret's data, read at most once per secretTTL.
+func (r *Registry) readSecret(ctx context.Context, nn types.NamespacedName) (map[string][]byte, error) {
+	now := time.Now()
+	r.secretsMu.Lock()
+	c, ok := r.secrets[nn]
+	r.secretsMu.Unlock()
+	if ok && now.Sub(c.at) < r.secretTTL {
+		return c.data, c.err
+	}
+	var s corev1.Secret
+	err := r.reader.Get(ctx, nn, &s)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, err // not cached: a transient error is retried at once
+	}
+	r.secretsMu.Lock()
+	defer r.secretsMu.Unlock()
+	if len(r.secrets) > maxCachedSecrets {
+		for k, v := range r.secrets {
+			if now.Sub(v.at) >= r.secretTTL {
+				delete(r.secrets, k)
+			}
+		}
+	}
+	r.secrets[nn] = cachedSecret{data: s.Data, err: err, at: now}
+	return s.Data, err
+}
+
+// maxCachedSecrets is how many Secrets the cache holds before it drops stale ones.
+const maxCachedSecrets = 1024
 
 // ID names a backend by what decides which keys it holds (mode, endpoints,
 // database), not by its credentials: locks with equal IDs share keys.
