@@ -168,33 +168,28 @@ func watchJobs(t *testing.T, ns string) *jobWatch {
 
 func (jw *jobWatch) waitStarted(t *testing.T, name string, timeout time.Duration) time.Time {
 	t.Helper()
+	return jw.waitRecorded(t, jw.started, "start", name, timeout)
+}
+
+func (jw *jobWatch) completedAt(t *testing.T, name string, timeout time.Duration) time.Time {
+	t.Helper()
+	return jw.waitRecorded(t, jw.complete, "complete", name, timeout)
+}
+
+// waitRecorded waits until the watch has recorded the Job in m and returns when it did.
+func (jw *jobWatch) waitRecorded(t *testing.T, m map[string]time.Time, what, name string, timeout time.Duration) time.Time {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		jw.mu.Lock()
-		at, ok := jw.started[name]
+		at, ok := m[name]
 		jw.mu.Unlock()
 		if ok {
 			return at
 		}
 		time.Sleep(5 * time.Millisecond) // polling the watch's record, which the watch goroutine fills in
 	}
-	t.Fatalf("Job %s did not start within %v", name, timeout)
-	return time.Time{}
-}
-
-func (jw *jobWatch) completedAt(t *testing.T, name string, timeout time.Duration) time.Time {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		jw.mu.Lock()
-		at, ok := jw.complete[name]
-		jw.mu.Unlock()
-		if ok {
-			return at
-		}
-		time.Sleep(5 * time.Millisecond) // polling the watch's record
-	}
-	t.Fatalf("Job %s did not complete within %v", name, timeout)
+	t.Fatalf("Job %s did not %s within %v", name, what, timeout)
 	return time.Time{}
 }
 
