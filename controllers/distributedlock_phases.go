@@ -122,7 +122,7 @@ func (r *DistributedLockReconciler) observe(ctx context.Context, dl *locksv1alph
 	if len(states) > 0 {
 		metrics.QueueDepth.WithLabelValues(dl.Namespace, dl.Name).Set(float64(len(states[0].Waiters)))
 	}
-	if l, ok := r.Watchdog.Lease(r.ref(dl)); ok {
+	if l, _, ok := r.Watchdog.Holding(r.ref(dl)); ok {
 		obs.mine = l
 	}
 	return obs

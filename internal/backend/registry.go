@@ -105,7 +105,8 @@ type entry struct {
 	handle Handle
 	users  map[string]struct{}
 	cancel context.CancelFunc
-	// lastErr is the result of the last health check; checked tells whether there was one.
+	// lastErr is the result of the last health check; checked tells whether
+	// there was one. Only a change is reported to the health listeners.
 	lastErr error
 	checked bool
 }
@@ -151,19 +152,6 @@ func (r *Registry) OnHealth(f HealthFunc) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.health = append(r.health, f)
-}
-
-// Health tells whether the backend with this ID was checked yet and, if so,
-// the result of the last check (nil: it answered).
-func (r *Registry) Health(id string) (checked bool, lastErr error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, e := range r.entries {
-		if e.handle.ID == id && e.checked {
-			return true, e.lastErr
-		}
-	}
-	return false, nil
 }
 
 // OnRelease registers f to be told of releases on every backend in use.

@@ -22,3 +22,23 @@ func BuildManager(ctx context.Context, root, out string) error {
 	}
 	return nil
 }
+
+// StartFromSource builds the operator from the checkout into dir/bin and
+// starts a cluster with its state in dir/cluster: what a test suite does to
+// test the code as it is, away from bin/, where a running `make dev` uses it.
+// Options.Root, Dir and Manager are filled in; the rest is used as given.
+func StartFromSource(ctx context.Context, dir string, opts Options) (*Cluster, error) {
+	if opts.Root == "" {
+		root, err := FindRoot()
+		if err != nil {
+			return nil, err
+		}
+		opts.Root = root
+	}
+	opts.Manager = filepath.Join(dir, "bin", "lockwarden")
+	if err := BuildManager(ctx, opts.Root, opts.Manager); err != nil {
+		return nil, err
+	}
+	opts.Dir = filepath.Join(dir, "cluster")
+	return Start(ctx, opts)
+}

@@ -87,17 +87,6 @@ func (w *Watchdog) Hold(ref Ref, locker lock.Locker, lease *lock.Lease) {
 	metrics.LeasesHeld.Set(float64(len(w.leases)))
 }
 
-// Lease returns the lease held for ref, if any.
-func (w *Watchdog) Lease(ref Ref) (*lock.Lease, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	h, ok := w.leases[ref]
-	if !ok {
-		return nil, false
-	}
-	return h.lease, true
-}
-
 // Holding returns the lease held for ref and the backend it is renewed through.
 func (w *Watchdog) Holding(ref Ref) (*lock.Lease, lock.Locker, bool) {
 	w.mu.Lock()
@@ -120,13 +109,6 @@ func (w *Watchdog) Drop(ref Ref) *lock.Lease {
 	delete(w.leases, ref)
 	metrics.LeasesHeld.Set(float64(len(w.leases)))
 	return h.lease
-}
-
-// Len returns the number of leases being renewed.
-func (w *Watchdog) Len() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.leases)
 }
 
 // NeedLeaderElection makes the manager run the watchdog on the leader only.

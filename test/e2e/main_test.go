@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -35,33 +34,12 @@ func runSuite(m *testing.M) int {
 	begin := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	root, err := devcluster.FindRoot()
-	if err != nil {
-		log.Print(err)
-		return 1
-	}
-	assets, err := devcluster.FindAssets(root)
-	if err != nil {
-		log.Print(err)
-		return 1
-	}
 	dir, err := os.MkdirTemp("", "lockwarden-e2e-")
 	if err != nil {
 		log.Print(err)
 		return 1
 	}
-	// The suite tests the code as it is: build the operator next to the
-	// cluster's state, not into bin/, where a running `make dev` uses it.
-	manager := filepath.Join(dir, "bin", "lockwarden")
-	if err := devcluster.BuildManager(ctx, root, manager); err != nil {
-		log.Print(err)
-		return 1
-	}
-	c, err := devcluster.Start(ctx, devcluster.Options{
-		Dir:     filepath.Join(dir, "cluster"),
-		Root:    root,
-		Assets:  assets,
-		Manager: manager,
+	c, err := devcluster.StartFromSource(ctx, dir, devcluster.Options{
 		// The operator runs as it would in production, with leader
 		// election, but with a short election lease, so that a replacement
 		// takes over quickly after a kill -9. minSafeTTL stays below the

@@ -52,27 +52,14 @@ func run(m *testing.M) int {
 	ctrl.SetLogger(logr.Discard())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	root, err := devcluster.FindRoot()
-	if err != nil {
-		log.Print(err)
-		return 1
-	}
 	dir, err := os.MkdirTemp("", "lockwarden-perf-")
 	if err != nil {
 		log.Print(err)
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	manager := filepath.Join(dir, "lockwarden")
-	if err := devcluster.BuildManager(ctx, root, manager); err != nil {
-		log.Print(err)
-		return 1
-	}
-	c, err := devcluster.Start(ctx, devcluster.Options{
-		Dir:     filepath.Join(dir, "cluster"),
-		Root:    root,
-		Manager: manager,
-		Logf:    func(format string, args ...any) { log.Printf("[cluster] "+format, args...) },
+	c, err := devcluster.StartFromSource(ctx, dir, devcluster.Options{
+		Logf: func(format string, args ...any) { log.Printf("[cluster] "+format, args...) },
 	})
 	if err != nil {
 		log.Printf("start the cluster: %v", err)
@@ -84,7 +71,7 @@ func run(m *testing.M) int {
 	code := m.Run()
 	path := os.Getenv("PERF_REPORT")
 	if path == "" {
-		path = filepath.Join(root, "bin", "perf-report.md")
+		path = filepath.Join(c.Root, "bin", "perf-report.md")
 	}
 	if err := report.write(path); err != nil {
 		log.Print(err)
