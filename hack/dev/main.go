@@ -23,7 +23,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lockwarden/lockwarden/internal/devcluster"
+	"github.com/lockwarden/lockwarden/internal/testutil/devcluster"
 )
 
 // The samples in config/samples name these Redis endpoints.

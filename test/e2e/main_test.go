@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockwarden/lockwarden/internal/devcluster"
+	"github.com/lockwarden/lockwarden/internal/testutil/devcluster"
 )
 
 // cluster is the cluster every test uses.

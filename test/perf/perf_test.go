@@ -36,7 +36,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/devcluster"
+	"github.com/lockwarden/lockwarden/internal/testutil/devcluster"
 )
 
 var (
