@@ -8,8 +8,12 @@ import (
 // TestWebhookConfiguration keeps config/webhook/manifests.yaml usable by the
 // local cluster: it parses strictly and every webhook is pointed at the URL.
 func TestWebhookConfiguration(t *testing.T) {
+	root, err := FindRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
 	url := "https://127.0.0.1:1234/mutate-batch-v1-job"
-	wh, err := WebhookConfiguration(filepath.Join("..", "..", "config", "webhook", "manifests.yaml"), url, []byte("ca"))
+	wh, err := WebhookConfiguration(filepath.Join(root, "config", "webhook", "manifests.yaml"), url, []byte("ca"))
 	if err != nil {
 		t.Fatal(err)
 	}
