@@ -1,20 +1,16 @@
 package devcluster
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/lockwarden/lockwarden/internal/testutil/testpki"
 )
 
 // pki holds the paths of the certificates and keys a cluster uses. One CA
@@ -49,55 +45,19 @@ func writePKI(dir string) (*pki, error) {
 	if err := os.MkdirAll(p.webhookDir, 0o700); err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := testpki.NewCA("lockwarden-dev-ca", 365*24*time.Hour)
 	if err != nil {
 		return nil, err
 	}
-	caTmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "lockwarden-dev-ca", Organization: []string{"lockwarden"}},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(365 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageCRLSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	p.caPEM = ca.PEM
+	serving, err := ca.Issue(testpki.Leaf{
+		CommonName: "127.0.0.1",
+		Hosts: []string{"127.0.0.1", serviceIP, "localhost", "kubernetes", "kubernetes.default",
+			"kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+	})
 	if err != nil {
-		return nil, fmt.Errorf("create CA: %w", err)
+		return nil, fmt.Errorf("serving certificate: %w", err)
 	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return nil, err
-	}
-	p.caPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(365 * 24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-			"kubernetes.default.svc.cluster.local"},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(serviceIP)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return nil, fmt.Errorf("create serving certificate: %w", err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, err
-	}
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 
 	saKey, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
@@ -116,27 +76,17 @@ func writePKI(dir string) (*pki, error) {
 
 	files := map[string][]byte{
 		p.caCert:                               p.caPEM,
-		p.servingCrt:                           certPEM,
-		p.servingKey:                           keyPEM,
-		filepath.Join(p.webhookDir, "tls.crt"): certPEM,
-		filepath.Join(p.webhookDir, "tls.key"): keyPEM,
-		p.saKey:                                pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(saKey)}),
-		p.saPub:                                pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPubDER}),
+		p.servingCrt:                           serving.CertPEM,
+		p.servingKey:                           serving.KeyPEM,
+		filepath.Join(p.webhookDir, "tls.crt"): serving.CertPEM,
+		filepath.Join(p.webhookDir, "tls.key"): serving.KeyPEM,
+		p.saKey:                                testpki.EncodePEM("RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(saKey)),
+		p.saPub:                                testpki.EncodePEM("PUBLIC KEY", saPubDER),
 		p.tokenFile:                            []byte(p.adminToken + `,admin,admin,"system:masters"` + "\n"),
 		filepath.Join(dir, "README"):           []byte("Throw-away PKI of a local lockwarden development cluster. Never use it elsewhere.\n"),
 	}
-	for path, data := range files {
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			return nil, err
-		}
+	if err := testpki.WriteFiles(files); err != nil {
+		return nil, err
 	}
 	return p, nil
-}
-
-func serial() *big.Int {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		return big.NewInt(time.Now().UnixNano())
-	}
-	return n
 }
