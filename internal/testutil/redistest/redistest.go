@@ -2,9 +2,14 @@
 //
 // Every server listens on a free loopback port, lives in a temporary directory
 // owned by the test, and is killed when the test ends, whether it passed,
-// failed or panicked. A server can be killed (SIGKILL), restarted on the same
+// failed or panicked. A server counts as started only when the process on its
+// address reports the PID of the process just started (INFO's process_id):
+// a port picked as free can be bound by someone else before the server binds
+// it, and then the server is started again on another port. A server can be killed (SIGKILL), restarted on the same
 // port, paused (SIGSTOP) and resumed (SIGCONT), so tests can inject the faults
 // a distributed lock has to survive.
+//
+// With -short, every test that starts a server is skipped.
 //
 // The redis-server binary is found on PATH, or at $LOCKWARDEN_REDIS_SERVER.
 // `make test` installs it when it is missing; a test never uses a Redis it did
@@ -30,10 +35,23 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
 )
 
-// startTimeout bounds how long a server may take to answer PING after start.
-const startTimeout = 15 * time.Second
+const (
+	// startTimeout bounds how long a server may take to answer PING after start.
+	startTimeout = 15 * time.Second
+	// startAttempts is how many ports a new server tries before the test fails.
+	startAttempts = 5
+	// probeTimeout bounds one readiness probe, so that a port held by a
+	// program that accepts connections but never answers is noticed quickly.
+	probeTimeout = time.Second
+)
+
+// pickPort chooses the port of a new server. Tests replace it to hand out a
+// port that is already taken.
+var pickPort = freeport.Take
 
 // Option configures a server started by Start or StartN.
 type Option func(*config)
@@ -81,6 +99,7 @@ type Server struct {
 	cfg     config
 	dir     string
 	conf    string
+	port    int
 	mu      sync.Mutex
 	cmd     *exec.Cmd
 	exited  chan struct{}
@@ -100,16 +119,21 @@ func Binary() (string, error) {
 	return p, nil
 }
 
-// Start starts one redis-server and returns when it answers PING.
+// Start starts one redis-server and returns when it answers PING. With
+// -short it skips the test instead.
 func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
 	return StartN(t, 1, opts...)[0]
 }
 
 // StartN starts n independent redis-server processes (independent masters, as
-// Redlock needs) in parallel and returns when all answer PING.
+// Redlock needs) in parallel and returns when all answer PING, each from its
+// own process on its own port. With -short it skips the test instead.
 func StartN(t testing.TB, n int, opts ...Option) []*Server {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts redis-server; skipped with -short")
+	}
 	var cfg config
 	for _, o := range opts {
 		o(&cfg)
@@ -135,23 +159,27 @@ func StartN(t testing.TB, n int, opts ...Option) []*Server {
 }
 
 // startFresh picks a free port, writes the config and starts the process,
-// retrying with another port when the chosen one was taken in between.
+// retrying with another port when the process could not be confirmed on the
+// chosen one (most often because another process bound it in between).
 func (s *Server) startFresh() error {
-	var lastErr error
-	for attempt := 0; attempt < 5; attempt++ {
-		port, err := FreePort()
+	var errs []error
+	for range startAttempts {
+		port, err := pickPort()
 		if err != nil {
 			return err
 		}
+		s.port = port
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		if err := s.writeConfig(port); err != nil {
 			return err
 		}
-		if lastErr = s.launch(); lastErr == nil {
+		err = s.launch()
+		if err == nil {
 			return nil
 		}
+		errs = append(errs, err)
 	}
-	return lastErr
+	return fmt.Errorf("no port worked in %d attempts: %w", startAttempts, errors.Join(errs...))
 }
 
 func (s *Server) writeConfig(port int) error {
@@ -216,6 +244,8 @@ func (s *Server) writeConfig(port int) error {
 	return os.WriteFile(s.conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
 }
 
+// launch starts the process on the configured port and waits until it is
+// confirmed there; on failure the process is gone when launch returns.
 func (s *Server) launch() error {
 	bin, err := Binary()
 	if err != nil {
@@ -240,27 +270,71 @@ func (s *Server) launch() error {
 	s.mu.Lock()
 	s.cmd, s.exited, s.paused = cmd, exited, false
 	s.mu.Unlock()
-	if err := s.waitReady(exited); err != nil {
+	if err := s.waitReady(cmd.Process.Pid, exited); err != nil {
 		_ = cmd.Process.Kill()
 		<-exited
-		return fmt.Errorf("redis-server on %s: %w; log:\n%s", s.Addr, err, s.logTail())
+		return fmt.Errorf("redis-server (pid %d) on %s: %w; log:\n%s", cmd.Process.Pid, s.Addr, err, s.logTail())
 	}
 	return nil
 }
 
-func (s *Server) waitReady(exited <-chan struct{}) error {
-	c := redis.NewClient(s.clientOptions())
+// waitReady returns nil once the server on s.Addr is process pid and answers
+// PING. It fails early when the process exits (it could not bind the port,
+// most likely) or when another process answers on the port.
+func (s *Server) waitReady(pid int, exited <-chan struct{}) error {
+	o := s.clientOptions()
+	o.ReadTimeout, o.WriteTimeout = probeTimeout, probeTimeout
+	c := redis.NewClient(o)
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	return wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	go func() {
 		select {
 		case <-exited:
-			return false, errors.New("process exited during start")
-		default:
+			cancel()
+		case <-ctx.Done():
 		}
-		return c.Ping(ctx).Err() == nil, nil
+	}()
+	var lastErr error
+	err := wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		owner, err := ProcessID(ctx, c)
+		if err != nil {
+			lastErr = err
+			return false, nil // not listening yet
+		}
+		if owner != pid {
+			return false, fmt.Errorf("the port is taken: process %d answers on it, not the redis-server just started (pid %d)", owner, pid)
+		}
+		if err := c.Ping(ctx).Err(); err != nil { // still loading its data
+			lastErr = err
+			return false, nil
+		}
+		return true, nil
 	})
+	select {
+	case <-exited:
+		return errors.New("the process exited during start (could it bind the port?)")
+	default:
+	}
+	if err != nil && lastErr != nil {
+		return fmt.Errorf("%w (last probe: %v)", err, lastErr)
+	}
+	return err
+}
+
+// ProcessID returns the process_id the server behind c reports in INFO
+// server: which process really answers on an address.
+func ProcessID(ctx context.Context, c *redis.Client) (int, error) {
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, errors.New("INFO server has no process_id")
 }
 
 func (s *Server) logTail() string {
@@ -334,21 +408,36 @@ func (s *Server) Kill() {
 }
 
 // Restart starts the server again on the same address. Without persistence it
-// comes back empty, like a node that lost its data.
+// comes back empty, like a node that lost its data. The test fails when
+// another process took the port while the server was down.
 func (s *Server) Restart() {
 	s.t.Helper()
+	if err := s.restart(); err != nil {
+		s.t.Fatalf("redistest: %v", err)
+	}
+}
+
+func (s *Server) restart() error {
 	if s.Running() {
-		s.t.Fatalf("redistest: Restart of %s while it is running: Kill it first", s.Addr)
+		return fmt.Errorf("restart of %s while it is running: Kill it first", s.Addr)
 	}
-	var err error
-	for attempt := 0; attempt < 50; attempt++ {
-		// The old socket may linger for a moment after SIGKILL; retry briefly.
-		if err = s.launch(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	// Kill waited for the process to exit, and a process's listening socket
+	// is closed before it exits: the port is free again unless another
+	// process bound it meanwhile, which launch detects.
+	if err := s.launch(); err != nil {
+		return fmt.Errorf("restart %s: %w", s.Addr, err)
 	}
-	s.t.Fatalf("redistest: restart %s: %v", s.Addr, err)
+	return nil
+}
+
+// pid returns the process id of the server's current (or last) process.
+func (s *Server) pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
 }
 
 // Pause sends SIGSTOP: the process holds its port and data but answers nothing,
@@ -380,22 +469,20 @@ func (s *Server) cleanup() {
 	for _, c := range clients {
 		_ = c.Close()
 	}
-	if cmd == nil {
-		return
+	if cmd != nil {
+		if paused {
+			_ = cmd.Process.Signal(syscall.SIGCONT)
+		}
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		<-exited
 	}
-	if paused {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
+	if s.port != 0 {
+		freeport.Give(s.port)
 	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	<-exited
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago and
+// that no other server of this test process is given (see package freeport).
+// Whoever starts a server on it must still confirm that the server is the
+// process listening there.
+func FreePort() (int, error) { return freeport.Take() }

@@ -3,6 +3,10 @@ package redistest
 import (
 	"context"
 	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,11 +89,105 @@ func TestStartNIndependentMasters(t *testing.T) {
 			t.Fatalf("two servers on %s", s.Addr)
 		}
 		seen[s.Addr] = true
+		assertAnswers(t, s)
 		role, err := s.Client().Do(ctx, "ROLE").Slice()
 		if err != nil || role[0] != "master" {
 			t.Fatalf("ROLE of %s = %v, %v; want master", s.Addr, role, err)
 		}
 	}
+}
+
+// assertAnswers fails the test unless the process answering on s.Addr is
+// the one s started.
+func assertAnswers(t *testing.T, s *Server) {
+	t.Helper()
+	got, err := ProcessID(context.Background(), s.Client())
+	if err != nil {
+		t.Fatalf("INFO server on %s: %v", s.Addr, err)
+	}
+	if want := s.pid(); got != want {
+		t.Fatalf("%s is answered by process %d, want the server's own process %d", s.Addr, got, want)
+	}
+}
+
+// handOutOnce makes the next port choice return port, as FreePort may when
+// another test or process took the port between the choice and the bind.
+func handOutOnce(t *testing.T, port int) {
+	t.Helper()
+	orig := pickPort
+	var used atomic.Bool
+	pickPort = func() (int, error) {
+		if used.CompareAndSwap(false, true) {
+			return port, nil
+		}
+		return orig()
+	}
+	t.Cleanup(func() { pickPort = orig })
+}
+
+func portOf(t *testing.T, addr string) int {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port
+}
+
+// TestStartOnPortOfAnotherRedis hands a new server the port another
+// redis-server listens on. The new process cannot bind it, but the other one
+// answers PING there: the server must move to another port, not pass for the
+// other one (which made StartN return two servers on one address).
+func TestStartOnPortOfAnotherRedis(t *testing.T) {
+	other := Start(t)
+	handOutOnce(t, portOf(t, other.Addr))
+	s := Start(t)
+	if s.Addr == other.Addr {
+		t.Fatalf("the new server was reported on %s, where another redis-server listens", s.Addr)
+	}
+	assertAnswers(t, s)
+	assertAnswers(t, other)
+}
+
+// TestStartOnPortOfAnotherProgram hands a new server a port held by a
+// program that accepts connections and never answers.
+func TestStartOnPortOfAnotherProgram(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	handOutOnce(t, portOf(t, l.Addr().String()))
+	s := Start(t)
+	if s.Addr == l.Addr().String() {
+		t.Fatalf("the new server was reported on %s, which another program holds", s.Addr)
+	}
+	assertAnswers(t, s)
+}
+
+// TestRestartOnPortTakenOver restarts a server whose port another
+// redis-server took while it was down: the restart must fail, not pass for
+// the other server.
+func TestRestartOnPortTakenOver(t *testing.T) {
+	s := Start(t)
+	s.Kill()
+	handOutOnce(t, portOf(t, s.Addr))
+	intruder := Start(t)
+	if intruder.Addr != s.Addr {
+		t.Fatalf("intruder started on %s, want %s", intruder.Addr, s.Addr)
+	}
+	err := s.restart()
+	if err == nil || !strings.Contains(err.Error(), "port is taken") {
+		t.Fatalf("restart on a port taken over = %v, want an error saying the port is taken", err)
+	}
+	if s.Running() {
+		t.Fatal("the failed restart left its process running")
+	}
+	assertAnswers(t, intruder)
 }
 
 func TestSentinelsKnowTheMaster(t *testing.T) {
