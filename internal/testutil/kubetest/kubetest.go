@@ -66,8 +66,12 @@ func (e *Env) Webhook() (host string, port int, certDir string) {
 }
 
 // Start starts a control plane for one test and stops it when the test ends.
+// With -short it skips the test instead.
 func Start(t testing.TB, opts ...Option) *Env {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts kube-apiserver and etcd; skipped with -short")
+	}
 	e, err := StartEnv(opts...)
 	if err != nil {
 		t.Fatalf("start envtest: %v", err)
