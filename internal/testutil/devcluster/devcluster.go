@@ -8,8 +8,11 @@
 //
 // Every process listens on 127.0.0.1 on a free port (Redis on a preferred
 // port when it is free), keeps its state under Options.Dir and writes its
-// output to <Dir>/logs/<name>.log. Every child dies with its parent: they
-// get SIGKILL when it exits (Pdeathsig), and Stop ends them in order.
+// output to <Dir>/logs/<name>.log. A process counts as started only while it
+// runs and owns a listening socket on each port it was given (Redis: INFO's
+// process_id is its PID); when it exits because another process took one of
+// its ports, it is started again on other ports. Every child dies with its
+// parent: they get SIGKILL when it exits (Pdeathsig), and Stop ends them in order.
 package devcluster
 
 import (
@@ -34,6 +37,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
 )
 
 const (
@@ -57,6 +62,9 @@ const (
 
 	// startTimeout bounds each component's wait for readiness.
 	startTimeout = 90 * time.Second
+	// portAttempts is how many sets of ports a component tries when another
+	// process keeps taking one of them.
+	portAttempts = 5
 )
 
 // controllers are the kube-controller-manager controllers the cluster runs:
@@ -143,6 +151,10 @@ type Cluster struct {
 
 	lock     *os.File
 	stopOnce sync.Once
+
+	portsMu sync.Mutex
+	// held are the ports handed out to this cluster, given back on Stop.
+	held []int
 }
 
 type ports struct {
@@ -329,24 +341,29 @@ func (c *Cluster) start(ctx context.Context) error {
 	pool.AppendCertsFromPEM(c.pki.caPEM)
 	c.httpClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
 
-	p, err := freePorts(8)
+	// Redis and etcd first, in parallel.
+	redisDone := make(chan struct{})
+	var redisErr error
+	go func() {
+		defer close(redisDone)
+		redisErr = c.startRedis(ctx)
+	}()
+	// Whatever fails below, Stop must not run while Redis is still starting.
+	defer func() { <-redisDone }()
+	err = c.onFreePorts("etcd", nil, 2, func(p []int) error {
+		c.ports.etcd, c.ports.etcdPeer = p[0], p[1]
+		return c.startEtcd(ctx)
+	})
 	if err != nil {
 		return err
 	}
-	c.ports = ports{etcd: p[0], etcdPeer: p[1], apiserver: p[2], kcm: p[3], scheduler: p[4], webhook: p[5], metrics: p[6], probe: p[7]}
-	c.APIServerURL = "https://127.0.0.1:" + strconv.Itoa(c.ports.apiserver)
-	c.MetricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", c.ports.metrics)
-	c.ProbeURL = fmt.Sprintf("http://127.0.0.1:%d", c.ports.probe)
-	c.WebhookURL = fmt.Sprintf("https://127.0.0.1:%d/mutate-batch-v1-job", c.ports.webhook)
-
-	// Redis and etcd first, in parallel.
-	redisErr := make(chan error, 1)
-	go func() { redisErr <- c.startRedis(ctx) }()
-	if err := c.startEtcd(ctx); err != nil {
-		return err
-	}
 	c.opts.logf("etcd ready (%s)", since(begin))
-	if err := c.startAPIServer(ctx); err != nil {
+	err = c.onFreePorts("kube-apiserver", nil, 1, func(p []int) error {
+		c.ports.apiserver = p[0]
+		c.APIServerURL = "https://127.0.0.1:" + strconv.Itoa(p[0])
+		return c.startAPIServer(ctx)
+	})
+	if err != nil {
 		return err
 	}
 	c.opts.logf("kube-apiserver ready at %s (%s)", c.APIServerURL, since(begin))
@@ -358,8 +375,18 @@ func (c *Cluster) start(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
 	steps := []func() error{
-		func() error { return c.startControllerManager(ctx) },
-		func() error { return c.startScheduler(ctx) },
+		func() error {
+			return c.onFreePorts("kube-controller-manager", nil, 1, func(p []int) error {
+				c.ports.kcm = p[0]
+				return c.startControllerManager(ctx)
+			})
+		},
+		func() error {
+			return c.onFreePorts("kube-scheduler", nil, 1, func(p []int) error {
+				c.ports.scheduler = p[0]
+				return c.startScheduler(ctx)
+			})
+		},
 		func() error { return c.startKwok(ctx) },
 		func() error { return c.installObjects(ctx) },
 	}
@@ -370,17 +397,31 @@ func (c *Cluster) start(ctx context.Context) error {
 			errs[i] = step()
 		}()
 	}
-	if err := <-redisErr; err != nil {
+	<-redisDone
+	if redisErr != nil {
 		wg.Wait()
-		return err
+		return redisErr
 	}
 	c.opts.logf("Redis ready: %s (%s)", strings.Join(c.RedisAddrs(), ", "), since(begin))
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	c.opts.logf("control plane ready: controller manager, scheduler, kwok node %s, CRDs, webhook configuration (%s)", NodeName, since(begin))
-	if err := c.StartOperator(ctx); err != nil {
+	c.opts.logf("control plane ready: controller manager, scheduler, kwok node %s, CRDs (%s)", NodeName, since(begin))
+	// The webhook configuration points at the operator's port, so it is
+	// written (again) whenever the operator moves to other ports.
+	err = c.onFreePorts("lockwarden", nil, 3, func(p []int) error {
+		c.ports.webhook, c.ports.metrics, c.ports.probe = p[0], p[1], p[2]
+		c.MetricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", c.ports.metrics)
+		c.ProbeURL = fmt.Sprintf("http://127.0.0.1:%d", c.ports.probe)
+		c.WebhookURL = fmt.Sprintf("https://127.0.0.1:%d/mutate-batch-v1-job", c.ports.webhook)
+		if err := c.applyWebhookConfiguration(ctx); err != nil {
+			return err
+		}
+		c.operator = nil // its flags name the ports
+		return c.StartOperator(ctx)
+	})
+	if err != nil {
 		return err
 	}
 	c.opts.logf("operator ready (%s)", since(begin))
@@ -389,8 +430,42 @@ func (c *Cluster) start(ctx context.Context) error {
 
 func since(t time.Time) string { return time.Since(t).Round(100 * time.Millisecond).String() }
 
-func (c *Cluster) newProcess(name, binary string, args []string, env ...string) *process {
-	return &process{name: name, path: binary, args: args, env: env, logPath: filepath.Join(c.logDir, name+".log")}
+// onFreePorts calls start with n ports (first, when given, on the first
+// attempt; then ports from freeport) until it does not fail because another
+// process took one of them. start sets the ports where the cluster keeps them
+// and starts and waits for the component, which has exited when start
+// reports errPortTaken.
+func (c *Cluster) onFreePorts(what string, first []int, n int, start func(ports []int) error) error {
+	var errs []error
+	for attempt := range portAttempts {
+		ports := first
+		if attempt > 0 || len(first) != n {
+			var err error
+			if ports, err = freeport.TakeN(n); err != nil {
+				return err
+			}
+		}
+		c.holdPorts(ports...)
+		err := start(ports)
+		if err == nil || !errors.Is(err, errPortTaken) {
+			return err
+		}
+		errs = append(errs, err)
+		c.opts.logf("%s: another process took one of ports %v; trying other ports", what, ports)
+	}
+	return fmt.Errorf("%s: %d sets of ports were taken by other processes: %w", what, portAttempts, errors.Join(errs...))
+}
+
+// holdPorts records ports handed out to this cluster, to give back on Stop.
+func (c *Cluster) holdPorts(ports ...int) {
+	c.portsMu.Lock()
+	defer c.portsMu.Unlock()
+	c.held = append(c.held, ports...)
+}
+
+// newProcess makes a process that counts as started once it listens on ports.
+func (c *Cluster) newProcess(name, binary string, args []string, ports []int, env ...string) *process {
+	return &process{name: name, path: binary, args: args, env: env, ports: ports, logPath: filepath.Join(c.logDir, name+".log")}
 }
 
 func (c *Cluster) asset(name string) string { return filepath.Join(c.Assets, name) }
@@ -408,7 +483,7 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 		"--initial-cluster=default=" + peer,
 		"--unsafe-no-fsync=true",
 		"--log-level=warn",
-	})
+	}, []int{c.ports.etcd, c.ports.etcdPeer})
 	if err := c.etcd.start(); err != nil {
 		return err
 	}
@@ -435,7 +510,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		// not-ready taint this plugin puts on new nodes.
 		"--disable-admission-plugins=TaintNodesByCondition",
 		"--profiling=false",
-	})
+	}, []int{c.ports.apiserver})
 	if err := c.apiserver.start(); err != nil {
 		return err
 	}
@@ -492,7 +567,7 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 		// A Job's Pods are created right away, not after the default batching.
 		"--concurrent-job-syncs=5",
 	)
-	c.kcm = c.newProcess("kube-controller-manager", c.asset("kube-controller-manager"), args)
+	c.kcm = c.newProcess("kube-controller-manager", c.asset("kube-controller-manager"), args, []int{c.ports.kcm})
 	if err := c.kcm.start(); err != nil {
 		return err
 	}
@@ -506,7 +581,7 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 }
 
 func (c *Cluster) startScheduler(ctx context.Context) error {
-	c.scheduler = c.newProcess("kube-scheduler", c.asset("kube-scheduler"), c.componentArgs(c.ports.scheduler))
+	c.scheduler = c.newProcess("kube-scheduler", c.asset("kube-scheduler"), c.componentArgs(c.ports.scheduler), []int{c.ports.scheduler})
 	if err := c.scheduler.start(); err != nil {
 		return err
 	}
@@ -525,7 +600,7 @@ func (c *Cluster) startKwok(ctx context.Context) error {
 		"--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
 		"--cidr=" + podCIDR,
 		"--node-ip=127.0.0.1",
-	})
+	}, nil) // kwok serves no port here; the node it makes Ready shows it works
 	if err := c.kwok.start(); err != nil {
 		return err
 	}
@@ -537,7 +612,9 @@ func (c *Cluster) startKwok(ctx context.Context) error {
 	})
 }
 
-// StartOperator starts the operator (when it is not running) and waits until it is ready.
+// StartOperator starts the operator (when it is not running) on its ports and
+// waits until it is ready and listening on them. It fails when another
+// process took one of its ports while it was down.
 func (c *Cluster) StartOperator(ctx context.Context) error {
 	args := []string{
 		"--leader-elect=" + strconv.FormatBool(c.opts.LeaderElect),
@@ -557,7 +634,8 @@ func (c *Cluster) StartOperator(ctx context.Context) error {
 	if c.operator == nil {
 		// The manager reads the kubeconfig from $KUBECONFIG: it parses its own
 		// flag set, which lacks controller-runtime's --kubeconfig.
-		c.operator = c.newProcess("lockwarden", c.opts.Manager, args, "KUBECONFIG="+c.Kubeconfig, "POD_NAMESPACE="+OperatorNamespace)
+		c.operator = c.newProcess("lockwarden", c.opts.Manager, args, []int{c.ports.webhook, c.ports.metrics, c.ports.probe},
+			"KUBECONFIG="+c.Kubeconfig, "POD_NAMESPACE="+OperatorNamespace)
 	}
 	if !c.operator.running() {
 		if err := c.operator.start(); err != nil {
@@ -626,6 +704,9 @@ func (c *Cluster) Stop() {
 		}
 		var wg sync.WaitGroup
 		for _, r := range c.Redis {
+			if r.proc == nil {
+				continue // its start failed before it had a process
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -633,6 +714,10 @@ func (c *Cluster) Stop() {
 			}()
 		}
 		wg.Wait()
+		c.portsMu.Lock()
+		freeport.Give(c.held...)
+		c.held = nil
+		c.portsMu.Unlock()
 		if c.lock != nil {
 			_ = c.lock.Close()
 		}
@@ -661,7 +746,10 @@ func (c *Cluster) waitHTTP(ctx context.Context, p *process, url, token string, c
 	})
 }
 
-// waitFor polls cond until it holds, the process exits or startTimeout passes.
+// waitFor polls cond until it holds, the process exits or startTimeout
+// passes. cond is asked only while the process listens on its ports; an
+// error that wraps errPortTaken (from cond, or from an exit while another
+// process holds one of the ports) ends the wait at once.
 func (c *Cluster) waitFor(ctx context.Context, p *process, what string, cond func(context.Context) (bool, error)) error {
 	var lastErr error
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, startTimeout, true, func(ctx context.Context) (bool, error) {
@@ -669,8 +757,18 @@ func (c *Cluster) waitFor(ctx context.Context, p *process, what string, cond fun
 			if err := p.exitedErr(); err != nil {
 				return false, err
 			}
+			if err := p.listening(); err != nil {
+				lastErr = err
+				return false, nil
+			}
 		}
 		ok, err := cond(ctx)
+		if errors.Is(err, errPortTaken) {
+			if p != nil {
+				p.kill() // it may still be trying; its caller starts another
+			}
+			return false, err
+		}
 		if err != nil {
 			lastErr = err
 			return false, nil
@@ -680,14 +778,14 @@ func (c *Cluster) waitFor(ctx context.Context, p *process, what string, cond fun
 	if err == nil {
 		return nil
 	}
-	msg := fmt.Sprintf("waiting for %s: %v", what, err)
+	var detail string
 	if lastErr != nil {
-		msg += fmt.Sprintf(" (last error: %v)", lastErr)
+		detail = fmt.Sprintf(" (last error: %v)", lastErr)
 	}
 	if p != nil {
-		msg += "\n" + tail(p.logPath, 25)
+		detail += "\n" + tail(p.logPath, 25)
 	}
-	return errors.New(msg)
+	return fmt.Errorf("waiting for %s: %w%s", what, err, detail)
 }
 
 // tail returns the last n lines of a log file, indented, for error messages.

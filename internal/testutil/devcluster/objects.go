@@ -33,8 +33,9 @@ func Scheme() *runtime.Scheme {
 	return s
 }
 
-// installObjects installs what the operator needs before it starts: the
-// CRDs, its namespace and the webhook configuration pointing at it.
+// installObjects installs what the operator needs before it starts, but for
+// the webhook configuration (see applyWebhookConfiguration): the CRDs and its
+// namespace.
 func (c *Cluster) installObjects(ctx context.Context) error {
 	if _, err := envtest.InstallCRDs(c.Config, envtest.CRDInstallOptions{
 		Paths:              []string{filepath.Join(c.Root, "config", "crd", "bases")},
@@ -48,12 +49,28 @@ func (c *Cluster) installObjects(ctx context.Context) error {
 	if err := c.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create namespace %s: %w", OperatorNamespace, err)
 	}
+	return nil
+}
+
+// applyWebhookConfiguration creates the webhook configuration, or updates it,
+// so that it points at c.WebhookURL: the operator's port, which changes when
+// the one first chosen was taken by another process.
+func (c *Cluster) applyWebhookConfiguration(ctx context.Context) error {
 	wh, err := WebhookConfiguration(filepath.Join(c.Root, "config", "webhook", "manifests.yaml"), c.WebhookURL, c.pki.caPEM)
 	if err != nil {
 		return err
 	}
-	if err := c.Client.Create(ctx, wh); err != nil {
-		return fmt.Errorf("create MutatingWebhookConfiguration %s: %w", wh.Name, err)
+	var cur admissionregistrationv1.MutatingWebhookConfiguration
+	err = c.Client.Get(ctx, types.NamespacedName{Name: wh.Name}, &cur)
+	switch {
+	case apierrors.IsNotFound(err):
+		err = c.Client.Create(ctx, wh)
+	case err == nil:
+		cur.Webhooks = wh.Webhooks
+		err = c.Client.Update(ctx, &cur)
+	}
+	if err != nil {
+		return fmt.Errorf("apply MutatingWebhookConfiguration %s: %w", wh.Name, err)
 	}
 	return nil
 }

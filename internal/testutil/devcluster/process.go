@@ -6,7 +6,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -14,6 +16,10 @@ import (
 
 // stopGrace is how long a process may take to exit after SIGTERM before it is killed.
 const stopGrace = 10 * time.Second
+
+// errPortTaken marks a start that failed because another process holds one
+// of the ports the process was given: start it again on other ports.
+var errPortTaken = errors.New("port taken by another process")
 
 // process is one child process. Its output goes to a log file that survives
 // restarts (appended to). It runs in its own process group, so that a Ctrl-C
@@ -26,6 +32,8 @@ type process struct {
 	args    []string
 	env     []string
 	logPath string
+	// ports are the TCP ports the process must listen on to count as started.
+	ports []int
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -80,7 +88,31 @@ func (p *process) exitedErr() error {
 		return fmt.Errorf("%s was not started", p.name)
 	}
 	if isClosed(p.exited) {
+		for _, port := range p.ports {
+			if !portFree(port) {
+				return fmt.Errorf("%s exited (%v) and port %d is held by another process: %w; see %s", p.name, p.err, port, errPortTaken, p.logPath)
+			}
+		}
 		return fmt.Errorf("%s exited (%w); see %s", p.name, p.err, p.logPath)
+	}
+	return nil
+}
+
+// listening returns nil when the process owns a listening socket on each of
+// its ports: it, not some other process, is the one serving them.
+func (p *process) listening() error {
+	pid := p.pid()
+	if pid == 0 {
+		return fmt.Errorf("%s is not running", p.name)
+	}
+	for _, port := range p.ports {
+		ok, err := listensOn(pid, port)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%s (pid %d) is not listening on port %d", p.name, pid, port)
+		}
 	}
 	return nil
 }
@@ -136,16 +168,7 @@ func isClosed(c chan struct{}) bool {
 	}
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
+// portFree reports whether port can be bound on 127.0.0.1 right now.
 func portFree(port int) bool {
 	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	if err != nil {
@@ -155,22 +178,62 @@ func portFree(port int) bool {
 	return true
 }
 
-// freePorts returns n distinct free ports.
-func freePorts(n int) ([]int, error) {
-	seen := map[int]bool{}
-	out := make([]int, 0, n)
-	for len(out) < n {
-		p, err := freePort()
+// listensOn reports whether process pid holds a listening TCP socket on port.
+// /proc/<pid>/net/tcp{,6} list the sockets of the process's network namespace
+// with their inodes; a socket is the process's when one of its file
+// descriptors links to socket:[inode].
+func listensOn(pid, port int) (bool, error) {
+	inodes := map[string]bool{}
+	for _, table := range []string{"tcp", "tcp6"} {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, table))
 		if err != nil {
-			return nil, err
+			if errors.Is(err, os.ErrNotExist) && table == "tcp6" {
+				continue // no IPv6
+			}
+			return false, err
 		}
-		if !seen[p] {
-			seen[p] = true
-			out = append(out, p)
+		for _, inode := range listeningInodes(string(data), port) {
+			inodes[inode] = true
 		}
 	}
-	if len(out) != n {
-		return nil, errors.New("no free ports")
+	if len(inodes) == 0 {
+		return false, nil
 	}
-	return out, nil
+	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+	entries, err := os.ReadDir(fdDir)
+	if err != nil {
+		return false, err
+	}
+	for _, e := range entries {
+		link, err := os.Readlink(filepath.Join(fdDir, e.Name()))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		if inode, ok := strings.CutPrefix(link, "socket:["); ok && inodes[strings.TrimSuffix(inode, "]")] {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// listeningInodes returns the inodes of the sockets in LISTEN state on port
+// in a /proc/net/tcp or tcp6 table. A row reads
+// "sl local_address rem_address st tx_queue:rx_queue tr:when retrnsmt uid timeout inode ...",
+// with the local address as hexadecimal IP:port and LISTEN as st 0A.
+func listeningInodes(table string, port int) []string {
+	var out []string
+	for _, line := range strings.Split(table, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 10 || f[3] != "0A" {
+			continue
+		}
+		i := strings.LastIndexByte(f[1], ':')
+		if i < 0 {
+			continue
+		}
+		if p, err := strconv.ParseUint(f[1][i+1:], 16, 16); err == nil && int(p) == port {
+			out = append(out, f[9])
+		}
+	}
+	return out
 }

@@ -9,64 +9,76 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
+	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 )
 
 // startRedis starts the Redis masters in parallel, each on its preferred
 // port when that is free, else on a free port.
 func (c *Cluster) startRedis(ctx context.Context) error {
 	c.Redis = make([]*Redis, len(c.opts.RedisPorts))
-	taken := map[int]bool{}
-	for i, want := range c.opts.RedisPorts {
-		port := 0
-		if want > 0 && !taken[want] && portFree(want) {
-			port = want
-		}
-		for port == 0 || taken[port] {
-			p, err := freePort()
-			if err != nil {
-				return err
-			}
-			port = p
-		}
-		taken[port] = true
-		name := fmt.Sprintf("redis-%d", i)
-		r := &Redis{Port: port, Addr: "127.0.0.1:" + strconv.Itoa(port), LogPath: c.LogPath(name), dir: filepath.Join(c.Dir, name)}
-		if err := os.MkdirAll(r.dir, 0o700); err != nil {
-			return err
-		}
-		conf := filepath.Join(r.dir, "redis.conf")
-		lines := []string{
-			"bind 127.0.0.1",
-			"port " + strconv.Itoa(port),
-			"protected-mode no",
-			"daemonize no",
-			"dir " + r.dir,
-			`save ""`,
-			"appendonly no",
-		}
-		if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
-			return err
-		}
-		r.proc = c.newProcess(name, c.opts.RedisServer, []string{conf})
-		c.Redis[i] = r
+	for i := range c.Redis {
+		c.Redis[i] = &Redis{}
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(c.Redis))
-	for i := range c.Redis {
+	for i, want := range c.opts.RedisPorts {
+		var first []int
+		if want > 0 && freeport.Claim(want) {
+			if portFree(want) {
+				first = []int{want}
+			} else {
+				freeport.Give(want)
+			}
+		}
+		name := fmt.Sprintf("redis-%d", i)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = c.StartRedis(ctx, i)
+			errs[i] = c.onFreePorts(name, first, 1, func(p []int) error {
+				if err := c.configureRedis(i, p[0]); err != nil {
+					return err
+				}
+				return c.StartRedis(ctx, i)
+			})
 		}()
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
+// configureRedis writes the configuration of Redis master i for port.
+func (c *Cluster) configureRedis(i, port int) error {
+	name := fmt.Sprintf("redis-%d", i)
+	r := c.Redis[i]
+	r.Port, r.Addr, r.LogPath, r.dir = port, "127.0.0.1:"+strconv.Itoa(port), c.LogPath(name), filepath.Join(c.Dir, name)
+	if err := os.MkdirAll(r.dir, 0o700); err != nil {
+		return err
+	}
+	conf := filepath.Join(r.dir, "redis.conf")
+	lines := []string{
+		"bind 127.0.0.1",
+		"port " + strconv.Itoa(port),
+		"protected-mode no",
+		"daemonize no",
+		"dir " + r.dir,
+		`save ""`,
+		"appendonly no",
+	}
+	if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		return err
+	}
+	r.proc = c.newProcess(name, c.opts.RedisServer, []string{conf}, []int{port})
+	return nil
+}
+
 // StartRedis starts Redis master i (again, empty: it keeps no data) on its
-// port and waits until it answers PING.
+// port and waits until it answers PING as the process just started (INFO's
+// process_id). It fails when another process took the port while it was down.
 func (c *Cluster) StartRedis(ctx context.Context, i int) error {
 	r := c.Redis[i]
 	if !r.proc.running() {
@@ -74,9 +86,17 @@ func (c *Cluster) StartRedis(ctx context.Context, i int) error {
 			return err
 		}
 	}
-	rc := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
+	pid := r.proc.pid()
+	rc := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1, ReadTimeout: time.Second, WriteTimeout: time.Second})
 	defer rc.Close()
 	return c.waitFor(ctx, r.proc, "redis-server at "+r.Addr, func(ctx context.Context) (bool, error) {
+		owner, err := redistest.ProcessID(ctx, rc)
+		if err != nil {
+			return false, err
+		}
+		if owner != pid {
+			return false, fmt.Errorf("process %d answers on %s, not redis-server (pid %d): %w", owner, r.Addr, pid, errPortTaken)
+		}
 		return rc.Ping(ctx).Err() == nil, nil
 	})
 }

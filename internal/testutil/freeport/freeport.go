@@ -67,6 +67,19 @@ func TakeN(n int) ([]int, error) {
 	return out, nil
 }
 
+// Claim marks port, chosen by the caller (a well-known port it prefers), as
+// handed out. It reports false when this process already handed it out; the
+// caller still has to check that no other process holds it.
+func Claim(port int) bool {
+	mu.Lock()
+	defer mu.Unlock()
+	if taken[port] {
+		return false
+	}
+	taken[port] = true
+	return true
+}
+
 // Give returns ports handed out by Take or TakeN, once nothing of this
 // process will listen on them again.
 func Give(ports ...int) {

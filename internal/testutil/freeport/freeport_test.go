@@ -53,3 +53,21 @@ func TestNoPortTwice(t *testing.T) {
 		t.Errorf("%d ports still taken after Give", len(taken))
 	}
 }
+
+func TestClaim(t *testing.T) {
+	p, err := Take()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if Claim(p) {
+		t.Fatalf("Claim(%d) of a port Take handed out succeeded", p)
+	}
+	Give(p)
+	if !Claim(p) {
+		t.Fatalf("Claim(%d) of a port given back failed", p)
+	}
+	if Claim(p) {
+		t.Fatalf("second Claim(%d) succeeded", p)
+	}
+	Give(p)
+}
