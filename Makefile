@@ -46,12 +46,14 @@ vet: ## Run go vet against code.
 	go vet ./...
 
 .PHONY: lint
-lint: golangci-lint ## Run golangci-lint (configuration in .golangci.yml).
+lint: golangci-lint ## Run golangci-lint (configuration in .golangci.yml) over the main module, test/ with its build tags, and bench/.
 	$(GOLANGCI_LINT) run ./...
+	cd bench && $(GOLANGCI_LINT) run --config ../.golangci.yml ./...
 
 .PHONY: lint-fix
-lint-fix: golangci-lint ## Run golangci-lint and apply its fixes.
+lint-fix: golangci-lint ## Run golangci-lint and apply its fixes, formatting (gofmt, goimports) included.
 	$(GOLANGCI_LINT) run --fix ./...
+	cd bench && $(GOLANGCI_LINT) run --config ../.golangci.yml --fix ./...
 
 .PHONY: redis-server
 redis-server: ## Make sure redis-server is installed (installs the Debian/Ubuntu package as root when missing).
