@@ -7,7 +7,8 @@ SHELL = /usr/bin/env bash -o pipefail
 .SHELLFLAGS = -ec
 
 # Test settings.
-# TEST_TIMEOUT bounds one `go test` run; GO_TEST_FLAGS adds flags (for example -v or -run).
+# TEST_TIMEOUT bounds one `go test` run of test-unit or test-integration, E2E_TIMEOUT one of
+# test-e2e; GO_TEST_FLAGS adds flags to all three (for example -v or -run).
 TEST_TIMEOUT ?= 20m
 GO_TEST_FLAGS ?=
 E2E_TIMEOUT ?= 30m
@@ -21,7 +22,7 @@ all: build
 
 .PHONY: help
 help: ## Display this help.
-	@awk 'BEGIN {FS = ":.*##"; printf "\nUsage:\n  make \033[36m<target>\033[0m\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*##"; printf "\nUsage:\n  make \033[36m<target>\033[0m\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
 
 ##@ Development
 
@@ -35,7 +36,7 @@ generate: controller-gen ## Generate the DeepCopy methods of the API types.
 
 .PHONY: api-docs
 api-docs: crd-ref-docs ## Generate the API reference, docs/api.md, from the types in api/.
-	$(CRD_REF_DOCS) --source-path=./api --config=hack/api-docs/config.yaml --renderer=markdown --output-path=docs/api.md
+	$(CRD_REF_DOCS) --source-path=./api --config=hack/api-docs/config.yaml --renderer=markdown --output-path=docs/api.md --log-level=WARN
 
 .PHONY: fmt
 fmt: ## Run go fmt against code.
@@ -68,11 +69,30 @@ dev: redis-server ## Run a local control plane (kube-controller-manager, kwok no
 envtest-assets: ## Print the directory of kube-apiserver and etcd for envtest, building them into the cache when missing.
 	@hack/control-plane.sh
 
+##@ Test
+
+.PHONY: verify
+verify: controller-gen crd-ref-docs golangci-lint ## Fail when regenerating (manifests, deepcopy, docs/api.md) changes a file, or formatting, go vet or golangci-lint finds anything.
+	@MAKE="$(MAKE)" GOLANGCI_LINT="$(GOLANGCI_LINT)" hack/verify.sh
+
 .PHONY: test
-test: test-unit test-e2e ## Run everything CI runs: generate, vet, lint, the unit and envtest suites, then the end-to-end suite.
+test: ## Run everything CI runs, in order, stopping at the first failure: verify, test-unit, test-integration, test-e2e.
+	@echo "==> make test: step 1/4: verify (generated files, formatting, vet, lint)"
+	@$(MAKE) --no-print-directory verify
+	@echo "==> make test: step 2/4: unit tests (go test -short)"
+	@$(MAKE) --no-print-directory test-unit
+	@echo "==> make test: step 3/4: integration tests (envtest kube-apiserver, real redis-server)"
+	@$(MAKE) --no-print-directory test-integration
+	@echo "==> make test: step 4/4: end-to-end tests (local control plane, kwok)"
+	@$(MAKE) --no-print-directory test-e2e
+	@echo "==> make test: all 4 steps passed"
 
 .PHONY: test-unit
-test-unit: manifests generate fmt vet lint redis-server ## Run the unit and envtest suites against real Redis and a real kube-apiserver.
+test-unit: ## Run the unit tests (go test -short): no kube-apiserver, no redis-server; the quick loop.
+	go test -short ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
+
+.PHONY: test-integration
+test-integration: redis-server ## Run every suite without -short: the envtest suites (real kube-apiserver) and those against real redis-server.
 	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh)" go test ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: test-e2e
