@@ -90,7 +90,7 @@ func (p *process) exitedErr() error {
 	if isClosed(p.exited) {
 		for _, port := range p.ports {
 			if !portFree(port) {
-				return fmt.Errorf("%s exited (%v) and port %d is held by another process: %w; see %s", p.name, p.err, port, errPortTaken, p.logPath)
+				return fmt.Errorf("%s exited (%w) and port %d is held by another process: %w; see %s", p.name, p.err, port, errPortTaken, p.logPath)
 			}
 		}
 		return fmt.Errorf("%s exited (%w); see %s", p.name, p.err, p.logPath)

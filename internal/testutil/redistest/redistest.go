@@ -317,7 +317,7 @@ func (s *Server) waitReady(pid int, exited <-chan struct{}) error {
 	default:
 	}
 	if err != nil && lastErr != nil {
-		return fmt.Errorf("%w (last probe: %v)", err, lastErr)
+		return fmt.Errorf("%w (last probe: %w)", err, lastErr)
 	}
 	return err
 }
