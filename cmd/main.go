@@ -198,7 +198,7 @@ func newManager(ctx context.Context, cfg *rest.Config, o *options) (ctrl.Manager
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
 	leaseDuration, renewDeadline, retryPeriod := o.leaseDuration, o.renewDeadline, o.retryPeriod
-	gated, err := labels.NewRequirement(webhook.LabelLock, selection.Exists, nil)
+	gated, err := labels.NewRequirement(locksv1alpha1.LabelLock, selection.Exists, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -11,12 +11,8 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
-	"github.com/lockwarden/lockwarden/internal/webhook"
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
-
-// AnnotationSynced marks job-template annotations that were copied from the
-// CronJob's own annotations, so that they are removed with them.
-const AnnotationSynced = "lockwarden.io/synced-from-cronjob"
 
 // CronJobReconciler copies the lockwarden.io/lock and lockwarden.io/contention
 // annotations of a CronJob (as `kubectl annotate cronjob` sets them) into its
@@ -44,7 +40,7 @@ func (r *CronJobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if cj.Spec.JobTemplate.Annotations == nil {
 		cj.Spec.JobTemplate.Annotations = map[string]string{}
 	}
-	for _, k := range []string{webhook.AnnotationLock, webhook.AnnotationContention, AnnotationSynced} {
+	for _, k := range []string{locksv1alpha1.AnnotationLock, locksv1alpha1.AnnotationContention, locksv1alpha1.AnnotationSyncedFromCronJob} {
 		if v, ok := want[k]; ok {
 			cj.Spec.JobTemplate.Annotations[k] = v
 		} else {
@@ -54,7 +50,7 @@ func (r *CronJobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if err := r.Patch(ctx, &cj, client.MergeFrom(before)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("sync lock annotations into the job template: %w", err)
 	}
-	logf.FromContext(ctx).Info("Synced lock annotations into the job template", "lock", want[webhook.AnnotationLock])
+	logf.FromContext(ctx).Info("Synced lock annotations into the job template", "lock", want[locksv1alpha1.AnnotationLock])
 	return ctrl.Result{}, nil
 }
 
@@ -62,16 +58,16 @@ func (r *CronJobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 // have: its lock annotations, marked as synced; none when the CronJob has no
 // lock annotation and the template's own (not synced) annotations are the user's.
 func syncedAnnotations(cj *batchv1.CronJob) map[string]string {
-	lock, ok := cj.Annotations[webhook.AnnotationLock]
+	lock, ok := cj.Annotations[locksv1alpha1.AnnotationLock]
 	if !ok {
-		if cj.Spec.JobTemplate.Annotations[AnnotationSynced] != "true" {
+		if cj.Spec.JobTemplate.Annotations[locksv1alpha1.AnnotationSyncedFromCronJob] != "true" {
 			return nil // the user's own template annotations, if any: leave them
 		}
 		return map[string]string{}
 	}
-	want := map[string]string{webhook.AnnotationLock: lock, AnnotationSynced: "true"}
-	if c, ok := cj.Annotations[webhook.AnnotationContention]; ok {
-		want[webhook.AnnotationContention] = c
+	want := map[string]string{locksv1alpha1.AnnotationLock: lock, locksv1alpha1.AnnotationSyncedFromCronJob: "true"}
+	if c, ok := cj.Annotations[locksv1alpha1.AnnotationContention]; ok {
+		want[locksv1alpha1.AnnotationContention] = c
 	}
 	return want
 }
@@ -80,7 +76,7 @@ func needsSync(have, want map[string]string) bool {
 	if want == nil {
 		return false
 	}
-	for _, k := range []string{webhook.AnnotationLock, webhook.AnnotationContention, AnnotationSynced} {
+	for _, k := range []string{locksv1alpha1.AnnotationLock, locksv1alpha1.AnnotationContention, locksv1alpha1.AnnotationSyncedFromCronJob} {
 		hv, hok := have[k]
 		wv, wok := want[k]
 		if hok != wok || hv != wv {

@@ -27,13 +27,9 @@ import (
 	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/holder"
 	"github.com/lockwarden/lockwarden/internal/watchdog"
-	"github.com/lockwarden/lockwarden/internal/webhook"
 )
 
 const (
-	// Finalizer keeps a DistributedLock until its manual holder's lease is released.
-	Finalizer = "locks.lockwarden.io/release"
-
 	// DefaultResyncPeriod bounds how long a change made outside this operator
 	// (a holder in another cluster) takes to show in status.
 	DefaultResyncPeriod = 30 * time.Second
@@ -119,7 +115,7 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if !dl.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, &dl)
 	}
-	if controllerutil.AddFinalizer(&dl, Finalizer) {
+	if controllerutil.AddFinalizer(&dl, locksv1alpha1.Finalizer) {
 		// The update event brings the lock back.
 		return ctrl.Result{}, r.Update(ctx, &dl)
 	}
@@ -239,7 +235,7 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // lockOfJob maps a gated Job to its lock.
 func lockOfJob(_ context.Context, o client.Object) []reconcile.Request {
-	name := o.GetLabels()[webhook.LabelLock]
+	name := o.GetLabels()[locksv1alpha1.LabelLock]
 	if name == "" {
 		return nil
 	}

@@ -86,7 +86,7 @@ func TestManualHolderHoldsAndKubectlShowsIt(t *testing.T) {
 	if row[2] != "maintenance" || fmt.Sprint(row[3]) != fmt.Sprint(st.FencingToken) || row[4] != "True" || row[5] != nil {
 		t.Fatalf("kubectl get dlock row = %v, want holder maintenance, fence %d, held True and no fixed expiry", row, st.FencingToken)
 	}
-	if ok, evs := hasEvent(t, ns, "billing", EventAcquired); !ok {
+	if ok, evs := hasEvent(t, ns, "billing", locksv1alpha1.EventAcquired); !ok {
 		t.Fatalf("no Acquired event; events: %s", evs)
 	}
 }
@@ -142,7 +142,7 @@ func TestSecondHolderWaitsThenAcquiresWithLargerToken(t *testing.T) {
 		t.Fatalf("second holder's token %d is not larger than the first's %d", got.Status.FencingToken, first.Status.FencingToken)
 	}
 	waitCondition(t, 5*time.Second, ns, "first", locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonHeldByOther)
-	eventually(t, 5*time.Second, "a Released event on the first lock", func() (bool, string) { return hasEvent(t, ns, "first", EventReleased) })
+	eventually(t, 5*time.Second, "a Released event on the first lock", func() (bool, string) { return hasEvent(t, ns, "first", locksv1alpha1.EventReleased) })
 }
 
 func patchHolder(t *testing.T, namespace, name string, h *locksv1alpha1.ManualHolder) {
@@ -184,7 +184,7 @@ func TestScopeIsolatesNamespacesUnlessGlobal(t *testing.T) {
 		!containsAll(c.Message, "spec.scope", nsC, label+"=true") {
 		t.Fatalf("refusal message %q does not name spec.scope, the namespace and the label", c.Message)
 	}
-	eventually(t, 5*time.Second, "a ScopeNotAllowed event", func() (bool, string) { return hasEvent(t, nsC, "gc", EventScopeNotAllowed) })
+	eventually(t, 5*time.Second, "a ScopeNotAllowed event", func() (bool, string) { return hasEvent(t, nsC, "gc", locksv1alpha1.EventScopeNotAllowed) })
 }
 
 func TestDeletingALockReleasesItsKeysAtOnce(t *testing.T) {
@@ -220,7 +220,7 @@ func TestBackendOutageIsReportedAndRecovers(t *testing.T) {
 	rdb.Kill()
 	// Within one renewal interval (ttl/3 = 10 s).
 	waitCondition(t, 10*time.Second, ns, "billing", locksv1alpha1.ConditionBackendReady, metav1.ConditionFalse, locksv1alpha1.ReasonBackendUnreachable)
-	eventually(t, 5*time.Second, "a BackendUnavailable event", func() (bool, string) { return hasEvent(t, ns, "billing", EventBackendUnavailable) })
+	eventually(t, 5*time.Second, "a BackendUnavailable event", func() (bool, string) { return hasEvent(t, ns, "billing", locksv1alpha1.EventBackendUnavailable) })
 
 	// Redis comes back empty (no persistence): the operator recovers by
 	// itself and holds the keys again, with a larger token.
@@ -232,7 +232,7 @@ func TestBackendOutageIsReportedAndRecovers(t *testing.T) {
 	}
 	// The old lease was lost with the data, and that is reported, not hidden
 	// behind the new acquisition.
-	eventually(t, 5*time.Second, "a Lost event", func() (bool, string) { return hasEvent(t, ns, "billing", EventLost) })
+	eventually(t, 5*time.Second, "a Lost event", func() (bool, string) { return hasEvent(t, ns, "billing", locksv1alpha1.EventLost) })
 }
 
 func TestManagerRestartKeepsTheLeaseWithTheSameOwner(t *testing.T) {

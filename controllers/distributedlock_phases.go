@@ -21,16 +21,6 @@ import (
 	"github.com/lockwarden/lockwarden/internal/watchdog"
 )
 
-// Event reasons.
-const (
-	EventAcquired           = "Acquired"
-	EventReleased           = "Released"
-	EventLost               = "Lost"
-	EventBackendUnavailable = "BackendUnavailable"
-	EventScopeNotAllowed    = "ScopeNotAllowed"
-	EventShortTTL           = "TTLShorterThanFailover"
-)
-
 // observation is what one reconcile learned from the cluster and the backend.
 type observation struct {
 	now time.Time
@@ -78,19 +68,19 @@ func (r *DistributedLockReconciler) observe(ctx context.Context, dl *locksv1alph
 		obs.lost = &l
 	}
 	if obs.lost != nil {
-		r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, EventLost, "Renew",
+		r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventLost, "Renew",
 			"Lost the lease of %s (fencing token %d): %v", obs.lost.Lease.Holder, obs.lost.Lease.Fence, obs.lost.Err)
 	}
 
 	if dl.Spec.Scope == locksv1alpha1.ScopeGlobal {
 		if reason := r.globalScopeDenied(ctx, dl.Namespace); reason != "" {
 			obs.scopeDenied = reason
-			r.warnOnce(dl, EventScopeNotAllowed, "Validate", "%s", reason)
+			r.warnOnce(dl, locksv1alpha1.EventScopeNotAllowed, "Validate", "%s", reason)
 			return obs
 		}
 	}
 	if ttl := time.Duration(dl.Spec.TTLSeconds) * time.Second; r.MinSafeTTL > 0 && ttl < r.MinSafeTTL {
-		r.warnOnce(dl, EventShortTTL, "Validate",
+		r.warnOnce(dl, locksv1alpha1.EventShortTTL, "Validate",
 			"spec.ttlSeconds %d is shorter than %v, the longest failover of the operator's leader: a lease may expire while a new leader takes over",
 			dl.Spec.TTLSeconds, r.MinSafeTTL)
 	}
@@ -113,7 +103,7 @@ func (r *DistributedLockReconciler) observe(ctx context.Context, dl *locksv1alph
 		obs.backendErr, obs.backendReason = err, locksv1alpha1.ReasonBackendUnreachable
 		metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(0)
 		if !backendWasDown(dl) {
-			r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, EventBackendUnavailable, "Inspect", "Redis did not answer: %v", err)
+			r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Inspect", "Redis did not answer: %v", err)
 		}
 		return obs
 	}
@@ -191,7 +181,7 @@ func (r *DistributedLockReconciler) reportLost(dl *locksv1alpha1.DistributedLock
 	obs.mine = nil
 	metrics.LeasesLost.WithLabelValues(lockKind).Inc()
 	obs.lost = &watchdog.Lost{Ref: r.ref(dl), Lease: l, Err: cause}
-	r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, EventLost, "Renew",
+	r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventLost, "Renew",
 		"Lost the lease of %s (fencing token %d): %v", holder.Decode(l.Holder).Identity, l.Fence, cause)
 }
 
@@ -265,7 +255,7 @@ func (r *DistributedLockReconciler) release(ctx context.Context, dl *locksv1alph
 	switch {
 	case err == nil:
 		metrics.HoldSeconds.WithLabelValues(lockKind).Observe(obs.now.Sub(l.Acquired).Seconds())
-		r.Recorder.Eventf(dl, nil, corev1.EventTypeNormal, EventReleased, "Release",
+		r.Recorder.Eventf(dl, nil, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release",
 			"Released the keys held by %s (fencing token %d)", holder.Decode(l.Holder).Identity, l.Fence)
 		log.Info("Released lease", "holder", holder.Decode(l.Holder).Identity, "fence", l.Fence)
 	case errors.Is(err, lock.ErrNotHeld):
@@ -312,7 +302,7 @@ func (r *DistributedLockReconciler) acquire(ctx context.Context, dl *locksv1alph
 		if states, err := obs.handle.Locker.Inspect(ctx, obs.keys); err == nil {
 			obs.states = states
 		}
-		r.Recorder.Eventf(dl, nil, corev1.EventTypeNormal, EventAcquired, "Acquire",
+		r.Recorder.Eventf(dl, nil, corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire",
 			"Acquired %v for %s with fencing token %d", dl.Spec.Keys, h.Identity, lease.Fence)
 		log.Info("Acquired lease", "holder", h.Identity, "fence", lease.Fence)
 	case errors.As(err, &busy):
@@ -336,7 +326,7 @@ func (r *DistributedLockReconciler) acquire(ctx context.Context, dl *locksv1alph
 // reconcileDelete releases the manual holder's lease and leaves the queues,
 // then lets the lock go.
 func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *locksv1alpha1.DistributedLock) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(dl, Finalizer) {
+	if !controllerutil.ContainsFinalizer(dl, locksv1alpha1.Finalizer) {
 		return ctrl.Result{}, nil
 	}
 	obs := r.observe(ctx, dl)
@@ -359,6 +349,6 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 	r.mu.Unlock()
 	metrics.QueueDepth.DeleteLabelValues(dl.Namespace, dl.Name)
 	metrics.BackendUp.DeleteLabelValues(dl.Namespace, dl.Name)
-	controllerutil.RemoveFinalizer(dl, Finalizer)
+	controllerutil.RemoveFinalizer(dl, locksv1alpha1.Finalizer)
 	return ctrl.Result{}, client.IgnoreNotFound(r.Update(ctx, dl))
 }

@@ -17,23 +17,9 @@ import (
 	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/holder"
 	"github.com/lockwarden/lockwarden/internal/watchdog"
-	"github.com/lockwarden/lockwarden/internal/webhook"
 )
 
-const (
-	jobKind = "Job"
-
-	// AnnotationLost records on a Job that its lease was lost, and why.
-	AnnotationLost = "lockwarden.io/lost"
-	// AnnotationSkipped records on a Job that it did not run because the lock was held.
-	AnnotationSkipped = "lockwarden.io/skipped"
-
-	// Job event reasons.
-	EventWaiting    = "Waiting"
-	EventSkipped    = "Skipped"
-	EventUnsuspend  = "UnsuspendedWithoutLock"
-	EventTerminated = "Terminated"
-)
+const jobKind = "Job"
 
 // JobReconciler runs gated Jobs one at a time: it acquires the lock for a
 // suspended Job (in FIFO order, or not at all with contention Skip), hands it
@@ -67,7 +53,7 @@ func (r *JobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	if err := r.Get(ctx, req.NamespacedName, &job); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if job.Labels[webhook.LabelLock] == "" || !controllerutil.ContainsFinalizer(&job, webhook.JobFinalizer) {
+	if job.Labels[locksv1alpha1.LabelLock] == "" || !controllerutil.ContainsFinalizer(&job, locksv1alpha1.Finalizer) {
 		return ctrl.Result{}, nil // not gated, or done with
 	}
 	g, err := r.gatedJob(ctx, &job)
@@ -77,9 +63,9 @@ func (r *JobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	switch {
 	case !job.DeletionTimestamp.IsZero() || jobFinished(&job):
 		return r.reconcileRelease(ctx, g)
-	case job.Annotations[AnnotationLost] != "":
+	case job.Annotations[locksv1alpha1.AnnotationLost] != "":
 		return ctrl.Result{}, nil // reported; the Job runs on (Ignore) or was stopped (Terminate)
-	case job.Annotations[webhook.AnnotationFencingToken] != "":
+	case job.Annotations[locksv1alpha1.AnnotationFencingToken] != "":
 		return r.reconcileHeld(ctx, g)
 	default:
 		return r.reconcileWaiting(ctx, g)
@@ -97,7 +83,7 @@ type gatedJob struct {
 }
 
 func (r *JobReconciler) gatedJob(ctx context.Context, job *batchv1.Job) (*gatedJob, error) {
-	lockName := job.Labels[webhook.LabelLock]
+	lockName := job.Labels[locksv1alpha1.LabelLock]
 	g := &gatedJob{job: job, ref: watchdog.Ref{Kind: jobKind, Namespace: job.Namespace, Name: job.Name}}
 	g.holder = holder.Holder{
 		Cluster: r.ClusterName, Namespace: job.Namespace, Lock: lockName, Kind: jobKind, Name: job.Name, UID: string(job.UID),
@@ -145,12 +131,12 @@ func (r *JobReconciler) onRelease(backendID, key string) {
 	}
 	for _, dl := range locks.Items {
 		var jobs batchv1.JobList
-		if err := r.List(ctx, &jobs, client.InNamespace(dl.Namespace), client.MatchingLabels{webhook.LabelLock: dl.Name}); err != nil {
+		if err := r.List(ctx, &jobs, client.InNamespace(dl.Namespace), client.MatchingLabels{locksv1alpha1.LabelLock: dl.Name}); err != nil {
 			continue
 		}
 		for i := range jobs.Items {
 			j := &jobs.Items[i]
-			if j.Annotations[webhook.AnnotationFencingToken] == "" && !jobFinished(j) {
+			if j.Annotations[locksv1alpha1.AnnotationFencingToken] == "" && !jobFinished(j) {
 				r.enqueue(client.ObjectKeyFromObject(j))
 			}
 		}
@@ -174,7 +160,7 @@ func (r *JobReconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 func (r *JobReconciler) lockChanged(job *batchv1.Job) {
 	if r.LockChanged != nil {
-		r.LockChanged(types.NamespacedName{Namespace: job.Namespace, Name: job.Labels[webhook.LabelLock]})
+		r.LockChanged(types.NamespacedName{Namespace: job.Namespace, Name: job.Labels[locksv1alpha1.LabelLock]})
 	}
 }
 

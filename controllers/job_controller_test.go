@@ -24,7 +24,6 @@ import (
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
-	"github.com/lockwarden/lockwarden/internal/webhook"
 )
 
 // jobBuilder builds Jobs for tests.
@@ -47,7 +46,9 @@ func (b *jobBuilder) annotate(k, v string) *jobBuilder {
 	b.job.Annotations[k] = v
 	return b
 }
-func (b *jobBuilder) lock(name string) *jobBuilder { return b.annotate(webhook.AnnotationLock, name) }
+func (b *jobBuilder) lock(name string) *jobBuilder {
+	return b.annotate(locksv1alpha1.AnnotationLock, name)
+}
 func (b *jobBuilder) ownedBy(cj *batchv1.CronJob) *jobBuilder {
 	b.job.OwnerReferences = append(b.job.OwnerReferences, metav1.OwnerReference{
 		APIVersion: "batch/v1", Kind: "CronJob", Name: cj.Name, UID: cj.UID, Controller: ptr.To(true),
@@ -59,9 +60,9 @@ func (b *jobBuilder) obj() *batchv1.Job { return b.job.DeepCopy() }
 // makeCronJob creates a suspended CronJob annotated with lock, as `kubectl annotate` leaves it.
 func makeCronJob(t *testing.T, c client.Client, name, namespace, lock, contention string) *batchv1.CronJob {
 	t.Helper()
-	ann := map[string]string{webhook.AnnotationLock: lock}
+	ann := map[string]string{locksv1alpha1.AnnotationLock: lock}
 	if contention != "" {
-		ann[webhook.AnnotationContention] = contention
+		ann[locksv1alpha1.AnnotationContention] = contention
 	}
 	cj := &batchv1.CronJob{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Annotations: ann},
@@ -119,9 +120,9 @@ func complete(t *testing.T, c client.Client, j *batchv1.Job) {
 
 func fence(t *testing.T, j *batchv1.Job) int64 {
 	t.Helper()
-	f, err := strconv.ParseInt(j.Spec.Template.Annotations[webhook.AnnotationFencingToken], 10, 64)
+	f, err := strconv.ParseInt(j.Spec.Template.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
 	if err != nil {
-		t.Fatalf("Job %s pod template fencing token %q: %v", j.Name, j.Spec.Template.Annotations[webhook.AnnotationFencingToken], err)
+		t.Fatalf("Job %s pod template fencing token %q: %v", j.Name, j.Spec.Template.Annotations[locksv1alpha1.AnnotationFencingToken], err)
 	}
 	return f
 }
@@ -228,8 +229,8 @@ func TestJobsOfTwoCronJobsRunOneAtATimeInFIFOOrder(t *testing.T) {
 		if f <= prev {
 			t.Fatalf("Job %s has fencing token %d, not larger than the previous holder's %d", n, f, prev)
 		}
-		if j.Annotations[webhook.AnnotationFencingToken] != strconv.FormatInt(f, 10) {
-			t.Fatalf("Job annotation token %q differs from the pod template's %d", j.Annotations[webhook.AnnotationFencingToken], f)
+		if j.Annotations[locksv1alpha1.AnnotationFencingToken] != strconv.FormatInt(f, 10) {
+			t.Fatalf("Job annotation token %q differs from the pod template's %d", j.Annotations[locksv1alpha1.AnnotationFencingToken], f)
 		}
 		prev = f
 		if i+1 < len(names) {
@@ -257,13 +258,13 @@ func TestJobGetsTheFencingTokenThroughTheDownwardAPI(t *testing.T) {
 	create(t, makeLock("billing", ns, rdb.Addr).obj())
 	create(t, makeJob("migrate", ns).lock("billing").obj())
 	j := waitRunning(t, env.Client, 10*time.Second, ns, "migrate")
-	if !slices.Contains(j.Finalizers, webhook.JobFinalizer) {
-		t.Fatalf("finalizers %v lack %s", j.Finalizers, webhook.JobFinalizer)
+	if !slices.Contains(j.Finalizers, locksv1alpha1.Finalizer) {
+		t.Fatalf("finalizers %v lack %s", j.Finalizers, locksv1alpha1.Finalizer)
 	}
 	env0 := j.Spec.Template.Spec.Containers[0].Env
 	want := map[string]string{
-		webhook.EnvFencingToken: "metadata.annotations['lockwarden.io/fencing-token']",
-		webhook.EnvHolder:       "metadata.annotations['lockwarden.io/holder']",
+		locksv1alpha1.EnvFencingToken: "metadata.annotations['lockwarden.io/fencing-token']",
+		locksv1alpha1.EnvHolder:       "metadata.annotations['lockwarden.io/holder']",
 	}
 	for _, e := range env0 {
 		if path, ok := want[e.Name]; ok {
@@ -276,7 +277,7 @@ func TestJobGetsTheFencingTokenThroughTheDownwardAPI(t *testing.T) {
 	if len(want) > 0 {
 		t.Fatalf("container env %v lacks %v", env0, want)
 	}
-	if fence(t, j) <= 0 || j.Spec.Template.Annotations[webhook.AnnotationHolder] == "" {
+	if fence(t, j) <= 0 || j.Spec.Template.Annotations[locksv1alpha1.AnnotationHolder] == "" {
 		t.Fatalf("pod template annotations %v lack the token and holder", j.Spec.Template.Annotations)
 	}
 }
@@ -291,24 +292,24 @@ func TestSkipNeverRunsWhileHeldAndSaysWhy(t *testing.T) {
 	h := waitRunning(t, c, 10*time.Second, ns, "holder")
 
 	// A plain Job with contention Skip stays suspended, with the reason.
-	create(t, makeJob("plain", ns).lock("billing").annotate(webhook.AnnotationContention, "Skip").obj())
+	create(t, makeJob("plain", ns).lock("billing").annotate(locksv1alpha1.AnnotationContention, "Skip").obj())
 	eventually(t, 10*time.Second, "the plain Job to be marked skipped", func() (bool, string) {
 		j := getJob(t, c, ns, "plain")
-		return j.Annotations[AnnotationSkipped] != "", fmt.Sprint(j.Annotations)
+		return j.Annotations[locksv1alpha1.AnnotationSkipped] != "", fmt.Sprint(j.Annotations)
 	})
 	plain := getJob(t, c, ns, "plain")
 	if running(plain) {
 		t.Fatal("the skipped Job runs")
 	}
-	if want := fmt.Sprintf("fencing token %d", fence(t, h)); !strings.Contains(plain.Annotations[AnnotationSkipped], want) || !strings.Contains(plain.Annotations[AnnotationSkipped], "held by") {
-		t.Fatalf("skip reason %q does not name the holder and %s", plain.Annotations[AnnotationSkipped], want)
+	if want := fmt.Sprintf("fencing token %d", fence(t, h)); !strings.Contains(plain.Annotations[locksv1alpha1.AnnotationSkipped], want) || !strings.Contains(plain.Annotations[locksv1alpha1.AnnotationSkipped], "held by") {
+		t.Fatalf("skip reason %q does not name the holder and %s", plain.Annotations[locksv1alpha1.AnnotationSkipped], want)
 	}
-	eventually(t, 5*time.Second, "a Skipped event on the Job", func() (bool, string) { return hasEvent(t, ns, "plain", EventSkipped) })
+	eventually(t, 5*time.Second, "a Skipped event on the Job", func() (bool, string) { return hasEvent(t, ns, "plain", locksv1alpha1.EventSkipped) })
 
 	// A CronJob's Skip Job: the run is dropped and the CronJob's events say why.
 	cj := makeCronJob(t, c, "nightly", ns, "billing", "Skip")
 	create(t, makeJob("nightly-1", ns).ownedBy(cj).obj())
-	eventually(t, 10*time.Second, "a Skipped event on the CronJob", func() (bool, string) { return hasEvent(t, ns, "nightly", EventSkipped) })
+	eventually(t, 10*time.Second, "a Skipped event on the CronJob", func() (bool, string) { return hasEvent(t, ns, "nightly", locksv1alpha1.EventSkipped) })
 	eventually(t, 10*time.Second, "the skipped CronJob Job to be gone", func() (bool, string) {
 		var j batchv1.Job
 		err := c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "nightly-1"}, &j)
@@ -433,7 +434,7 @@ func TestUnrelatedJobsAreUntouchedAlsoWhileRedisIsDown(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			create(t, j)
 			got := getJob(t, env.Client, ns, j.Name)
-			if got.Spec.Suspend != nil && *got.Spec.Suspend || len(got.Finalizers) > 0 || got.Labels[webhook.LabelLock] != "" ||
+			if got.Spec.Suspend != nil && *got.Spec.Suspend || len(got.Finalizers) > 0 || got.Labels[locksv1alpha1.LabelLock] != "" ||
 				len(got.Spec.Template.Spec.Containers[0].Env) > 0 {
 				t.Fatalf("an unrelated Job was changed: suspend=%v finalizers=%v labels=%v env=%v",
 					got.Spec.Suspend, got.Finalizers, got.Labels, got.Spec.Template.Spec.Containers[0].Env)
@@ -456,7 +457,7 @@ func TestMalformedAnnotationsAreDenied(t *testing.T) {
 			[]string{"metadata.annotations[lockwarden.io/lock]", `"Billing!"`, "must name a DistributedLock"}},
 		"lock that does not exist": {makeJob("b", ns).lock("payroll").obj(),
 			[]string{"metadata.annotations[lockwarden.io/lock]", `no DistributedLock "payroll"`, ns}},
-		"unknown contention": {makeJob("c", ns).lock("billing").annotate(webhook.AnnotationContention, "Wait").obj(),
+		"unknown contention": {makeJob("c", ns).lock("billing").annotate(locksv1alpha1.AnnotationContention, "Wait").obj(),
 			[]string{"metadata.annotations[lockwarden.io/contention]", `"Wait"`, `"Queue"`, `"Skip"`}},
 		"empty lock": {makeJob("d", ns).lock("").obj(),
 			[]string{"metadata.annotations[lockwarden.io/lock]", "must name a DistributedLock"}},

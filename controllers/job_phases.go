@@ -21,7 +21,6 @@ import (
 	"github.com/lockwarden/lockwarden/internal/holder"
 	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/metrics"
-	"github.com/lockwarden/lockwarden/internal/webhook"
 )
 
 // lockMissingRequeue is how soon a Job whose lock does not exist is looked at again.
@@ -33,8 +32,8 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 	log := logf.FromContext(ctx)
 	job := g.job
 	if g.dl == nil {
-		r.eventf(job, corev1.EventTypeWarning, "LockNotFound", "Wait",
-			"DistributedLock %q does not exist in namespace %q; the Job stays suspended until it does", job.Labels[webhook.LabelLock], job.Namespace)
+		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventLockNotFound, "Wait",
+			"DistributedLock %q does not exist in namespace %q; the Job stays suspended until it does", job.Labels[locksv1alpha1.LabelLock], job.Namespace)
 		return ctrl.Result{RequeueAfter: lockMissingRequeue}, nil
 	}
 	if lease, _, held := r.Watchdog.Holding(g.ref); held {
@@ -52,15 +51,15 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 		if err := r.Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 			return ctrl.Result{}, fmt.Errorf("suspend Job: %w", err)
 		}
-		r.eventf(job, corev1.EventTypeWarning, EventUnsuspend, "Suspend",
+		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventUnsuspendedWithoutLock, "Suspend",
 			"The Job was unsuspended before it held lock %s; it waits for its turn", g.dl.Name)
 	}
 	h, err := r.Registry.For(ctx, jobUser(job), g.dl)
 	if err != nil {
-		r.eventf(job, corev1.EventTypeWarning, EventBackendUnavailable, "Acquire", "Lock %s: %v", g.dl.Name, err)
+		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Acquire", "Lock %s: %v", g.dl.Name, err)
 		return ctrl.Result{RequeueAfter: backendRetry}, nil
 	}
-	contention := locksv1alpha1.Contention(job.Annotations[webhook.AnnotationContention])
+	contention := locksv1alpha1.Contention(job.Annotations[locksv1alpha1.AnnotationContention])
 	if contention == "" {
 		contention = g.dl.Spec.Contention
 	}
@@ -81,7 +80,7 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 		if !was {
 			r.lockChanged(job)
 			h := holder.Decode(busy.Holder)
-			r.eventf(job, corev1.EventTypeNormal, EventWaiting, "Acquire", "Waiting for lock %s, held by %s", g.dl.Name, describeHolder(h.Identity, busy.Fence))
+			r.eventf(job, corev1.EventTypeNormal, locksv1alpha1.EventWaiting, "Acquire", "Waiting for lock %s, held by %s", g.dl.Name, describeHolder(h.Identity, busy.Fence))
 		}
 		log.V(1).Info("Waiting for lock", "lock", g.dl.Name, "position", busy.Position)
 		return ctrl.Result{RequeueAfter: waitingRequeue}, nil
@@ -98,8 +97,8 @@ func (r *JobReconciler) start(ctx context.Context, g *gatedJob, h backend.Handle
 	metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultAcquired).Inc()
 	since := r.stopWaiting(client.ObjectKeyFromObject(g.job), lease.Acquired)
 	metrics.WaitSeconds.WithLabelValues(jobKind).Observe(r.Clock.Since(since).Seconds())
-	r.eventf(g.job, corev1.EventTypeNormal, EventAcquired, "Acquire", "Acquired lock %s with fencing token %d; starting", g.dl.Name, lease.Fence)
-	r.Recorder.Eventf(g.dl, g.job, corev1.EventTypeNormal, EventAcquired, "Acquire", "Acquired by Job %s with fencing token %d", g.job.Name, lease.Fence)
+	r.eventf(g.job, corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire", "Acquired lock %s with fencing token %d; starting", g.dl.Name, lease.Fence)
+	r.Recorder.Eventf(g.dl, g.job, corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire", "Acquired by Job %s with fencing token %d", g.job.Name, lease.Fence)
 	logf.FromContext(ctx).Info("Acquired lock for Job", "lock", g.dl.Name, "fence", lease.Fence)
 	return r.startJob(ctx, g, lease)
 }
@@ -111,10 +110,10 @@ func (r *JobReconciler) startJob(ctx context.Context, g *gatedJob, lease *lock.L
 	job := g.job
 	before := job.DeepCopy()
 	fence := strconv.FormatInt(lease.Fence, 10)
-	setAnnotation(&job.ObjectMeta, webhook.AnnotationFencingToken, fence)
-	setAnnotation(&job.ObjectMeta, webhook.AnnotationHolder, g.holder.Identity)
-	setAnnotation(&job.Spec.Template.ObjectMeta, webhook.AnnotationFencingToken, fence)
-	setAnnotation(&job.Spec.Template.ObjectMeta, webhook.AnnotationHolder, g.holder.Identity)
+	setAnnotation(&job.ObjectMeta, locksv1alpha1.AnnotationFencingToken, fence)
+	setAnnotation(&job.ObjectMeta, locksv1alpha1.AnnotationHolder, g.holder.Identity)
+	setAnnotation(&job.Spec.Template.ObjectMeta, locksv1alpha1.AnnotationFencingToken, fence)
+	setAnnotation(&job.Spec.Template.ObjectMeta, locksv1alpha1.AnnotationHolder, g.holder.Identity)
 	suspend := false
 	job.Spec.Suspend = &suspend
 	if err := r.Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
@@ -139,14 +138,14 @@ func (r *JobReconciler) skip(ctx context.Context, g *gatedJob, busy *lock.HeldEr
 	job := g.job
 	hd := holder.Decode(busy.Holder)
 	reason := fmt.Sprintf("lock %s is held by %s", g.dl.Name, describeHolder(hd.Identity, busy.Fence))
-	r.eventf(job, corev1.EventTypeNormal, EventSkipped, "Skip", "Not run: %s (contention Skip)", reason)
+	r.eventf(job, corev1.EventTypeNormal, locksv1alpha1.EventSkipped, "Skip", "Not run: %s (contention Skip)", reason)
 	cj := cronJobOf(job)
 	if cj != nil {
-		r.eventf(cj, corev1.EventTypeNormal, EventSkipped, "Skip", "Skipped Job %s: %s (contention Skip)", job.Name, reason)
+		r.eventf(cj, corev1.EventTypeNormal, locksv1alpha1.EventSkipped, "Skip", "Skipped Job %s: %s (contention Skip)", job.Name, reason)
 	}
 	before := job.DeepCopy()
-	setAnnotation(&job.ObjectMeta, AnnotationSkipped, reason)
-	controllerutil.RemoveFinalizer(job, webhook.JobFinalizer)
+	setAnnotation(&job.ObjectMeta, locksv1alpha1.AnnotationSkipped, reason)
+	controllerutil.RemoveFinalizer(job, locksv1alpha1.Finalizer)
 	if err := r.Patch(ctx, job, client.MergeFrom(before)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("mark Job skipped: %w", err)
 	}
@@ -170,13 +169,13 @@ func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Re
 		return ctrl.Result{}, nil
 	}
 	if g.dl == nil {
-		return r.handleLost(ctx, g, fmt.Errorf("%w: DistributedLock %q was deleted", lock.ErrLost, g.job.Labels[webhook.LabelLock]))
+		return r.handleLost(ctx, g, fmt.Errorf("%w: DistributedLock %q was deleted", lock.ErrLost, g.job.Labels[locksv1alpha1.LabelLock]))
 	}
 	h, err := r.Registry.For(ctx, jobUser(g.job), g.dl)
 	if err != nil {
 		return ctrl.Result{RequeueAfter: backendRetry}, nil
 	}
-	fence, _ := strconv.ParseInt(g.job.Annotations[webhook.AnnotationFencingToken], 10, 64)
+	fence, _ := strconv.ParseInt(g.job.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
 	ttl := time.Duration(g.dl.Spec.TTLSeconds) * time.Second
 	renewed, err := h.Locker.Renew(ctx, &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, TTL: ttl}, ttl)
 	switch {
@@ -211,10 +210,10 @@ func (r *JobReconciler) handleLost(ctx context.Context, g *gatedJob, cause error
 	job := g.job
 	r.Watchdog.Drop(g.ref)
 	metrics.LeasesLost.WithLabelValues(jobKind).Inc()
-	fence := job.Annotations[webhook.AnnotationFencingToken]
-	r.eventf(job, corev1.EventTypeWarning, EventLost, "Renew", "Lost the lease of lock %s (fencing token %s): %v", job.Labels[webhook.LabelLock], fence, cause)
+	fence := job.Annotations[locksv1alpha1.AnnotationFencingToken]
+	r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventLost, "Renew", "Lost the lease of lock %s (fencing token %s): %v", job.Labels[locksv1alpha1.LabelLock], fence, cause)
 	before := job.DeepCopy()
-	setAnnotation(&job.ObjectMeta, AnnotationLost, fmt.Sprintf("%s: %v", r.Clock.Now().UTC().Format(time.RFC3339), cause))
+	setAnnotation(&job.ObjectMeta, locksv1alpha1.AnnotationLost, fmt.Sprintf("%s: %v", r.Clock.Now().UTC().Format(time.RFC3339), cause))
 	terminate := g.dl != nil && g.dl.Spec.OnLost == locksv1alpha1.OnLostTerminate
 	if terminate {
 		suspend := true
@@ -224,7 +223,7 @@ func (r *JobReconciler) handleLost(ctx context.Context, g *gatedJob, cause error
 		return ctrl.Result{}, fmt.Errorf("record lost lease: %w", err)
 	}
 	if terminate {
-		r.eventf(job, corev1.EventTypeWarning, EventTerminated, "Terminate", "Stopped the Job's pods: its lease was lost and the lock's onLost is Terminate")
+		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventTerminated, "Terminate", "Stopped the Job's pods: its lease was lost and the lock's onLost is Terminate")
 	}
 	logf.FromContext(ctx).Info("Job lost its lease", "fence", fence, "terminate", terminate, "cause", cause.Error())
 	return ctrl.Result{}, nil
@@ -236,10 +235,10 @@ func (r *JobReconciler) reconcileRelease(ctx context.Context, g *gatedJob) (ctrl
 	job := g.job
 	log := logf.FromContext(ctx)
 	lease, locker, held := r.Watchdog.Holding(g.ref)
-	if !held && g.dl != nil && job.Annotations[AnnotationLost] == "" {
+	if !held && g.dl != nil && job.Annotations[locksv1alpha1.AnnotationLost] == "" {
 		if h, err := r.Registry.For(ctx, jobUser(job), g.dl); err == nil {
 			locker = h.Locker
-			fence, _ := strconv.ParseInt(job.Annotations[webhook.AnnotationFencingToken], 10, 64)
+			fence, _ := strconv.ParseInt(job.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
 			lease = &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence}
 		}
 	}
@@ -252,9 +251,9 @@ func (r *JobReconciler) reconcileRelease(ctx context.Context, g *gatedJob) (ctrl
 				metrics.HoldSeconds.WithLabelValues(jobKind).Observe(r.Clock.Since(lease.Acquired).Seconds())
 			}
 			r.lockChanged(job)
-			r.eventf(job, corev1.EventTypeNormal, EventReleased, "Release", "Released lock %s (fencing token %d)", job.Labels[webhook.LabelLock], lease.Fence)
+			r.eventf(job, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released lock %s (fencing token %d)", job.Labels[locksv1alpha1.LabelLock], lease.Fence)
 			if g.dl != nil {
-				r.Recorder.Eventf(g.dl, job, corev1.EventTypeNormal, EventReleased, "Release", "Released by Job %s (fencing token %d)", job.Name, lease.Fence)
+				r.Recorder.Eventf(g.dl, job, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released by Job %s (fencing token %d)", job.Name, lease.Fence)
 			}
 			log.Info("Released lock of Job", "fence", lease.Fence)
 		case errors.Is(err, lock.ErrNotHeld):
@@ -270,7 +269,7 @@ func (r *JobReconciler) reconcileRelease(ctx context.Context, g *gatedJob) (ctrl
 	r.Registry.Forget(jobUser(job))
 	r.forget(types.NamespacedName{Namespace: job.Namespace, Name: job.Name})
 	before := job.DeepCopy()
-	if controllerutil.RemoveFinalizer(job, webhook.JobFinalizer) {
+	if controllerutil.RemoveFinalizer(job, locksv1alpha1.Finalizer) {
 		if err := r.Patch(ctx, job, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
 			return ctrl.Result{}, fmt.Errorf("remove finalizer: %w", err)
 		}

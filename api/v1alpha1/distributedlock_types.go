@@ -275,46 +275,6 @@ type DistributedLockStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 }
 
-// Condition types.
-const (
-	// ConditionHeld is True while a holder of this lock holds its keys.
-	ConditionHeld = "Held"
-	// ConditionBackendReady is True while the lock's Redis answers.
-	ConditionBackendReady = "BackendReady"
-)
-
-// Reasons of the Held condition.
-const (
-	// ReasonAcquired: a holder of this lock (its manual holder or one of its Jobs) holds the keys.
-	ReasonAcquired = "Acquired"
-	// ReasonWaiting: this lock's holder waits in the FIFO queue for the current holder.
-	ReasonWaiting = "Waiting"
-	// ReasonHeldByOther: the keys are held by a holder that did not acquire
-	// through this lock (another lock with scope Global, or another cluster).
-	ReasonHeldByOther = "HeldByOther"
-	// ReasonFree: nobody holds the keys.
-	ReasonFree = "Free"
-	// ReasonLost: this lock's holder lost its lease (it expired during a
-	// backend outage, or was taken over).
-	ReasonLost = "Lost"
-	// ReasonScopeNotAllowed: scope Global is not allowed in this namespace.
-	ReasonScopeNotAllowed = "ScopeNotAllowed"
-	// ReasonBackendUnavailable: the backend did not answer, so who holds the keys is unknown.
-	ReasonBackendUnavailable = "BackendUnavailable"
-)
-
-// Reasons of the BackendReady condition.
-const (
-	// ReasonBackendReachable: every Redis endpoint (or a majority, for Redlock) answered.
-	ReasonBackendReachable = "Reachable"
-	// ReasonBackendUnreachable: Redis could not be reached or did not answer in time.
-	ReasonBackendUnreachable = "Unreachable"
-	// ReasonSecretNotFound: a Secret or key named by the backend is missing.
-	ReasonSecretNotFound = "SecretNotFound"
-	// ReasonInvalidBackend: the backend configuration cannot be used (for example a bad CA).
-	ReasonInvalidBackend = "InvalidBackend"
-)
-
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=dlock;dlocks,categories=lockwarden

@@ -22,30 +22,6 @@ import (
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
-// Annotations, labels and environment variables of gated Jobs.
-const (
-	// AnnotationLock names the DistributedLock (in the same namespace) a Job,
-	// a CronJob or a CronJob's job template is gated by.
-	AnnotationLock = "lockwarden.io/lock"
-	// AnnotationContention overrides the lock's spec.contention: Queue or Skip.
-	AnnotationContention = "lockwarden.io/contention"
-	// LabelLock marks a gated Job with its lock, so the controller watches only gated Jobs.
-	LabelLock = "lockwarden.io/lock"
-	// AnnotationFencingToken carries the holder's fencing token, on the Job and its pod template.
-	AnnotationFencingToken = "lockwarden.io/fencing-token" //nolint:gosec // G101: an annotation name, not a credential
-	// AnnotationHolder carries the holder identity, on the Job and its pod template.
-	AnnotationHolder = "lockwarden.io/holder"
-	// JobFinalizer keeps a gated Job until its lease is released.
-	JobFinalizer = "locks.lockwarden.io/release"
-
-	// EnvFencingToken is the environment variable that hands the fencing token to the workload.
-	EnvFencingToken = "LOCKWARDEN_FENCING_TOKEN" //nolint:gosec // G101: an environment variable name, not a credential
-	// EnvHolder is the environment variable with the holder identity.
-	EnvHolder = "LOCKWARDEN_HOLDER"
-	// EnvLock is the environment variable with the lock's name.
-	EnvLock = "LOCKWARDEN_LOCK"
-)
-
 // JobGate suspends new Jobs that a lock gates, so that the Job controller
 // starts them one at a time.
 type JobGate struct {
@@ -79,7 +55,7 @@ func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 	}
 	if err := g.lockExists(ctx, job.Namespace, name); err != nil {
 		return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, field.ErrorList{
-			field.Invalid(path.Key(AnnotationLock), name, fmt.Sprintf("%sno DistributedLock %q in namespace %q (%v): create it, or name an existing lock", source, name, job.Namespace, err)),
+			field.Invalid(path.Key(locksv1alpha1.AnnotationLock), name, fmt.Sprintf("%sno DistributedLock %q in namespace %q (%v): create it, or name an existing lock", source, name, job.Namespace, err)),
 		})
 	}
 	Gate(job, name, contention)
@@ -92,27 +68,27 @@ func Gate(job *batchv1.Job, lock, contention string) {
 	if job.Labels == nil {
 		job.Labels = map[string]string{}
 	}
-	job.Labels[LabelLock] = lock
+	job.Labels[locksv1alpha1.LabelLock] = lock
 	if job.Annotations == nil {
 		job.Annotations = map[string]string{}
 	}
-	job.Annotations[AnnotationLock] = lock
+	job.Annotations[locksv1alpha1.AnnotationLock] = lock
 	if contention != "" {
-		job.Annotations[AnnotationContention] = contention
+		job.Annotations[locksv1alpha1.AnnotationContention] = contention
 	}
 	// A new Job never arrives holding the lock: drop any token it claims
 	// (only the controller writes them, after acquiring) and suspend it.
-	delete(job.Annotations, AnnotationFencingToken)
-	delete(job.Annotations, AnnotationHolder)
-	delete(job.Spec.Template.Annotations, AnnotationFencingToken)
-	delete(job.Spec.Template.Annotations, AnnotationHolder)
+	delete(job.Annotations, locksv1alpha1.AnnotationFencingToken)
+	delete(job.Annotations, locksv1alpha1.AnnotationHolder)
+	delete(job.Spec.Template.Annotations, locksv1alpha1.AnnotationFencingToken)
+	delete(job.Spec.Template.Annotations, locksv1alpha1.AnnotationHolder)
 	suspend := true
 	job.Spec.Suspend = &suspend
-	controllerutil.AddFinalizer(job, JobFinalizer)
+	controllerutil.AddFinalizer(job, locksv1alpha1.Finalizer)
 	env := []corev1.EnvVar{
-		{Name: EnvFencingToken, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + AnnotationFencingToken + "']"}}},
-		{Name: EnvHolder, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + AnnotationHolder + "']"}}},
-		{Name: EnvLock, Value: lock},
+		{Name: locksv1alpha1.EnvFencingToken, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + locksv1alpha1.AnnotationFencingToken + "']"}}},
+		{Name: locksv1alpha1.EnvHolder, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + locksv1alpha1.AnnotationHolder + "']"}}},
+		{Name: locksv1alpha1.EnvLock, Value: lock},
 	}
 	spec := &job.Spec.Template.Spec
 	for i := range spec.InitContainers {
@@ -135,8 +111,8 @@ func withEnv(have, add []corev1.EnvVar) []corev1.EnvVar {
 // CronJob's (the owner reference's UID must match the CronJob found). source
 // says where a CronJob's annotation came from, for error messages.
 func (g *JobGate) lockOf(ctx context.Context, job *batchv1.Job) (name, contention, source string, found bool, err error) {
-	if v, ok := job.Annotations[AnnotationLock]; ok {
-		return v, job.Annotations[AnnotationContention], "", true, nil
+	if v, ok := job.Annotations[locksv1alpha1.AnnotationLock]; ok {
+		return v, job.Annotations[locksv1alpha1.AnnotationContention], "", true, nil
 	}
 	ref := ownerCronJob(job)
 	if ref == nil {
@@ -152,11 +128,11 @@ func (g *JobGate) lockOf(ctx context.Context, job *batchv1.Job) (name, contentio
 	if cj.UID != ref.UID {
 		return "", "", "", false, nil // a CronJob of the same name, not the owner
 	}
-	v, ok := cj.Annotations[AnnotationLock]
+	v, ok := cj.Annotations[locksv1alpha1.AnnotationLock]
 	if !ok {
 		return "", "", "", false, nil
 	}
-	return v, cj.Annotations[AnnotationContention], fmt.Sprintf("on CronJob %s: ", cj.Name), true, nil
+	return v, cj.Annotations[locksv1alpha1.AnnotationContention], fmt.Sprintf("on CronJob %s: ", cj.Name), true, nil
 }
 
 // ownerCronJob returns the controlling owner reference of kind CronJob, if any.
@@ -179,12 +155,12 @@ type metaOwnerRef struct {
 func validateAnnotations(lock, contention string, path *field.Path, source string) field.ErrorList {
 	var errs field.ErrorList
 	for _, msg := range validation.IsDNS1123Subdomain(lock) {
-		errs = append(errs, field.Invalid(path.Key(AnnotationLock), lock, source+"must name a DistributedLock in the Job's namespace: "+msg))
+		errs = append(errs, field.Invalid(path.Key(locksv1alpha1.AnnotationLock), lock, source+"must name a DistributedLock in the Job's namespace: "+msg))
 	}
 	switch locksv1alpha1.Contention(contention) {
 	case "", locksv1alpha1.ContentionQueue, locksv1alpha1.ContentionSkip:
 	default:
-		errs = append(errs, field.Invalid(path.Key(AnnotationContention), contention,
+		errs = append(errs, field.Invalid(path.Key(locksv1alpha1.AnnotationContention), contention,
 			source+`must be "Queue" (wait in FIFO order) or "Skip" (do not run while the lock is held), or be left out to use the lock's spec.contention`))
 	}
 	return errs

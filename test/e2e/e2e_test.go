@@ -23,7 +23,6 @@ import (
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/backend"
-	"github.com/lockwarden/lockwarden/internal/webhook"
 )
 
 // TestConfigDefaultAppliesToAPIServer renders config/default with the
@@ -251,7 +250,7 @@ func killOperatorDuringHold(t *testing.T, ns, key string, first run) {
 	if err := cluster.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: first.job}, &job); err != nil {
 		t.Fatal(err)
 	}
-	if got := job.Annotations[webhook.AnnotationFencingToken]; got != strconv.FormatInt(first.token, 10) {
+	if got := job.Annotations[locksv1alpha1.AnnotationFencingToken]; got != strconv.FormatInt(first.token, 10) {
 		t.Fatalf("the Job's fencing token changed across the restart: %s, was %d", got, first.token)
 	}
 	if finished(&job) {

@@ -29,7 +29,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/webhook"
 )
 
 // kubectl runs the cached kubectl against the cluster and returns its output.
@@ -124,7 +123,7 @@ const (
 func newCronJob(ns, name, lock string, runFor time.Duration) *batchv1.CronJob {
 	d := runFor.String()
 	return &batchv1.CronJob{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{webhook.AnnotationLock: lock}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{locksv1alpha1.AnnotationLock: lock}},
 		Spec: batchv1.CronJobSpec{
 			Schedule:                   "*/1 * * * *",
 			SuccessfulJobsHistoryLimit: ptr.To[int32](20),
@@ -241,12 +240,12 @@ func (r *podRecorder) observe(ctx context.Context, typ watch.EventType, pod *cor
 	switch {
 	case running && !known:
 		ru := &run{pod: pod.Name, start: seq, startedAt: time.Now(), envFromAnnotation: envFromAnnotation(pod)}
-		ru.token, _ = strconv.ParseInt(pod.Annotations[webhook.AnnotationFencingToken], 10, 64)
+		ru.token, _ = strconv.ParseInt(pod.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
 		if ref := metav1.GetControllerOf(pod); ref != nil && ref.Kind == "Job" {
 			ru.job = ref.Name
 			var job batchv1.Job
 			if err := cluster.Client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: ref.Name}, &job); err == nil {
-				ru.jobToken, _ = strconv.ParseInt(job.Annotations[webhook.AnnotationFencingToken], 10, 64)
+				ru.jobToken, _ = strconv.ParseInt(job.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
 				ru.schedule = job.Annotations["batch.kubernetes.io/cronjob-scheduled-timestamp"]
 			}
 		}
@@ -270,9 +269,9 @@ func (r *podRecorder) observe(ctx context.Context, typ watch.EventType, pod *cor
 // envFromAnnotation reports whether every container of pod gets
 // LOCKWARDEN_FENCING_TOKEN from the Pod's fencing-token annotation.
 func envFromAnnotation(pod *corev1.Pod) bool {
-	want := "metadata.annotations['" + webhook.AnnotationFencingToken + "']"
+	want := "metadata.annotations['" + locksv1alpha1.AnnotationFencingToken + "']"
 	for _, c := range pod.Spec.Containers {
-		i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == webhook.EnvFencingToken })
+		i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == locksv1alpha1.EnvFencingToken })
 		if i < 0 || c.Env[i].ValueFrom == nil || c.Env[i].ValueFrom.FieldRef == nil || c.Env[i].ValueFrom.FieldRef.FieldPath != want {
 			return false
 		}
@@ -319,7 +318,7 @@ func (r *podRecorder) check(t *testing.T) {
 			t.Errorf("run %d (pod %s): the Pod's fencing-token annotation %d differs from its Job's %d", i+1, ru.pod, ru.token, ru.jobToken)
 		}
 		if !ru.envFromAnnotation {
-			t.Errorf("run %d (pod %s): a container lacks %s from the Pod's annotation %s", i+1, ru.pod, webhook.EnvFencingToken, webhook.AnnotationFencingToken)
+			t.Errorf("run %d (pod %s): a container lacks %s from the Pod's annotation %s", i+1, ru.pod, locksv1alpha1.EnvFencingToken, locksv1alpha1.AnnotationFencingToken)
 		}
 		prev = ru.token
 	}

@@ -1,0 +1,116 @@
+package v1alpha1
+
+// This file is lockwarden's user-facing contract: every annotation, label,
+// environment variable, finalizer, condition and Event reason that users (and
+// their tooling: kubectl wait, alerts, admission policies, workloads) match
+// on. The operator's packages take these names from here and nowhere else.
+
+// Annotations and labels on gated Jobs and CronJobs.
+const (
+	// AnnotationLock names the DistributedLock (in the same namespace) that
+	// gates a Job, a CronJob or a CronJob's job template. Users set it.
+	AnnotationLock = "lockwarden.io/lock"
+	// AnnotationContention overrides the lock's spec.contention for one Job
+	// or CronJob: Queue or Skip. Users set it.
+	AnnotationContention = "lockwarden.io/contention"
+	// LabelLock marks a Job the admission webhook gated, with the name of its
+	// lock; the operator watches only Jobs with this label.
+	LabelLock = "lockwarden.io/lock"
+	// AnnotationFencingToken carries the holder's fencing token, on the Job
+	// and on its pod template (from where EnvFencingToken reads it).
+	AnnotationFencingToken = "lockwarden.io/fencing-token" //nolint:gosec // G101: an annotation name, not a credential
+	// AnnotationHolder carries the holder identity, on the Job and its pod template.
+	AnnotationHolder = "lockwarden.io/holder"
+	// AnnotationLost records on a Job that its lease was lost, when and why.
+	AnnotationLost = "lockwarden.io/lost"
+	// AnnotationSkipped records on a Job that it did not run because the lock
+	// was held and its contention is Skip.
+	AnnotationSkipped = "lockwarden.io/skipped"
+	// AnnotationSyncedFromCronJob marks job-template annotations that the
+	// operator copied from the CronJob's own annotations, so that they are
+	// removed with them.
+	AnnotationSyncedFromCronJob = "lockwarden.io/synced-from-cronjob"
+)
+
+// Finalizer keeps a DistributedLock until its manual holder's lease is
+// released, and a gated Job until its lease is released.
+const Finalizer = "locks.lockwarden.io/release"
+
+// Environment variables the admission webhook adds to every container of a gated Job.
+const (
+	// EnvFencingToken hands the fencing token to the workload (from the pod
+	// template's AnnotationFencingToken, through the downward API).
+	EnvFencingToken = "LOCKWARDEN_FENCING_TOKEN" //nolint:gosec // G101: an environment variable name, not a credential
+	// EnvHolder is the holder identity (from AnnotationHolder).
+	EnvHolder = "LOCKWARDEN_HOLDER"
+	// EnvLock is the name of the DistributedLock.
+	EnvLock = "LOCKWARDEN_LOCK"
+)
+
+// Condition types.
+const (
+	// ConditionHeld is True while a holder of this lock holds its keys.
+	ConditionHeld = "Held"
+	// ConditionBackendReady is True while the lock's Redis answers.
+	ConditionBackendReady = "BackendReady"
+)
+
+// Reasons of the Held condition.
+const (
+	// ReasonAcquired: a holder of this lock (its manual holder or one of its Jobs) holds the keys.
+	ReasonAcquired = "Acquired"
+	// ReasonWaiting: this lock's holder waits in the FIFO queue for the current holder.
+	ReasonWaiting = "Waiting"
+	// ReasonHeldByOther: the keys are held by a holder that did not acquire
+	// through this lock (another lock with scope Global, or another cluster).
+	ReasonHeldByOther = "HeldByOther"
+	// ReasonFree: nobody holds the keys.
+	ReasonFree = "Free"
+	// ReasonLost: this lock's holder lost its lease (it expired during a
+	// backend outage, or was taken over).
+	ReasonLost = "Lost"
+	// ReasonScopeNotAllowed: scope Global is not allowed in this namespace.
+	ReasonScopeNotAllowed = "ScopeNotAllowed"
+	// ReasonBackendUnavailable: the backend did not answer, so who holds the keys is unknown.
+	ReasonBackendUnavailable = "BackendUnavailable"
+)
+
+// Reasons of the BackendReady condition.
+const (
+	// ReasonBackendReachable: every Redis endpoint (or a majority, for Redlock) answered.
+	ReasonBackendReachable = "Reachable"
+	// ReasonBackendUnreachable: Redis could not be reached or did not answer in time.
+	ReasonBackendUnreachable = "Unreachable"
+	// ReasonSecretNotFound: a Secret or key named by the backend is missing.
+	ReasonSecretNotFound = "SecretNotFound"
+	// ReasonInvalidBackend: the backend configuration cannot be used (for example a bad CA).
+	ReasonInvalidBackend = "InvalidBackend"
+)
+
+// Reasons of the Events the operator records on DistributedLocks, Jobs and CronJobs.
+const (
+	// EventAcquired: a holder acquired the lock (on the lock, and on the Job).
+	EventAcquired = "Acquired"
+	// EventReleased: a holder released the lock.
+	EventReleased = "Released"
+	// EventLost: a holder's lease was lost (it expired or was taken over).
+	EventLost = "Lost"
+	// EventBackendUnavailable: the lock's backend did not answer or cannot be used.
+	EventBackendUnavailable = "BackendUnavailable"
+	// EventScopeNotAllowed: scope Global is not allowed in the lock's namespace.
+	EventScopeNotAllowed = "ScopeNotAllowed"
+	// EventShortTTL: spec.ttlSeconds is shorter than a failover of the operator's leader.
+	EventShortTTL = "TTLShorterThanFailover"
+	// EventLockNotFound: a gated Job names a DistributedLock that does not exist.
+	EventLockNotFound = "LockNotFound"
+	// EventWaiting: a gated Job waits in the lock's queue.
+	EventWaiting = "Waiting"
+	// EventSkipped: a gated Job with contention Skip did not run (on the Job and its CronJob).
+	EventSkipped = "Skipped"
+	// EventUnsuspendedWithoutLock: a gated Job was unsuspended by someone else
+	// before it held the lock, and was suspended again.
+	EventUnsuspendedWithoutLock = "UnsuspendedWithoutLock"
+	// EventTerminated: a Job's pods were stopped because its lease was lost and
+	// the lock's onLost is Terminate.
+	EventTerminated = "Terminated"
+)
