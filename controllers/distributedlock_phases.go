@@ -44,12 +44,8 @@ type observation struct {
 
 func (o *observation) ready() bool { return o.scopeDenied == "" && o.backendErr == nil }
 
-func (r *DistributedLockReconciler) ref(dl *locksv1alpha1.DistributedLock) watchdog.Ref {
-	return watchdog.Ref{Kind: lockKind, Namespace: dl.Namespace, Name: dl.Name}
-}
-
-func userOf(dl *locksv1alpha1.DistributedLock) string {
-	return lockKind + "/" + dl.Namespace + "/" + dl.Name
+func (r *DistributedLockReconciler) ref(dl *locksv1alpha1.DistributedLock) holder.Ref {
+	return holder.Ref{Kind: lockKind, Namespace: dl.Namespace, Name: dl.Name}
 }
 
 // manualHolder returns the holder record of dl's spec.holder.
@@ -85,7 +81,7 @@ func (r *DistributedLockReconciler) observe(ctx context.Context, dl *locksv1alph
 			dl.Spec.TTLSeconds, r.MinSafeTTL)
 	}
 
-	h, err := r.Registry.For(ctx, userOf(dl), dl)
+	h, err := r.Registry.For(ctx, r.ref(dl), dl)
 	if err != nil {
 		obs.backendErr = err
 		var se *backend.SecretError
@@ -337,7 +333,7 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 		// ends with its TTL.
 		logf.FromContext(ctx).Info("Backend unavailable while deleting; the lease expires with its TTL", "fence", l.Fence)
 	}
-	r.Registry.Forget(userOf(dl))
+	r.Registry.Forget(r.ref(dl))
 	nn := client.ObjectKeyFromObject(dl)
 	r.forget(nn)
 	r.mu.Lock()

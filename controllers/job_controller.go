@@ -77,14 +77,14 @@ type gatedJob struct {
 	job *batchv1.Job
 	// dl is the Job's lock; nil when it was deleted.
 	dl     *locksv1alpha1.DistributedLock
-	ref    watchdog.Ref
+	ref    holder.Ref
 	holder holder.Holder
 	owner  string
 }
 
 func (r *JobReconciler) gatedJob(ctx context.Context, job *batchv1.Job) (*gatedJob, error) {
 	lockName := job.Labels[locksv1alpha1.LabelLock]
-	g := &gatedJob{job: job, ref: watchdog.Ref{Kind: jobKind, Namespace: job.Namespace, Name: job.Name}}
+	g := &gatedJob{job: job, ref: jobRef(job)}
 	g.holder = holder.Holder{
 		Cluster: r.ClusterName, Namespace: job.Namespace, Lock: lockName, Kind: jobKind, Name: job.Name, UID: string(job.UID),
 		Identity: holder.WorkloadIdentity(r.ClusterName, job.Namespace, jobKind, job.Name, string(job.UID)),
@@ -108,7 +108,9 @@ func jobFinished(job *batchv1.Job) bool {
 	return false
 }
 
-func jobUser(job *batchv1.Job) string { return jobKind + "/" + job.Namespace + "/" + job.Name }
+func jobRef(job *batchv1.Job) holder.Ref {
+	return holder.Ref{Kind: jobKind, Namespace: job.Namespace, Name: job.Name}
+}
 
 // LostHandler returns the function the watchdog calls for lost leases.
 func (r *JobReconciler) LostHandler() func(watchdog.Lost) {

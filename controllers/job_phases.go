@@ -54,7 +54,7 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventUnsuspendedWithoutLock, "Suspend",
 			"The Job was unsuspended before it held lock %s; it waits for its turn", g.dl.Name)
 	}
-	h, err := r.Registry.For(ctx, jobUser(job), g.dl)
+	h, err := r.Registry.For(ctx, g.ref, g.dl)
 	if err != nil {
 		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Acquire", "Lock %s: %v", g.dl.Name, err)
 		return ctrl.Result{RequeueAfter: backendRetry}, nil
@@ -149,7 +149,7 @@ func (r *JobReconciler) skip(ctx context.Context, g *gatedJob, busy *lock.HeldEr
 	if err := r.Patch(ctx, job, client.MergeFrom(before)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("mark Job skipped: %w", err)
 	}
-	r.Registry.Forget(jobUser(job))
+	r.Registry.Forget(g.ref)
 	if cj != nil {
 		if err := r.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 			return ctrl.Result{}, fmt.Errorf("delete skipped Job: %w", err)
@@ -171,7 +171,7 @@ func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Re
 	if g.dl == nil {
 		return r.handleLost(ctx, g, fmt.Errorf("%w: DistributedLock %q was deleted", lock.ErrLost, g.job.Labels[locksv1alpha1.LabelLock]))
 	}
-	h, err := r.Registry.For(ctx, jobUser(g.job), g.dl)
+	h, err := r.Registry.For(ctx, g.ref, g.dl)
 	if err != nil {
 		return ctrl.Result{RequeueAfter: backendRetry}, nil
 	}
@@ -236,7 +236,7 @@ func (r *JobReconciler) reconcileRelease(ctx context.Context, g *gatedJob) (ctrl
 	log := logf.FromContext(ctx)
 	lease, locker, held := r.Watchdog.Holding(g.ref)
 	if !held && g.dl != nil && job.Annotations[locksv1alpha1.AnnotationLost] == "" {
-		if h, err := r.Registry.For(ctx, jobUser(job), g.dl); err == nil {
+		if h, err := r.Registry.For(ctx, g.ref, g.dl); err == nil {
 			locker = h.Locker
 			fence, _ := strconv.ParseInt(job.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
 			lease = &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence}
@@ -266,7 +266,7 @@ func (r *JobReconciler) reconcileRelease(ctx context.Context, g *gatedJob) (ctrl
 			log.V(1).Info("Leaving the queue failed; the entry expires without heartbeats", "error", err.Error())
 		}
 	}
-	r.Registry.Forget(jobUser(job))
+	r.Registry.Forget(g.ref)
 	r.forget(types.NamespacedName{Namespace: job.Namespace, Name: job.Name})
 	before := job.DeepCopy()
 	if controllerutil.RemoveFinalizer(job, locksv1alpha1.Finalizer) {

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/holder"
 	"github.com/lockwarden/lockwarden/internal/lock"
 	redislock "github.com/lockwarden/lockwarden/internal/lock/redis"
 )
@@ -94,8 +95,8 @@ type Registry struct {
 	secrets   map[types.NamespacedName]cachedSecret
 
 	mu        sync.Mutex
-	entries   map[string]*entry // by fingerprint
-	users     map[string]string // user -> fingerprint
+	entries   map[string]*entry     // by fingerprint
+	users     map[holder.Ref]string // holder -> fingerprint
 	listeners []ReleaseFunc
 	health    []HealthFunc
 	ctx       context.Context
@@ -103,7 +104,7 @@ type Registry struct {
 
 type entry struct {
 	handle Handle
-	users  map[string]struct{}
+	users  map[holder.Ref]struct{}
 	cancel context.CancelFunc
 	// lastErr is the result of the last health check; checked tells whether
 	// there was one. Only a change is reported to the health listeners.
@@ -136,7 +137,7 @@ func NewRegistry(ctx context.Context, reader client.Reader, newLocker NewLockerF
 		secretTTL:      DefaultSecretTTL,
 		secrets:        map[types.NamespacedName]cachedSecret{},
 		entries:        map[string]*entry{},
-		users:          map[string]string{},
+		users:          map[holder.Ref]string{},
 		ctx:            ctx,
 	}
 }
@@ -161,11 +162,11 @@ func (r *Registry) OnRelease(f ReleaseFunc) {
 	r.listeners = append(r.listeners, f)
 }
 
-// For returns the backend of dl for user (a stable name such as
-// "DistributedLock/ns/name"), building it when no other user shares it. The
+// For returns the backend of dl for user (the object that holds through
+// it), building it when no other user shares it. The
 // user stops using the backend it had before, which is closed when nobody
 // else uses it.
-func (r *Registry) For(ctx context.Context, user string, dl *locksv1alpha1.DistributedLock) (Handle, error) {
+func (r *Registry) For(ctx context.Context, user holder.Ref, dl *locksv1alpha1.DistributedLock) (Handle, error) {
 	cfg, id, fingerprint, err := r.resolve(ctx, dl)
 	if err != nil {
 		return Handle{}, err
@@ -179,7 +180,7 @@ func (r *Registry) For(ctx context.Context, user string, dl *locksv1alpha1.Distr
 			return Handle{}, &ConfigError{Field: "spec.backend.redis", Err: err}
 		}
 		wctx, cancel := context.WithCancel(r.ctx)
-		e = &entry{handle: Handle{ID: id, Locker: l}, users: map[string]struct{}{}, cancel: cancel}
+		e = &entry{handle: Handle{ID: id, Locker: l}, users: map[holder.Ref]struct{}{}, cancel: cancel}
 		r.entries[fingerprint] = e
 		go r.watch(wctx, e.handle)
 		go r.checkHealth(wctx, e)
@@ -194,7 +195,7 @@ func (r *Registry) For(ctx context.Context, user string, dl *locksv1alpha1.Distr
 }
 
 // Forget drops user's use of its backend, closing the backend when nobody uses it.
-func (r *Registry) Forget(user string) {
+func (r *Registry) Forget(user holder.Ref) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if fp, ok := r.users[user]; ok {
@@ -209,7 +210,7 @@ func (r *Registry) Len() int {
 	return len(r.entries)
 }
 
-func (r *Registry) dropLocked(user, fingerprint string) {
+func (r *Registry) dropLocked(user holder.Ref, fingerprint string) {
 	delete(r.users, user)
 	e, ok := r.entries[fingerprint]
 	if !ok {

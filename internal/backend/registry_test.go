@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/holder"
 	redislock "github.com/lockwarden/lockwarden/internal/lock/redis"
 	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
@@ -54,7 +55,7 @@ func TestLocksSharingASecretShareOneClientAndOneRead(t *testing.T) {
 	}
 	var first Handle
 	for i := range 50 {
-		h, err := r.For(ctx, fmt.Sprintf("DistributedLock/default/l%d", i), lockFor(i))
+		h, err := r.For(ctx, holder.Ref{Kind: "DistributedLock", Namespace: "default", Name: fmt.Sprintf("l%d", i)}, lockFor(i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -84,7 +85,7 @@ func TestLocksSharingASecretShareOneClientAndOneRead(t *testing.T) {
 	if err := env.Client.Update(ctx, &s); err != nil {
 		t.Fatal(err)
 	}
-	h, err := r.For(ctx, "DistributedLock/default/l0", lockFor(0))
+	h, err := r.For(ctx, holder.Ref{Kind: "DistributedLock", Namespace: "default", Name: "l0"}, lockFor(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +100,7 @@ func TestLocksSharingASecretShareOneClientAndOneRead(t *testing.T) {
 
 	// When every lock is forgotten, the clients are closed.
 	for i := range 50 {
-		r.Forget(fmt.Sprintf("DistributedLock/default/l%d", i))
+		r.Forget(holder.Ref{Kind: "DistributedLock", Namespace: "default", Name: fmt.Sprintf("l%d", i)})
 	}
 	if n := r.Len(); n != 0 {
 		t.Fatalf("%d backends open after every user left, want 0", n)

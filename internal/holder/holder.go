@@ -20,6 +20,20 @@ import (
 // prefix marks a holder string written by lockwarden (format version 1).
 const prefix = "lockwarden/v1|"
 
+// Ref names the Kubernetes object a lease is held for: a DistributedLock
+// (its manual holder) or a gated Job. It is the one key under which the
+// operator keeps everything about a holder: the renewed lease, the backend
+// client it uses, the reconcile requests about it.
+type Ref struct {
+	// Kind of the holding object: "DistributedLock" or "Job".
+	Kind      string
+	Namespace string
+	Name      string
+}
+
+// String returns Kind/namespace/name.
+func (r Ref) String() string { return r.Kind + "/" + r.Namespace + "/" + r.Name }
+
 // Holder identifies one holder of a lease.
 type Holder struct {
 	// Cluster is the name of the cluster the holder runs in (the operator's --cluster-name).
@@ -61,6 +75,9 @@ func Decode(s string) Holder {
 func (h Holder) Of(cluster, namespace, lock string) bool {
 	return h.Cluster == cluster && h.Namespace == namespace && h.Lock == lock
 }
+
+// Ref returns the object h holds for.
+func (h Holder) Ref() Ref { return Ref{Kind: h.Kind, Namespace: h.Namespace, Name: h.Name} }
 
 // WorkloadIdentity is the identity shown for a workload holder:
 // cluster/namespace/Kind/name/first five characters of the UID.

@@ -19,6 +19,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
 
+	"github.com/lockwarden/lockwarden/internal/holder"
 	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/metrics"
 )
@@ -26,16 +27,9 @@ import (
 // DefaultTick is how often the watchdog looks for due renewals.
 const DefaultTick = 250 * time.Millisecond
 
-// Ref names the Kubernetes object a lease is held for.
-type Ref struct {
-	Kind      string
-	Namespace string
-	Name      string
-}
-
 // Lost reports a lease that is no longer held.
 type Lost struct {
-	Ref   Ref
+	Ref   holder.Ref
 	Lease *lock.Lease
 	// Err matches lock.ErrLost, wrapping the cause.
 	Err error
@@ -49,7 +43,7 @@ type Watchdog struct {
 	onLost func(Lost)
 
 	mu     sync.Mutex
-	leases map[Ref]*held
+	leases map[holder.Ref]*held
 }
 
 type held struct {
@@ -72,7 +66,7 @@ func WithLogger(l logr.Logger) Option { return func(w *Watchdog) { w.log = l } }
 
 // New returns a watchdog that calls onLost (from its own goroutine) for every lease it loses.
 func New(onLost func(Lost), opts ...Option) *Watchdog {
-	w := &Watchdog{clock: clock.RealClock{}, tick: DefaultTick, log: logr.Discard(), onLost: onLost, leases: map[Ref]*held{}}
+	w := &Watchdog{clock: clock.RealClock{}, tick: DefaultTick, log: logr.Discard(), onLost: onLost, leases: map[holder.Ref]*held{}}
 	for _, o := range opts {
 		o(w)
 	}
@@ -80,7 +74,7 @@ func New(onLost func(Lost), opts ...Option) *Watchdog {
 }
 
 // Hold makes the watchdog renew lease through locker for ref, replacing what it renewed for ref before.
-func (w *Watchdog) Hold(ref Ref, locker lock.Locker, lease *lock.Lease) {
+func (w *Watchdog) Hold(ref holder.Ref, locker lock.Locker, lease *lock.Lease) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.leases[ref] = &held{locker: locker, lease: lease, renewAt: renewAt(lease)}
@@ -88,7 +82,7 @@ func (w *Watchdog) Hold(ref Ref, locker lock.Locker, lease *lock.Lease) {
 }
 
 // Holding returns the lease held for ref and the backend it is renewed through.
-func (w *Watchdog) Holding(ref Ref) (*lock.Lease, lock.Locker, bool) {
+func (w *Watchdog) Holding(ref holder.Ref) (*lock.Lease, lock.Locker, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	h, ok := w.leases[ref]
@@ -99,7 +93,7 @@ func (w *Watchdog) Holding(ref Ref) (*lock.Lease, lock.Locker, bool) {
 }
 
 // Drop stops renewing the lease of ref and returns it (nil when none).
-func (w *Watchdog) Drop(ref Ref) *lock.Lease {
+func (w *Watchdog) Drop(ref holder.Ref) *lock.Lease {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	h, ok := w.leases[ref]
@@ -138,7 +132,7 @@ type batchKey struct {
 }
 
 type batch struct {
-	refs   []Ref
+	refs   []holder.Ref
 	leases []*lock.Lease
 }
 
