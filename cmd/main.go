@@ -311,42 +311,24 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	registry := backend.NewRegistry(ctx, mgr.GetAPIReader(), func(cfg redislock.Config) (backend.Locker, error) {
 		return redislock.New(cfg, redislock.WithLogger(log.WithName("redis")))
 	}, log.WithName("backend"))
-	recorder := mgr.GetEventRecorder("lockwarden")
-	locks := &controllers.DistributedLockReconciler{
-		Client:      mgr.GetClient(),
-		Registry:    registry,
-		Tokens:      tokens,
-		Recorder:    recorder,
-		ClusterName: o.clusterName,
-		GlobalScope: controllers.GlobalScopePolicy{AllowAll: o.allowGlobalScope, NamespaceLabel: o.globalScopeLabel},
-		MinSafeTTL:  minSafeTTL(o),
-		Resync:      o.resyncPeriod,
-	}
-	jobs := &controllers.JobReconciler{
-		Client:      mgr.GetClient(),
-		Registry:    registry,
-		Tokens:      tokens,
-		Recorder:    recorder,
-		ClusterName: o.clusterName,
-		LockChanged: locks.Enqueue,
-	}
-	onLost := locks.LostHandler()
-	onJobLost := jobs.LostHandler()
-	dog := watchdog.New(func(l watchdog.Lost) { onLost(l); onJobLost(l) }, watchdog.WithLogger(log.WithName("watchdog")))
-	locks.Watchdog, jobs.Watchdog = dog, dog
+	dog := watchdog.New(nil, watchdog.WithLogger(log.WithName("watchdog")))
 	if err := mgr.Add(dog); err != nil {
 		return fmt.Errorf("add the renewal watchdog: %w", err)
 	}
-	if err := locks.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("set up the DistributedLock controller: %w", err)
-	}
-	if err := jobs.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("set up the Job controller: %w", err)
-	}
-	if err := (&controllers.CronJobReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("set up the CronJob controller: %w", err)
-	}
-	return nil
+	_, err = controllers.SetupWithManager(ctx, mgr, controllers.Deps{
+		Client:      mgr.GetClient(),
+		Registry:    registry,
+		Watchdog:    dog,
+		Tokens:      tokens,
+		Recorder:    mgr.GetEventRecorder("lockwarden"),
+		ClusterName: o.clusterName,
+		Log:         log.WithName("controllers"),
+	}, controllers.LockOptions{
+		GlobalScope: controllers.GlobalScopePolicy{AllowAll: o.allowGlobalScope, NamespaceLabel: o.globalScopeLabel},
+		MinSafeTTL:  minSafeTTL(o),
+		Resync:      o.resyncPeriod,
+	})
+	return err
 }
 
 // run builds the manager against cfg and runs it until ctx ends.

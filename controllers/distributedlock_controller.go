@@ -11,8 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/events"
-	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,9 +22,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/backend"
-	"github.com/lockwarden/lockwarden/internal/holder"
-	"github.com/lockwarden/lockwarden/internal/watchdog"
 )
 
 const (
@@ -38,11 +33,6 @@ const (
 	waitingRequeue = 5 * time.Second
 	// backendRetry is how soon a lock whose backend failed is tried again.
 	backendRetry = 5 * time.Second
-
-	// indexBackend indexes DistributedLocks by backend ID.
-	indexBackend = "lockwarden.backend"
-	// indexBackendKey indexes DistributedLocks by backend ID and Redis-side key.
-	indexBackendKey = "lockwarden.backendKey"
 
 	lockKind = "DistributedLock"
 )
@@ -58,21 +48,11 @@ type GlobalScopePolicy struct {
 // DistributedLockReconciler reconciles DistributedLock objects: it holds the
 // lock for a manual holder and reports in status what the backend holds.
 type DistributedLockReconciler struct {
-	client.Client
-	Registry    *backend.Registry
-	Watchdog    *watchdog.Watchdog
-	Tokens      *holder.Tokens
-	Recorder    events.EventRecorder
-	Clock       clock.PassiveClock
-	ClusterName string
-	GlobalScope GlobalScopePolicy
-	// MinSafeTTL is the shortest TTL that outlives a failover of the
-	// operator's leader; shorter TTLs are warned about.
-	MinSafeTTL time.Duration
-	Resync     time.Duration
+	Deps
+	LockOptions
 
-	// tracker carries reconcile requests from Redis (releases, backend
-	// health) and the watchdog (lost leases), and remembers waiting holders.
+	// tracker carries reconcile requests from the backend (releases, health)
+	// and the watchdog (lost leases), and remembers waiting holders.
 	*tracker
 
 	mu sync.Mutex
@@ -109,7 +89,7 @@ func (r *DistributedLockReconciler) warnOnce(dl *locksv1alpha1.DistributedLock, 
 // status from what the backend holds.
 func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var dl locksv1alpha1.DistributedLock
-	if err := r.Get(ctx, req.NamespacedName, &dl); err != nil {
+	if err := r.Client.Get(ctx, req.NamespacedName, &dl); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !dl.DeletionTimestamp.IsZero() {
@@ -117,16 +97,20 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}
 	if controllerutil.AddFinalizer(&dl, locksv1alpha1.Finalizer) {
 		// The update event brings the lock back.
-		return ctrl.Result{}, r.Update(ctx, &dl)
+		return ctrl.Result{}, r.Client.Update(ctx, &dl)
 	}
 
-	obs := r.observe(ctx, &dl)
+	obs := r.gather(ctx, &dl)
 	if obs.ready() {
+		// Bring the backend in line with spec.holder; what happened is
+		// recorded in obs.
 		r.reconcileHolder(ctx, &dl, obs)
 	}
-	if err := r.patchStatus(ctx, &dl, computeStatus(&dl, obs, r.ClusterName)); err != nil {
+	status := computeStatus(&dl, obs, r.ClusterName)
+	if err := r.patchStatus(ctx, &dl, status); err != nil {
 		return ctrl.Result{}, err
 	}
+	r.report(&dl, obs)
 	return ctrl.Result{RequeueAfter: r.requeueAfter(obs)}, nil
 }
 
@@ -137,7 +121,7 @@ func (r *DistributedLockReconciler) patchStatus(ctx context.Context, dl *locksv1
 	}
 	before := dl.DeepCopy()
 	dl.Status = status
-	if err := r.Status().Patch(ctx, dl, client.MergeFrom(before)); err != nil {
+	if err := r.Client.Status().Patch(ctx, dl, client.MergeFrom(before)); err != nil {
 		return fmt.Errorf("patch status of %s: %w", client.ObjectKeyFromObject(dl), err)
 	}
 	logf.FromContext(ctx).V(1).Info("Updated status", "fencingToken", status.FencingToken)
@@ -164,7 +148,9 @@ func (r *DistributedLockReconciler) Enqueue(nn types.NamespacedName) { r.enqueue
 // enqueueIndexed enqueues every lock that the index maps value to.
 func (r *DistributedLockReconciler) enqueueIndexed(index, value string) {
 	var list locksv1alpha1.DistributedLockList
-	if err := r.List(context.Background(), &list, client.MatchingFields{index: value}); err != nil {
+	if err := r.Client.List(context.Background(), &list, client.MatchingFields{index: value}); err != nil {
+		// Only the prompt wake-up is missed: the resync brings the locks back.
+		r.Log.Error(err, "Listing the locks of a backend event failed; their status catches up at the next resync", "index", index)
 		return
 	}
 	for i := range list.Items {
@@ -172,53 +158,9 @@ func (r *DistributedLockReconciler) enqueueIndexed(index, value string) {
 	}
 }
 
-// LostHandler returns the function the watchdog calls for lost leases.
-func (r *DistributedLockReconciler) LostHandler() func(watchdog.Lost) {
-	r.init()
-	return r.onLost
-}
-
-// init makes the tracker (LostHandler may be needed before SetupWithManager).
-func (r *DistributedLockReconciler) init() {
-	if r.tracker == nil {
-		r.tracker = newTracker(lockKind, func() client.Object { return &locksv1alpha1.DistributedLock{} })
-		r.warned = map[warning]int64{}
-	}
-}
-
-func backendKeyIndexValues(dl *locksv1alpha1.DistributedLock) []string {
-	id := backend.ID(dl.Spec.Backend.Redis)
-	keys := backend.EngineKeys(dl)
-	out := make([]string, len(keys))
-	for i, k := range keys {
-		out[i] = id + "\x00" + k
-	}
-	return out
-}
-
 // SetupWithManager registers the reconciler, its indexes and its event sources.
 func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if r.Clock == nil {
-		r.Clock = clock.RealClock{}
-	}
-	if r.Resync == 0 {
-		r.Resync = DefaultResyncPeriod
-	}
-	r.init()
-
-	ctx := context.Background()
-	idx := mgr.GetFieldIndexer()
-	if err := idx.IndexField(ctx, &locksv1alpha1.DistributedLock{}, indexBackend, func(o client.Object) []string {
-		return []string{backend.ID(o.(*locksv1alpha1.DistributedLock).Spec.Backend.Redis)}
-	}); err != nil {
-		return err
-	}
-	if err := idx.IndexField(ctx, &locksv1alpha1.DistributedLock{}, indexBackendKey, func(o client.Object) []string {
-		return backendKeyIndexValues(o.(*locksv1alpha1.DistributedLock))
-	}); err != nil {
-		return err
-	}
-	r.Registry.OnRelease(func(backendID, key string) { r.enqueueIndexed(indexBackendKey, backendID+"\x00"+key) })
+	r.Registry.OnRelease(func(backendID, key string) { r.enqueueIndexed(indexBackendKey, backendKeyValues(backendID, key)[0]) })
 	r.Registry.OnHealth(func(backendID string, _ error) { r.enqueueIndexed(indexBackend, backendID) })
 
 	return ctrl.NewControllerManagedBy(mgr).
@@ -245,7 +187,8 @@ func lockOfJob(_ context.Context, o client.Object) []reconcile.Request {
 // locksInNamespace maps a Namespace (whose labels may allow scope Global) to its Global locks.
 func (r *DistributedLockReconciler) locksInNamespace(ctx context.Context, o client.Object) []reconcile.Request {
 	var list locksv1alpha1.DistributedLockList
-	if err := r.List(ctx, &list, client.InNamespace(o.GetName())); err != nil {
+	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetName())); err != nil {
+		r.Log.Error(err, "Listing the locks of a relabelled namespace failed; they catch up at the next resync", "namespace", o.GetName())
 		return nil
 	}
 	var out []reconcile.Request

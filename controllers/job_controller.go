@@ -7,16 +7,13 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/events"
-	"k8s.io/utils/clock"
+	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/holder"
-	"github.com/lockwarden/lockwarden/internal/watchdog"
 )
 
 const jobKind = "Job"
@@ -26,18 +23,13 @@ const jobKind = "Job"
 // the fencing token, unsuspends it, renews the lease while it runs and
 // releases it when the Job finishes or is deleted.
 type JobReconciler struct {
-	client.Client
-	Registry    *backend.Registry
-	Watchdog    *watchdog.Watchdog
-	Tokens      *holder.Tokens
-	Recorder    events.EventRecorder
-	Clock       clock.PassiveClock
-	ClusterName string
-	// LockChanged, when set, is told when a Job joins a lock's queue, starts
-	// or releases, so that the lock's status shows it at once.
-	LockChanged func(types.NamespacedName)
+	Deps
 
-	// tracker carries reconcile requests from Redis (releases) and the
+	// lockChanged, when set, is told when a Job joins a lock's queue, starts
+	// or releases, so that the lock's status shows it at once.
+	lockChanged func(types.NamespacedName)
+
+	// tracker carries reconcile requests from the backend (releases) and the
 	// watchdog (lost leases), and remembers waiting Jobs.
 	*tracker
 }
@@ -50,7 +42,7 @@ type JobReconciler struct {
 // Reconcile moves one gated Job through waiting, holding and releasing.
 func (r *JobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var job batchv1.Job
-	if err := r.Get(ctx, req.NamespacedName, &job); err != nil {
+	if err := r.Client.Get(ctx, req.NamespacedName, &job); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if job.Labels[locksv1alpha1.LabelLock] == "" || !controllerutil.ContainsFinalizer(&job, locksv1alpha1.Finalizer) {
@@ -91,7 +83,7 @@ func (r *JobReconciler) gatedJob(ctx context.Context, job *batchv1.Job) (*gatedJ
 	}
 	g.owner = r.Tokens.Owner(g.holder)
 	var dl locksv1alpha1.DistributedLock
-	if err := r.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: lockName}, &dl); err == nil {
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: lockName}, &dl); err == nil {
 		g.dl = &dl
 	} else if client.IgnoreNotFound(err) != nil {
 		return nil, err
@@ -112,28 +104,18 @@ func jobRef(job *batchv1.Job) holder.Ref {
 	return holder.Ref{Kind: jobKind, Namespace: job.Namespace, Name: job.Name}
 }
 
-// LostHandler returns the function the watchdog calls for lost leases.
-func (r *JobReconciler) LostHandler() func(watchdog.Lost) {
-	r.init()
-	return r.onLost
-}
-
-func (r *JobReconciler) init() {
-	if r.tracker == nil {
-		r.tracker = newTracker(jobKind, func() client.Object { return &batchv1.Job{} })
-	}
-}
-
 // onRelease wakes the waiting Jobs of every lock on the released key.
 func (r *JobReconciler) onRelease(backendID, key string) {
 	ctx := context.Background()
 	var locks locksv1alpha1.DistributedLockList
-	if err := r.List(ctx, &locks, client.MatchingFields{indexBackendKey: backendID + "\x00" + key}); err != nil {
+	if err := r.Client.List(ctx, &locks, client.MatchingFields{indexBackendKey: backendKeyValues(backendID, key)[0]}); err != nil {
+		r.Log.Error(err, "Listing the locks of a released key failed; their waiting Jobs try again at their next requeue", "key", key)
 		return
 	}
 	for _, dl := range locks.Items {
 		var jobs batchv1.JobList
-		if err := r.List(ctx, &jobs, client.InNamespace(dl.Namespace), client.MatchingLabels{locksv1alpha1.LabelLock: dl.Name}); err != nil {
+		if err := r.Client.List(ctx, &jobs, client.InNamespace(dl.Namespace), client.MatchingLabels{locksv1alpha1.LabelLock: dl.Name}); err != nil {
+			r.Log.Error(err, "Listing the Jobs of a released lock failed; they try again at their next requeue", "lock", klog.KObj(&dl))
 			continue
 		}
 		for i := range jobs.Items {
@@ -145,13 +127,9 @@ func (r *JobReconciler) onRelease(backendID, key string) {
 	}
 }
 
-// SetupWithManager registers the reconciler. The DistributedLock reconciler
-// must be set up first (it registers the index this one uses).
+// SetupWithManager registers the reconciler (use the package's SetupWithManager,
+// which also registers the field indexes it looks locks up by).
 func (r *JobReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if r.Clock == nil {
-		r.Clock = clock.RealClock{}
-	}
-	r.init()
 	r.Registry.OnRelease(r.onRelease)
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&batchv1.Job{}).
@@ -160,9 +138,9 @@ func (r *JobReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-func (r *JobReconciler) lockChanged(job *batchv1.Job) {
-	if r.LockChanged != nil {
-		r.LockChanged(types.NamespacedName{Namespace: job.Namespace, Name: job.Labels[locksv1alpha1.LabelLock]})
+func (r *JobReconciler) notifyLock(job *batchv1.Job) {
+	if r.lockChanged != nil {
+		r.lockChanged(types.NamespacedName{Namespace: job.Namespace, Name: job.Labels[locksv1alpha1.LabelLock]})
 	}
 }
 

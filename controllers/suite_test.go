@@ -3,6 +3,7 @@ package controllers
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -35,6 +36,11 @@ import (
 var env *kubetest.Env
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		// Unit tests only: the suites that need a control plane skip.
+		os.Exit(m.Run())
+	}
 	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapLevel())))
 	backend.RouteRedisLogs(ctrl.Log.WithName("go-redis"))
 	e, err := kubetest.StartEnv(kubetest.WithWebhooks())
@@ -48,6 +54,14 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "stop envtest:", err)
 	}
 	os.Exit(code)
+}
+
+// needEnv skips a test that needs the control plane when there is none (-short).
+func needEnv(t testing.TB) {
+	t.Helper()
+	if env == nil {
+		t.Skip("needs kube-apiserver and etcd (envtest); skipped with -short")
+	}
 }
 
 // testOwnerKey is the owner key of every manager the tests start: a
@@ -75,6 +89,7 @@ type testManager struct {
 // does, and stops it when the test ends (or earlier, with stop).
 func startManager(t testing.TB, o managerOptions) *testManager {
 	t.Helper()
+	needEnv(t)
 	if o.cluster == "" {
 		o.cluster = "test"
 	}
@@ -105,37 +120,19 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 		return redislock.New(cfg)
 	}, ctrl.Log.WithName("backend"))
 	registry.SetHealthInterval(500 * time.Millisecond)
-	r := &DistributedLockReconciler{
+	dog := watchdog.New(nil)
+	if err := mgr.Add(dog); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := SetupWithManager(ctx, mgr, Deps{
 		Client:      mgr.GetClient(),
 		Registry:    registry,
+		Watchdog:    dog,
 		Tokens:      tokens,
 		Recorder:    mgr.GetEventRecorder("lockwarden"),
 		ClusterName: o.cluster,
-		GlobalScope: o.globalScope,
-		MinSafeTTL:  20 * time.Second,
-		Resync:      o.resync,
-	}
-	jr := &JobReconciler{
-		Client:      mgr.GetClient(),
-		Registry:    registry,
-		Tokens:      tokens,
-		Recorder:    r.Recorder,
-		ClusterName: o.cluster,
-		LockChanged: r.Enqueue,
-	}
-	onLost, onJobLost := r.LostHandler(), jr.LostHandler()
-	r.Watchdog = watchdog.New(func(l watchdog.Lost) { onLost(l); onJobLost(l) })
-	jr.Watchdog = r.Watchdog
-	if err := mgr.Add(r.Watchdog); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	if err := jr.SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	if err := (&CronJobReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+	}, LockOptions{GlobalScope: o.globalScope, MinSafeTTL: 20 * time.Second, Resync: o.resync})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := (&webhook.JobGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr); err != nil {
@@ -159,7 +156,7 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 		err := mgr.GetWebhookServer().StartedChecker()(nil)
 		return err == nil, fmt.Sprint(err)
 	})
-	return &testManager{reconciler: r, jobs: jr, stop: stop}
+	return &testManager{reconciler: rs.Locks, jobs: rs.Jobs, stop: stop}
 }
 
 // zapLevel logs everything with LOCKWARDEN_TEST_LOG set, else errors only.
@@ -173,6 +170,7 @@ func zapLevel() zapcore.Level {
 // newNamespace creates a namespace with a unique name for one test.
 func newNamespace(t testing.TB, labels map[string]string) string {
 	t.Helper()
+	needEnv(t)
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "t-", Labels: labels}}
 	if err := env.Client.Create(context.Background(), ns); err != nil {
 		t.Fatal(err)

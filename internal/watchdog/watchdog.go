@@ -37,12 +37,12 @@ type Lost struct {
 
 // Watchdog renews leases. Create it with New; it is safe for concurrent use.
 type Watchdog struct {
-	clock  clock.WithTicker
-	tick   time.Duration
-	log    logr.Logger
-	onLost func(Lost)
+	clock clock.WithTicker
+	tick  time.Duration
+	log   logr.Logger
 
 	mu     sync.Mutex
+	onLost []func(Lost)
 	leases map[holder.Ref]*held
 }
 
@@ -64,13 +64,25 @@ func WithTick(d time.Duration) Option { return func(w *Watchdog) { w.tick = d } 
 // WithLogger sets the logger (default: discard).
 func WithLogger(l logr.Logger) Option { return func(w *Watchdog) { w.log = l } }
 
-// New returns a watchdog that calls onLost (from its own goroutine) for every lease it loses.
+// New returns a watchdog that calls onLost (when not nil, from its own
+// goroutine) for every lease it loses; OnLost adds more callbacks.
 func New(onLost func(Lost), opts ...Option) *Watchdog {
-	w := &Watchdog{clock: clock.RealClock{}, tick: DefaultTick, log: logr.Discard(), onLost: onLost, leases: map[holder.Ref]*held{}}
+	w := &Watchdog{clock: clock.RealClock{}, tick: DefaultTick, log: logr.Discard(), leases: map[holder.Ref]*held{}}
+	if onLost != nil {
+		w.onLost = append(w.onLost, onLost)
+	}
 	for _, o := range opts {
 		o(w)
 	}
 	return w
+}
+
+// OnLost adds f to the callbacks told (from the watchdog's goroutine) about
+// every lease it loses. Register callbacks before Start.
+func (w *Watchdog) OnLost(f func(Lost)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.onLost = append(w.onLost, f)
 }
 
 // Hold makes the watchdog renew lease through locker for ref, replacing what it renewed for ref before.
@@ -212,12 +224,13 @@ func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
 		}
 	}
 	metrics.LeasesHeld.Set(float64(len(w.leases)))
+	callbacks := w.onLost
 	w.mu.Unlock()
 	for _, l := range lost {
 		metrics.LeasesLost.WithLabelValues(l.Ref.Kind).Inc()
 		w.log.Info("Lost lease", "kind", l.Ref.Kind, "namespace", l.Ref.Namespace, "name", l.Ref.Name, "fence", l.Lease.Fence, "error", l.Err.Error())
-		if w.onLost != nil {
-			w.onLost(l)
+		for _, f := range callbacks {
+			f(l)
 		}
 	}
 }

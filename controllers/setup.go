@@ -1,0 +1,121 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	batchv1 "k8s.io/api/batch/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
+	"github.com/lockwarden/lockwarden/internal/holder"
+	"github.com/lockwarden/lockwarden/internal/watchdog"
+)
+
+// Deps are what every reconciler of lease holders needs. All fields but
+// Clock and Log are required.
+type Deps struct {
+	// Client reads from the manager's cache and writes to the API server.
+	Client client.Client
+	// Registry builds and shares the lock backends.
+	Registry *backend.Registry
+	// Watchdog renews the leases the operator holds.
+	Watchdog *watchdog.Watchdog
+	// Tokens derives owner tokens from holders.
+	Tokens *holder.Tokens
+	// Recorder records Events on locks, Jobs and CronJobs.
+	Recorder events.EventRecorder
+	// ClusterName is recorded with every lease (the operator's --cluster-name).
+	ClusterName string
+	// Clock tells the time (default: the real clock).
+	Clock clock.PassiveClock
+	// Log is for work done outside a reconcile: Redis notifications and
+	// index lookups (default: controller-runtime's logger).
+	Log logr.Logger
+}
+
+func (d Deps) withDefaults() Deps {
+	if d.Clock == nil {
+		d.Clock = clock.RealClock{}
+	}
+	if d.Log.GetSink() == nil {
+		d.Log = ctrl.Log.WithName("controllers")
+	}
+	return d
+}
+
+// LockOptions are the DistributedLock controller's settings.
+type LockOptions struct {
+	// GlobalScope says where spec.scope Global is allowed.
+	GlobalScope GlobalScopePolicy
+	// MinSafeTTL is the shortest TTL that outlives a failover of the
+	// operator's leader; shorter TTLs are warned about (0: no warning).
+	MinSafeTTL time.Duration
+	// Resync is how often every lock's status is refreshed from the backend
+	// (default DefaultResyncPeriod).
+	Resync time.Duration
+}
+
+// Reconcilers are the controllers SetupWithManager registered.
+type Reconcilers struct {
+	Locks    *DistributedLockReconciler
+	Jobs     *JobReconciler
+	CronJobs *CronJobReconciler
+}
+
+// SetupWithManager wires every lockwarden controller into mgr: the field
+// indexes, the DistributedLock, Job and CronJob reconcilers, and the
+// watchdog's lost-lease callbacks. It is the only place that does; there is
+// no order to keep.
+func SetupWithManager(ctx context.Context, mgr ctrl.Manager, d Deps, o LockOptions) (*Reconcilers, error) {
+	if err := IndexFields(ctx, mgr.GetFieldIndexer()); err != nil {
+		return nil, fmt.Errorf("register field indexes: %w", err)
+	}
+	locks := NewDistributedLockReconciler(d, o)
+	jobs := NewJobReconciler(d, locks.Enqueue)
+	cronJobs := &CronJobReconciler{Client: d.Client}
+	d.Watchdog.OnLost(locks.onLost)
+	d.Watchdog.OnLost(jobs.onLost)
+	if err := locks.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up the DistributedLock controller: %w", err)
+	}
+	if err := jobs.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up the Job controller: %w", err)
+	}
+	if err := cronJobs.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up the CronJob controller: %w", err)
+	}
+	return &Reconcilers{Locks: locks, Jobs: jobs, CronJobs: cronJobs}, nil
+}
+
+// NewDistributedLockReconciler returns the DistributedLock reconciler.
+func NewDistributedLockReconciler(d Deps, o LockOptions) *DistributedLockReconciler {
+	d = d.withDefaults()
+	if o.Resync == 0 {
+		o.Resync = DefaultResyncPeriod
+	}
+	return &DistributedLockReconciler{
+		Deps:        d,
+		LockOptions: o,
+		tracker:     newTracker(lockKind, func() client.Object { return &locksv1alpha1.DistributedLock{} }),
+		warned:      map[warning]int64{},
+	}
+}
+
+// NewJobReconciler returns the gated-Job reconciler; lockChanged (may be
+// nil) is told when a Job joins a lock's queue, starts or releases, so that
+// the lock's status shows it at once.
+func NewJobReconciler(d Deps, lockChanged func(types.NamespacedName)) *JobReconciler {
+	return &JobReconciler{
+		Deps:        d.withDefaults(),
+		lockChanged: lockChanged,
+		tracker:     newTracker(jobKind, func() client.Object { return &batchv1.Job{} }),
+	}
+}
