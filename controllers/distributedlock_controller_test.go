@@ -272,8 +272,8 @@ func TestManagerRestartKeepsTheLeaseWithTheSameOwner(t *testing.T) {
 	}()
 
 	m1.stop()
-	// Down for longer than a renewal interval (2 s), shorter than the TTL.
-	time.Sleep(3 * time.Second) // the outage being simulated, not a wait for a result
+	// Down until a renewal was missed, then a new manager takes over.
+	waitRenewalMissed(t, c, lockKey(ns, "billing/ledger"), 6*time.Second)
 	startManager(t, managerOptions{})
 	// The new manager renews: the lease outlives several TTLs.
 	deadline := time.Now().Add(15 * time.Second)
@@ -323,4 +323,18 @@ func TestMissingSecretGivesAClearCondition(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCondition(t, 40*time.Second, ns, "billing", locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired)
+}
+
+// waitRenewalMissed waits until the lease on key has less validity left than
+// it has right after a renewal that was due (two thirds of ttl), minus a
+// margin: a renewal was missed, so the outage being simulated is real.
+func waitRenewalMissed(t *testing.T, c *goredis.Client, key string, ttl time.Duration) {
+	t.Helper()
+	eventually(t, ttl, "a renewal of "+key+" to be missed", func() (bool, string) {
+		left, err := c.PTTL(context.Background(), key).Result()
+		if err != nil {
+			return false, err.Error()
+		}
+		return left > 0 && left < 2*ttl/3-ttl/12, fmt.Sprintf("%v left", left)
+	})
 }

@@ -38,8 +38,20 @@ type observation struct {
 	// waiting is set when the manual holder waits in the queue; busy says for whom.
 	waiting bool
 	busy    *lock.HeldError
-	// lost is a lease the watchdog lost since the last reconcile.
+	// lost is a lost lease not shown in status yet: reported by the
+	// watchdog, or found by this reconcile.
 	lost *watchdog.Lost
+	// backendWasDown: status showed the backend unready before this reconcile.
+	backendWasDown bool
+	// events are recorded once the status is written.
+	events []pendingEvent
+}
+
+type pendingEvent struct{ eventtype, reason, action, note string }
+
+// event adds an Event to record on the lock after the status write.
+func (o *observation) event(eventtype, reason, action, format string, args ...any) {
+	o.events = append(o.events, pendingEvent{eventtype, reason, action, fmt.Sprintf(format, args...)})
 }
 
 func (o *observation) ready() bool { return o.scopeDenied == "" && o.backendErr == nil }
@@ -56,31 +68,20 @@ func (r *DistributedLockReconciler) manualHolder(dl *locksv1alpha1.DistributedLo
 	}
 }
 
-// observe checks the scope, builds the backend and reads what it holds.
-func (r *DistributedLockReconciler) observe(ctx context.Context, dl *locksv1alpha1.DistributedLock) *observation {
-	obs := &observation{now: r.Clock.Now(), keys: backend.EngineKeys(dl)}
-	nn := client.ObjectKeyFromObject(dl)
-	if l, ok := r.takeLost(nn); ok {
+// gather checks the scope, builds the backend and reads what it holds. It
+// writes nothing: Events, metrics and one-shot signals are handled by
+// report, after the status that shows them was written.
+func (r *DistributedLockReconciler) gather(ctx context.Context, dl *locksv1alpha1.DistributedLock) *observation {
+	obs := &observation{now: r.Clock.Now(), keys: backend.EngineKeys(dl), backendWasDown: backendWasDown(dl)}
+	if l, ok := r.lostOf(client.ObjectKeyFromObject(dl)); ok {
 		obs.lost = &l
 	}
-	if obs.lost != nil {
-		r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventLost, "Renew",
-			"Lost the lease of %s (fencing token %d): %v", obs.lost.Lease.Holder, obs.lost.Lease.Fence, obs.lost.Err)
-	}
-
 	if dl.Spec.Scope == locksv1alpha1.ScopeGlobal {
 		if reason := r.globalScopeDenied(ctx, dl.Namespace); reason != "" {
 			obs.scopeDenied = reason
-			r.warnOnce(dl, locksv1alpha1.EventScopeNotAllowed, "Validate", "%s", reason)
 			return obs
 		}
 	}
-	if ttl := time.Duration(dl.Spec.TTLSeconds) * time.Second; r.MinSafeTTL > 0 && ttl < r.MinSafeTTL {
-		r.warnOnce(dl, locksv1alpha1.EventShortTTL, "Validate",
-			"spec.ttlSeconds %d is shorter than %v, the longest failover of the operator's leader: a lease may expire while a new leader takes over",
-			dl.Spec.TTLSeconds, r.MinSafeTTL)
-	}
-
 	h, err := r.Registry.For(ctx, r.ref(dl), dl)
 	if err != nil {
 		obs.backendErr = err
@@ -90,28 +91,53 @@ func (r *DistributedLockReconciler) observe(ctx context.Context, dl *locksv1alph
 		} else {
 			obs.backendReason = locksv1alpha1.ReasonInvalidBackend
 		}
-		metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(0)
 		return obs
 	}
 	obs.handle = h
 	states, err := h.Locker.Inspect(ctx, obs.keys)
 	if err != nil {
 		obs.backendErr, obs.backendReason = err, locksv1alpha1.ReasonBackendUnreachable
-		metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(0)
-		if !backendWasDown(dl) {
-			r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Inspect", "Redis did not answer: %v", err)
-		}
 		return obs
 	}
-	metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(1)
 	obs.states = states
-	if len(states) > 0 {
-		metrics.QueueDepth.WithLabelValues(dl.Namespace, dl.Name).Set(float64(len(states[0].Waiters)))
-	}
 	if l, _, ok := r.Watchdog.Holding(r.ref(dl)); ok {
 		obs.mine = l
 	}
 	return obs
+}
+
+// report emits what a reconcile found, once its status is written: Events,
+// metrics, and the end of the one-shot lost signal it showed.
+func (r *DistributedLockReconciler) report(dl *locksv1alpha1.DistributedLock, obs *observation) {
+	if obs.scopeDenied != "" {
+		r.warnOnce(dl, locksv1alpha1.EventScopeNotAllowed, "Validate", "%s", obs.scopeDenied)
+	}
+	if ttl := time.Duration(dl.Spec.TTLSeconds) * time.Second; r.MinSafeTTL > 0 && ttl < r.MinSafeTTL {
+		r.warnOnce(dl, locksv1alpha1.EventShortTTL, "Validate",
+			"spec.ttlSeconds %d is shorter than %v, the longest failover of the operator's leader: a lease may expire while a new leader takes over",
+			dl.Spec.TTLSeconds, r.MinSafeTTL)
+	}
+	switch {
+	case obs.scopeDenied != "":
+	case obs.backendErr != nil:
+		metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(0)
+		if obs.backendReason == locksv1alpha1.ReasonBackendUnreachable && !obs.backendWasDown {
+			r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Inspect", "Redis did not answer: %v", obs.backendErr)
+		}
+	default:
+		metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(1)
+		if len(obs.states) > 0 {
+			metrics.QueueDepth.WithLabelValues(dl.Namespace, dl.Name).Set(float64(len(obs.states[0].Waiters)))
+		}
+	}
+	if obs.lost != nil {
+		r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventLost, "Renew",
+			"Lost the lease of %s (fencing token %d): %v", holder.Decode(obs.lost.Lease.Holder).Identity, obs.lost.Lease.Fence, obs.lost.Err)
+		r.clearLost(client.ObjectKeyFromObject(dl), *obs.lost)
+	}
+	for _, e := range obs.events {
+		r.Recorder.Eventf(dl, nil, e.eventtype, e.reason, e.action, "%s", e.note)
+	}
 }
 
 func backendWasDown(dl *locksv1alpha1.DistributedLock) bool {
@@ -130,7 +156,7 @@ func (r *DistributedLockReconciler) globalScopeDenied(ctx context.Context, names
 	}
 	if r.GlobalScope.NamespaceLabel != "" {
 		var ns corev1.Namespace
-		if err := r.Get(ctx, types.NamespacedName{Name: namespace}, &ns); err == nil && ns.Labels[r.GlobalScope.NamespaceLabel] == "true" {
+		if err := r.Client.Get(ctx, types.NamespacedName{Name: namespace}, &ns); err == nil && ns.Labels[r.GlobalScope.NamespaceLabel] == "true" {
 			return ""
 		}
 		return fmt.Sprintf("spec.scope: Global is not allowed in namespace %q: label the namespace %s=true (if the operator's policy allows it) or use scope Namespace",
@@ -168,7 +194,8 @@ func (r *DistributedLockReconciler) reconcileHolder(ctx context.Context, dl *loc
 	r.acquire(ctx, dl, obs, *want)
 }
 
-// reportLost records the loss of the lease the watchdog renewed for dl.
+// reportLost records the loss of the lease the watchdog renewed for dl; it
+// is shown (and its Event recorded) like a loss the watchdog reported.
 func (r *DistributedLockReconciler) reportLost(dl *locksv1alpha1.DistributedLock, obs *observation, cause error) {
 	l := r.Watchdog.Drop(r.ref(dl))
 	if l == nil {
@@ -176,9 +203,9 @@ func (r *DistributedLockReconciler) reportLost(dl *locksv1alpha1.DistributedLock
 	}
 	obs.mine = nil
 	metrics.LeasesLost.WithLabelValues(lockKind).Inc()
-	obs.lost = &watchdog.Lost{Ref: r.ref(dl), Lease: l, Err: cause}
-	r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventLost, "Renew",
-		"Lost the lease of %s (fencing token %d): %v", holder.Decode(l.Holder).Identity, l.Fence, cause)
+	lost := watchdog.Lost{Ref: r.ref(dl), Lease: l, Err: cause}
+	r.recordLost(client.ObjectKeyFromObject(dl), lost)
+	obs.lost = &lost
 }
 
 // heldBy reports whether every key is held by the holder string h.
@@ -251,7 +278,7 @@ func (r *DistributedLockReconciler) release(ctx context.Context, dl *locksv1alph
 	switch {
 	case err == nil:
 		metrics.HoldSeconds.WithLabelValues(lockKind).Observe(obs.now.Sub(l.Acquired).Seconds())
-		r.Recorder.Eventf(dl, nil, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release",
+		obs.event(corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release",
 			"Released the keys held by %s (fencing token %d)", holder.Decode(l.Holder).Identity, l.Fence)
 		log.Info("Released lease", "holder", holder.Decode(l.Holder).Identity, "fence", l.Fence)
 	case errors.Is(err, lock.ErrNotHeld):
@@ -298,7 +325,7 @@ func (r *DistributedLockReconciler) acquire(ctx context.Context, dl *locksv1alph
 		if states, err := obs.handle.Locker.Inspect(ctx, obs.keys); err == nil {
 			obs.states = states
 		}
-		r.Recorder.Eventf(dl, nil, corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire",
+		obs.event(corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire",
 			"Acquired %v for %s with fencing token %d", dl.Spec.Keys, h.Identity, lease.Fence)
 		log.Info("Acquired lease", "holder", h.Identity, "fence", lease.Fence)
 	case errors.As(err, &busy):
@@ -325,9 +352,12 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 	if !controllerutil.ContainsFinalizer(dl, locksv1alpha1.Finalizer) {
 		return ctrl.Result{}, nil
 	}
-	obs := r.observe(ctx, dl)
+	obs := r.gather(ctx, dl)
 	if obs.backendErr == nil && obs.scopeDenied == "" {
 		r.releaseStale(ctx, dl, obs, nil)
+		for _, e := range obs.events {
+			r.Recorder.Eventf(dl, nil, e.eventtype, e.reason, e.action, "%s", e.note)
+		}
 	} else if l := r.Watchdog.Drop(r.ref(dl)); l != nil {
 		// The backend cannot be reached: the lease is no longer renewed and
 		// ends with its TTL.
@@ -346,5 +376,5 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 	metrics.QueueDepth.DeleteLabelValues(dl.Namespace, dl.Name)
 	metrics.BackendUp.DeleteLabelValues(dl.Namespace, dl.Name)
 	controllerutil.RemoveFinalizer(dl, locksv1alpha1.Finalizer)
-	return ctrl.Result{}, client.IgnoreNotFound(r.Update(ctx, dl))
+	return ctrl.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, dl))
 }

@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -21,6 +20,7 @@ import (
 	"github.com/lockwarden/lockwarden/internal/holder"
 	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/metrics"
+	"github.com/lockwarden/lockwarden/internal/watchdog"
 )
 
 // lockMissingRequeue is how soon a Job whose lock does not exist is looked at again.
@@ -48,7 +48,7 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 		before := job.DeepCopy()
 		suspend := true
 		job.Spec.Suspend = &suspend
-		if err := r.Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		if err := r.Client.Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 			return ctrl.Result{}, fmt.Errorf("suspend Job: %w", err)
 		}
 		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventUnsuspendedWithoutLock, "Suspend",
@@ -78,7 +78,7 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 		nn := client.ObjectKeyFromObject(job)
 		was := !r.startWaiting(nn, r.Clock.Now())
 		if !was {
-			r.lockChanged(job)
+			r.notifyLock(job)
 			h := holder.Decode(busy.Holder)
 			r.eventf(job, corev1.EventTypeNormal, locksv1alpha1.EventWaiting, "Acquire", "Waiting for lock %s, held by %s", g.dl.Name, describeHolder(h.Identity, busy.Fence))
 		}
@@ -116,11 +116,11 @@ func (r *JobReconciler) startJob(ctx context.Context, g *gatedJob, lease *lock.L
 	setAnnotation(&job.Spec.Template.ObjectMeta, locksv1alpha1.AnnotationHolder, g.holder.Identity)
 	suspend := false
 	job.Spec.Suspend = &suspend
-	if err := r.Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+	if err := r.Client.Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		// Still held and renewed: the next reconcile starts it with the same lease.
 		return ctrl.Result{}, fmt.Errorf("start Job with fencing token %d: %w", lease.Fence, err)
 	}
-	r.lockChanged(job)
+	r.notifyLock(job)
 	return ctrl.Result{}, nil
 }
 
@@ -146,12 +146,12 @@ func (r *JobReconciler) skip(ctx context.Context, g *gatedJob, busy *lock.HeldEr
 	before := job.DeepCopy()
 	setAnnotation(&job.ObjectMeta, locksv1alpha1.AnnotationSkipped, reason)
 	controllerutil.RemoveFinalizer(job, locksv1alpha1.Finalizer)
-	if err := r.Patch(ctx, job, client.MergeFrom(before)); err != nil {
+	if err := r.Client.Patch(ctx, job, client.MergeFrom(before)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("mark Job skipped: %w", err)
 	}
 	r.Registry.Forget(g.ref)
 	if cj != nil {
-		if err := r.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+		if err := r.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 			return ctrl.Result{}, fmt.Errorf("delete skipped Job: %w", err)
 		}
 	}
@@ -162,17 +162,27 @@ func (r *JobReconciler) skip(ctx context.Context, g *gatedJob, busy *lock.HeldEr
 // reconcileHeld keeps the lease of a running Job renewed; after a restart of
 // the operator it takes the lease over with the same owner token and fence.
 func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Result, error) {
-	if lost := r.lostError(g.job); lost != nil {
-		return r.handleLost(ctx, g, lost)
+	if l, ok := r.lostOf(client.ObjectKeyFromObject(g.job)); ok {
+		res, err := r.handleLost(ctx, g, lostCause(l))
+		if err == nil {
+			r.clearLost(client.ObjectKeyFromObject(g.job), l)
+		}
+		return res, err
 	}
 	if _, _, ok := r.Watchdog.Holding(g.ref); ok {
 		return ctrl.Result{}, nil
 	}
 	if g.dl == nil {
+		metrics.LeasesLost.WithLabelValues(jobKind).Inc()
 		return r.handleLost(ctx, g, fmt.Errorf("%w: DistributedLock %q was deleted", lock.ErrLost, g.job.Labels[locksv1alpha1.LabelLock]))
 	}
 	h, err := r.Registry.For(ctx, g.ref, g.dl)
 	if err != nil {
+		// The watchdog does not renew this lease until the backend can be
+		// built again: say so, the lease is lost if that takes a TTL.
+		r.eventf(g.job, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Renew",
+			"Lock %s: cannot take over the lease after a restart: %v", g.dl.Name, err)
+		logf.FromContext(ctx).Error(err, "Building the backend of a running Job failed; retrying", "lock", g.dl.Name)
 		return ctrl.Result{RequeueAfter: backendRetry}, nil
 	}
 	fence, _ := strconv.ParseInt(g.job.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
@@ -187,31 +197,28 @@ func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Re
 		logf.FromContext(ctx).Info("Recovered held lease of Job", "fence", fence)
 		return ctrl.Result{}, nil
 	case errors.Is(err, lock.ErrLost), errors.Is(err, lock.ErrNotHeld):
+		metrics.LeasesLost.WithLabelValues(jobKind).Inc()
 		return r.handleLost(ctx, g, err)
 	default:
+		logf.FromContext(ctx).Error(err, "Taking over the lease of a running Job failed; retrying", "lock", g.dl.Name)
 		return ctrl.Result{RequeueAfter: backendRetry}, nil
 	}
 }
 
-func (r *JobReconciler) lostError(job *batchv1.Job) error {
-	l, ok := r.takeLost(client.ObjectKeyFromObject(job))
-	switch {
-	case !ok:
-		return nil
-	case l.Err == nil:
+// lostCause is the error a lost lease is reported with.
+func lostCause(l watchdog.Lost) error {
+	if l.Err == nil {
 		return lock.ErrLost
-	default:
-		return l.Err
 	}
+	return l.Err
 }
 
-// handleLost reports a running Job's lost lease and applies the lock's onLost.
+// handleLost records a running Job's lost lease on the Job, then reports it
+// and applies the lock's onLost. Who detected the loss counts it.
 func (r *JobReconciler) handleLost(ctx context.Context, g *gatedJob, cause error) (ctrl.Result, error) {
 	job := g.job
 	r.Watchdog.Drop(g.ref)
-	metrics.LeasesLost.WithLabelValues(jobKind).Inc()
 	fence := job.Annotations[locksv1alpha1.AnnotationFencingToken]
-	r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventLost, "Renew", "Lost the lease of lock %s (fencing token %s): %v", job.Labels[locksv1alpha1.LabelLock], fence, cause)
 	before := job.DeepCopy()
 	setAnnotation(&job.ObjectMeta, locksv1alpha1.AnnotationLost, fmt.Sprintf("%s: %v", r.Clock.Now().UTC().Format(time.RFC3339), cause))
 	terminate := g.dl != nil && g.dl.Spec.OnLost == locksv1alpha1.OnLostTerminate
@@ -219,9 +226,10 @@ func (r *JobReconciler) handleLost(ctx context.Context, g *gatedJob, cause error
 		suspend := true
 		job.Spec.Suspend = &suspend // the Job controller stops its pods
 	}
-	if err := r.Patch(ctx, job, client.MergeFrom(before)); err != nil {
+	if err := r.Client.Patch(ctx, job, client.MergeFrom(before)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("record lost lease: %w", err)
 	}
+	r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventLost, "Renew", "Lost the lease of lock %s (fencing token %s): %v", job.Labels[locksv1alpha1.LabelLock], fence, cause)
 	if terminate {
 		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventTerminated, "Terminate", "Stopped the Job's pods: its lease was lost and the lock's onLost is Terminate")
 	}
@@ -250,7 +258,7 @@ func (r *JobReconciler) reconcileRelease(ctx context.Context, g *gatedJob) (ctrl
 			if !lease.Acquired.IsZero() {
 				metrics.HoldSeconds.WithLabelValues(jobKind).Observe(r.Clock.Since(lease.Acquired).Seconds())
 			}
-			r.lockChanged(job)
+			r.notifyLock(job)
 			r.eventf(job, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released lock %s (fencing token %d)", job.Labels[locksv1alpha1.LabelLock], lease.Fence)
 			if g.dl != nil {
 				r.Recorder.Eventf(g.dl, job, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released by Job %s (fencing token %d)", job.Name, lease.Fence)
@@ -270,7 +278,7 @@ func (r *JobReconciler) reconcileRelease(ctx context.Context, g *gatedJob) (ctrl
 	r.forget(types.NamespacedName{Namespace: job.Namespace, Name: job.Name})
 	before := job.DeepCopy()
 	if controllerutil.RemoveFinalizer(job, locksv1alpha1.Finalizer) {
-		if err := r.Patch(ctx, job, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
+		if err := r.Client.Patch(ctx, job, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
 			return ctrl.Result{}, fmt.Errorf("remove finalizer: %w", err)
 		}
 	}

@@ -64,19 +64,34 @@ func (t *tracker) onLost(l watchdog.Lost) {
 		return
 	}
 	nn := types.NamespacedName{Namespace: l.Ref.Namespace, Name: l.Ref.Name}
-	t.mu.Lock()
-	t.lost[nn] = l
-	t.mu.Unlock()
+	t.recordLost(nn, l)
 	t.enqueue(nn)
 }
 
-// takeLost returns and forgets the lost lease of nn, if any.
-func (t *tracker) takeLost(nn types.NamespacedName) (watchdog.Lost, bool) {
+// recordLost remembers a lost lease of nn until clearLost.
+func (t *tracker) recordLost(nn types.NamespacedName, l watchdog.Lost) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.lost[nn] = l
+}
+
+// lostOf returns the lost lease of nn the watchdog reported, if any. It
+// stays until clearLost: a reconcile whose write fails sees it again.
+func (t *tracker) lostOf(nn types.NamespacedName) (watchdog.Lost, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	l, ok := t.lost[nn]
-	delete(t.lost, nn)
 	return l, ok
+}
+
+// clearLost forgets the lost lease l of nn once what shows it was written;
+// a newer loss reported meanwhile is kept.
+func (t *tracker) clearLost(nn types.NamespacedName, l watchdog.Lost) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if cur, ok := t.lost[nn]; ok && cur.Lease == l.Lease {
+		delete(t.lost, nn)
+	}
 }
 
 // startWaiting records that nn waits since now, unless it already did;
