@@ -1,7 +1,7 @@
 //go:build e2e
 
 // Package e2e is lockwarden's end-to-end suite: one local cluster
-// (internal/devcluster: etcd, kube-apiserver, kube-controller-manager,
+// (internal/testutil/devcluster: etcd, kube-apiserver, kube-controller-manager,
 // kube-scheduler, a kwok node, Redis and the operator binary, all processes
 // on this machine) serves every test. CronJobs really fire on the
 // kube-controller-manager's schedule and kwok "runs" their Pods.

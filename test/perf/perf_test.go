@@ -1,7 +1,7 @@
 //go:build perf
 
 // Package perf is lockwarden's load harness: one local cluster
-// (internal/devcluster: etcd, kube-apiserver, kube-controller-manager, a kwok
+// (internal/testutil/devcluster: etcd, kube-apiserver, kube-controller-manager, a kwok
 // node, Redis and the operator binary as processes on this machine) and a set
 // of measurements, written as a Markdown report to $PERF_REPORT (default
 // bin/perf-report.md).
