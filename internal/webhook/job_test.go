@@ -1,0 +1,387 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
+)
+
+// jobWrapper builds Jobs for tests: makeJob("j").Annotation(k, v).Obj().
+type jobWrapper struct{ batchv1.Job }
+
+func makeJob(name string) *jobWrapper {
+	return &jobWrapper{batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}}}
+}
+
+func (j *jobWrapper) Obj() *batchv1.Job { return j.DeepCopy() }
+
+func (j *jobWrapper) Annotation(k, v string) *jobWrapper {
+	if j.Annotations == nil {
+		j.Annotations = map[string]string{}
+	}
+	j.Annotations[k] = v
+	return j
+}
+
+func (j *jobWrapper) Label(k, v string) *jobWrapper {
+	if j.Labels == nil {
+		j.Labels = map[string]string{}
+	}
+	j.Labels[k] = v
+	return j
+}
+
+func (j *jobWrapper) TemplateAnnotation(k, v string) *jobWrapper {
+	if j.Spec.Template.Annotations == nil {
+		j.Spec.Template.Annotations = map[string]string{}
+	}
+	j.Spec.Template.Annotations[k] = v
+	return j
+}
+
+func (j *jobWrapper) Suspend(s bool) *jobWrapper {
+	j.Spec.Suspend = &s
+	return j
+}
+
+func (j *jobWrapper) Finalizer(f string) *jobWrapper {
+	j.Finalizers = append(j.Finalizers, f)
+	return j
+}
+
+func (j *jobWrapper) Container(name string, env ...corev1.EnvVar) *jobWrapper {
+	j.Spec.Template.Spec.Containers = append(j.Spec.Template.Spec.Containers, corev1.Container{Name: name, Image: "busybox", Env: env})
+	return j
+}
+
+func (j *jobWrapper) InitContainer(name string, env ...corev1.EnvVar) *jobWrapper {
+	j.Spec.Template.Spec.InitContainers = append(j.Spec.Template.Spec.InitContainers, corev1.Container{Name: name, Image: "busybox", Env: env})
+	return j
+}
+
+// OwnedBy adds an owner reference to the CronJob name with uid.
+func (j *jobWrapper) OwnedBy(name string, uid types.UID, controller bool) *jobWrapper {
+	j.OwnerReferences = append(j.OwnerReferences, metav1.OwnerReference{APIVersion: "batch/v1", Kind: "CronJob", Name: name, UID: uid, Controller: &controller})
+	return j
+}
+
+// GatedBy adds what the gate adds to a Job for lock, as a user sees it.
+func (j *jobWrapper) GatedBy(lock, contention string) *jobWrapper {
+	j.Label(locksv1alpha1.LabelLock, lock).Annotation(locksv1alpha1.AnnotationLock, lock).Suspend(true).Finalizer(locksv1alpha1.Finalizer)
+	if contention != "" {
+		j.Annotation(locksv1alpha1.AnnotationContention, contention)
+	}
+	return j
+}
+
+func env(name, value string) corev1.EnvVar { return corev1.EnvVar{Name: name, Value: value} }
+
+// gateEnv is what every container of a Job gated by lock gets, written out
+// as the contract users read: the downward API paths of the token and holder.
+func gateEnv(lock string) []corev1.EnvVar {
+	return []corev1.EnvVar{
+		{Name: "LOCKWARDEN_FENCING_TOKEN", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['lockwarden.io/fencing-token']"}}},
+		{Name: "LOCKWARDEN_HOLDER", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['lockwarden.io/holder']"}}},
+		{Name: "LOCKWARDEN_LOCK", Value: lock},
+	}
+}
+
+func TestGate(t *testing.T) {
+	t.Parallel()
+	cases := map[string]struct {
+		job        *batchv1.Job
+		lock       string
+		contention string
+		want       *batchv1.Job
+	}{
+		"suspended, labelled, finalized, with the lock's variables": {
+			job:  makeJob("j").Container("main").Obj(),
+			lock: "billing",
+			want: makeJob("j").GatedBy("billing", "").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"contention recorded": {
+			job:        makeJob("j").Container("main").Obj(),
+			lock:       "billing",
+			contention: "Skip",
+			want:       makeJob("j").GatedBy("billing", "Skip").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"a Job the user left unsuspended is suspended": {
+			job:  makeJob("j").Suspend(false).Container("main").Obj(),
+			lock: "billing",
+			want: makeJob("j").GatedBy("billing", "").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"the user's labels, annotations and finalizers are kept": {
+			job: makeJob("j").Label("team", "payments").Annotation("owner", "ops").Finalizer("example.com/keep").
+				TemplateAnnotation("prometheus.io/scrape", "true").Container("main").Obj(),
+			lock: "billing",
+			want: makeJob("j").Label("team", "payments").Annotation("owner", "ops").Finalizer("example.com/keep").
+				TemplateAnnotation("prometheus.io/scrape", "true").GatedBy("billing", "").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"a fencing token or holder the user wrote is removed": {
+			job: makeJob("j").
+				Annotation(locksv1alpha1.AnnotationFencingToken, "999999").Annotation(locksv1alpha1.AnnotationHolder, "me").
+				TemplateAnnotation(locksv1alpha1.AnnotationFencingToken, "999999").TemplateAnnotation(locksv1alpha1.AnnotationHolder, "me").
+				TemplateAnnotation("keep", "yes").Container("main").Obj(),
+			lock: "billing",
+			want: makeJob("j").TemplateAnnotation("keep", "yes").GatedBy("billing", "").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"every container and init container, same-named variables replaced": {
+			job: makeJob("j").
+				InitContainer("migrate", env("LOCKWARDEN_LOCK", "forged")).
+				Container("main", env("FOO", "bar"), env("LOCKWARDEN_FENCING_TOKEN", "999999")).
+				Container("sidecar").Obj(),
+			lock: "billing",
+			want: makeJob("j").GatedBy("billing", "").
+				InitContainer("migrate", gateEnv("billing")...).
+				Container("main", append([]corev1.EnvVar{env("FOO", "bar")}, gateEnv("billing")...)...).
+				Container("sidecar", gateEnv("billing")...).Obj(),
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			got := tc.job.DeepCopy()
+			Gate(got, tc.lock, tc.contention)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("gated Job (-want,+got):\n%s", diff)
+			}
+			Gate(got, tc.lock, tc.contention)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Job gated twice (-want,+got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestValidateAnnotations(t *testing.T) {
+	t.Parallel()
+	lockField := "metadata.annotations[lockwarden.io/lock]"
+	contentionField := "metadata.annotations[lockwarden.io/contention]"
+	cases := map[string]struct {
+		lock, contention, source string
+		wantFields               []string
+		wantText                 []string // substrings of the error messages
+	}{
+		"lock only":                 {lock: "billing"},
+		"lock with dots":            {lock: "billing.ledger-2"},
+		"contention Queue":          {lock: "billing", contention: "Queue"},
+		"contention Skip":           {lock: "billing", contention: "Skip"},
+		"empty lock name":           {lock: "", wantFields: []string{lockField}, wantText: []string{"must name a DistributedLock"}},
+		"upper case lock name":      {lock: "Billing", wantFields: []string{lockField}, wantText: []string{`"Billing"`, "lowercase"}},
+		"lock name with a slash":    {lock: "team/billing", wantFields: []string{lockField}},
+		"lock name of 254 letters":  {lock: strings.Repeat("a", 254), wantFields: []string{lockField}},
+		"lower case contention":     {lock: "billing", contention: "queue", wantFields: []string{contentionField}, wantText: []string{`"queue"`, `"Queue"`, `"Skip"`}},
+		"unknown contention":        {lock: "billing", contention: "Wait", wantFields: []string{contentionField}, wantText: []string{`"Queue" (wait in FIFO order)`, `"Skip"`, "spec.contention"}},
+		"both wrong":                {lock: "Billing", contention: "Wait", wantFields: []string{lockField, contentionField}},
+		"the CronJob is named":      {lock: "Billing", source: "on CronJob nightly: ", wantFields: []string{lockField}, wantText: []string{"on CronJob nightly: must name"}},
+		"the CronJob is named, too": {lock: "billing", contention: "Wait", source: "on CronJob nightly: ", wantFields: []string{contentionField}, wantText: []string{"on CronJob nightly: must be"}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			errs := validateAnnotations(tc.lock, tc.contention, field.NewPath("metadata", "annotations"), tc.source)
+			var fields []string
+			for _, e := range errs {
+				fields = append(fields, e.Field)
+			}
+			if diff := cmp.Diff(tc.wantFields, fields); diff != "" {
+				t.Errorf("fields in error (-want,+got):\n%s", diff)
+			}
+			msg := errs.ToAggregate()
+			for _, w := range tc.wantText {
+				if msg == nil || !strings.Contains(msg.Error(), w) {
+					t.Errorf("error %v does not contain %q", msg, w)
+				}
+			}
+		})
+	}
+}
+
+func TestDefault(t *testing.T) {
+	t.Parallel()
+	cronJob := func(name string, uid types.UID, annotations map[string]string) *batchv1.CronJob {
+		return &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: uid, Annotations: annotations}}
+	}
+	dlock := func(namespace, name string) *locksv1alpha1.DistributedLock {
+		return &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}
+	}
+	nightly := cronJob("nightly", "uid-nightly", map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationContention: "Skip"})
+	lockField := "metadata.annotations[lockwarden.io/lock]"
+	contentionField := "metadata.annotations[lockwarden.io/contention]"
+
+	cases := map[string]struct {
+		cached   []client.Object // in Reader (the cache) and APIReader
+		apiOnly  []client.Object // in APIReader only: created a moment ago
+		job      *batchv1.Job
+		want     *batchv1.Job // nil: the Job is left as it came
+		wantErr  []string     // fields of an Invalid error
+		wantText []string     // substrings of its message
+	}{
+		"a Job that names a lock is gated": {
+			cached: []client.Object{dlock("default", "billing")},
+			job:    makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Container("main").Obj(),
+			want:   makeJob("j").GatedBy("billing", "").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"a Job's contention is kept": {
+			cached: []client.Object{dlock("default", "billing")},
+			job:    makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Annotation(locksv1alpha1.AnnotationContention, "Skip").Container("main").Obj(),
+			want:   makeJob("j").GatedBy("billing", "Skip").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"a Job of an annotated CronJob is gated with the CronJob's lock and contention": {
+			cached: []client.Object{dlock("default", "billing"), nightly},
+			job:    makeJob("nightly-1").OwnedBy("nightly", "uid-nightly", true).Container("main").Obj(),
+			want:   makeJob("nightly-1").OwnedBy("nightly", "uid-nightly", true).GatedBy("billing", "Skip").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"a Job's own lock wins over its CronJob's": {
+			cached: []client.Object{dlock("default", "billing"), dlock("default", "reports"), nightly},
+			job:    makeJob("nightly-1").OwnedBy("nightly", "uid-nightly", true).Annotation(locksv1alpha1.AnnotationLock, "reports").Container("main").Obj(),
+			want:   makeJob("nightly-1").OwnedBy("nightly", "uid-nightly", true).GatedBy("reports", "").Container("main", gateEnv("reports")...).Obj(),
+		},
+		"a lock the cache does not have yet is confirmed with the API server": {
+			apiOnly: []client.Object{dlock("default", "billing")},
+			job:     makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Container("main").Obj(),
+			want:    makeJob("j").GatedBy("billing", "").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"a Job that names no lock is left alone": {
+			cached: []client.Object{dlock("default", "billing")},
+			job:    makeJob("j").Annotation("owner", "ops").Container("main", env("FOO", "bar")).Obj(),
+		},
+		"a CronJob of the same name that is not the owner (other UID) is ignored": {
+			cached: []client.Object{dlock("default", "billing"), nightly},
+			job:    makeJob("nightly-1").OwnedBy("nightly", "uid-of-a-deleted-cronjob", true).Container("main").Obj(),
+		},
+		"a CronJob that owns but does not control the Job is ignored": {
+			cached: []client.Object{dlock("default", "billing"), nightly},
+			job:    makeJob("nightly-1").OwnedBy("nightly", "uid-nightly", false).Container("main").Obj(),
+		},
+		"a CronJob that names no lock gates nothing": {
+			cached: []client.Object{dlock("default", "billing"), cronJob("nightly", "uid-nightly", map[string]string{"owner": "ops"})},
+			job:    makeJob("nightly-1").OwnedBy("nightly", "uid-nightly", true).Container("main").Obj(),
+		},
+		"a Job of a CronJob already deleted is left alone": {
+			cached: []client.Object{dlock("default", "billing")},
+			job:    makeJob("nightly-1").OwnedBy("nightly", "uid-nightly", true).Container("main").Obj(),
+		},
+		"a missing lock is refused naming the annotation": {
+			job:      makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Container("main").Obj(),
+			wantErr:  []string{lockField},
+			wantText: []string{`no DistributedLock "billing" in namespace "default"`, "create it"},
+		},
+		"a lock in another namespace does not count": {
+			cached:   []client.Object{dlock("payments", "billing")},
+			job:      makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Container("main").Obj(),
+			wantErr:  []string{lockField},
+			wantText: []string{`no DistributedLock "billing" in namespace "default"`},
+		},
+		"a CronJob's missing lock is refused naming the CronJob": {
+			cached:   []client.Object{nightly},
+			job:      makeJob("nightly-1").OwnedBy("nightly", "uid-nightly", true).Container("main").Obj(),
+			wantErr:  []string{lockField},
+			wantText: []string{"on CronJob nightly: ", `no DistributedLock "billing"`},
+		},
+		"a bad contention is refused naming the annotation": {
+			cached:   []client.Object{dlock("default", "billing")},
+			job:      makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Annotation(locksv1alpha1.AnnotationContention, "skip").Container("main").Obj(),
+			wantErr:  []string{contentionField},
+			wantText: []string{`"Queue"`, `"Skip"`},
+		},
+		"a bad lock name is refused naming the annotation": {
+			job:     makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "Billing").Container("main").Obj(),
+			wantErr: []string{lockField},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cache := fake.NewClientBuilder().WithScheme(kubetest.Scheme()).WithObjects(deepCopies(tc.cached)...).Build()
+			api := fake.NewClientBuilder().WithScheme(kubetest.Scheme()).WithObjects(deepCopies(append(tc.cached, tc.apiOnly...))...).Build()
+			g := &JobGate{Reader: cache, APIReader: api}
+			got := tc.job.DeepCopy()
+
+			err := g.Default(t.Context(), got)
+
+			if tc.wantErr != nil {
+				if diff := cmp.Diff(tc.wantErr, invalidFields(t, err)); diff != "" {
+					t.Errorf("fields of the Invalid error (-want,+got):\n%s", diff)
+				}
+				for _, w := range tc.wantText {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not contain %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Default: %v", err)
+			}
+			want := tc.want
+			if want == nil {
+				want = tc.job
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("Job after Default (-want,+got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestDefaultFailsWhenTheCronJobCannotBeRead: a Job whose CronJob cannot be
+// read is refused (the API server retries the create) rather than let through
+// ungated.
+func TestDefaultFailsWhenTheCronJobCannotBeRead(t *testing.T) {
+	t.Parallel()
+	unavailable := errors.New("cache not synced")
+	cache := fake.NewClientBuilder().WithScheme(kubetest.Scheme()).WithInterceptorFuncs(interceptor.Funcs{
+		Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
+			return unavailable
+		},
+	}).Build()
+	g := &JobGate{Reader: cache, APIReader: cache}
+	job := makeJob("nightly-1").OwnedBy("nightly", "uid-nightly", true).Container("main").Obj()
+
+	err := g.Default(t.Context(), job)
+
+	if !errors.Is(err, unavailable) || !strings.Contains(err.Error(), "default/nightly") {
+		t.Errorf("Default = %v, want an error naming the CronJob default/nightly and wrapping %q", err, unavailable)
+	}
+}
+
+func deepCopies(objs []client.Object) []client.Object {
+	out := make([]client.Object, len(objs))
+	for i, o := range objs {
+		out[i] = o.DeepCopyObject().(client.Object)
+	}
+	return out
+}
+
+// invalidFields returns the fields an Invalid error names.
+func invalidFields(t *testing.T, err error) []string {
+	t.Helper()
+	if !apierrors.IsInvalid(err) {
+		t.Fatalf("error = %v, want Invalid", err)
+	}
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) || status.Status().Details == nil {
+		t.Fatalf("error %v has no details", err)
+	}
+	var fields []string
+	for _, c := range status.Status().Details.Causes {
+		fields = append(fields, c.Field)
+	}
+	return fields
+}
