@@ -52,15 +52,43 @@ func (r *JobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	switch {
-	case !job.DeletionTimestamp.IsZero() || jobFinished(&job):
+	switch phaseOf(&job) {
+	case phaseDone:
 		return r.reconcileRelease(ctx, g)
-	case job.Annotations[locksv1alpha1.AnnotationLost] != "":
-		return ctrl.Result{}, nil // reported; the Job runs on (Ignore) or was stopped (Terminate)
-	case job.Annotations[locksv1alpha1.AnnotationFencingToken] != "":
+	case phaseLostReported:
+		return ctrl.Result{}, nil // the Job runs on (Ignore) or was stopped (Terminate)
+	case phaseHolding:
 		return r.reconcileHeld(ctx, g)
 	default:
 		return r.reconcileWaiting(ctx, g)
+	}
+}
+
+// jobPhase is where a gated Job is in its life with the lock.
+type jobPhase string
+
+const (
+	// phaseWaiting: suspended until it acquires the lock.
+	phaseWaiting jobPhase = "Waiting"
+	// phaseHolding: started with a fencing token; its lease is renewed.
+	phaseHolding jobPhase = "Holding"
+	// phaseLostReported: its lease was lost and that was recorded on it.
+	phaseLostReported jobPhase = "LostReported"
+	// phaseDone: finished or being deleted; its lease is released.
+	phaseDone jobPhase = "Done"
+)
+
+// phaseOf decides a gated Job's phase from the Job alone.
+func phaseOf(job *batchv1.Job) jobPhase {
+	switch {
+	case !job.DeletionTimestamp.IsZero() || jobFinished(job):
+		return phaseDone
+	case job.Annotations[locksv1alpha1.AnnotationLost] != "":
+		return phaseLostReported
+	case job.Annotations[locksv1alpha1.AnnotationFencingToken] != "":
+		return phaseHolding
+	default:
+		return phaseWaiting
 	}
 }
 

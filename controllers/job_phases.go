@@ -97,10 +97,14 @@ func (r *JobReconciler) start(ctx context.Context, g *gatedJob, h backend.Handle
 	metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultAcquired).Inc()
 	since := r.stopWaiting(client.ObjectKeyFromObject(g.job), lease.Acquired)
 	metrics.WaitSeconds.WithLabelValues(jobKind).Observe(r.Clock.Since(since).Seconds())
-	r.eventf(g.job, corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire", "Acquired lock %s with fencing token %d; starting", g.dl.Name, lease.Fence)
-	r.Recorder.Eventf(g.dl, g.job, corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire", "Acquired by Job %s with fencing token %d", g.job.Name, lease.Fence)
 	logf.FromContext(ctx).Info("Acquired lock for Job", "lock", g.dl.Name, "fence", lease.Fence)
-	return r.startJob(ctx, g, lease)
+	res, err := r.startJob(ctx, g, lease)
+	if err != nil {
+		return res, err // still held and renewed: the next reconcile starts it with this lease
+	}
+	r.eventf(g.job, corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire", "Acquired lock %s with fencing token %d; started", g.dl.Name, lease.Fence)
+	r.Recorder.Eventf(g.dl, g.job, corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire", "Acquired by Job %s with fencing token %d", g.job.Name, lease.Fence)
+	return res, nil
 }
 
 // startJob records the fencing token on the Job and its pod template and
