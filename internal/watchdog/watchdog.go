@@ -3,9 +3,9 @@
 //
 // One watchdog serves the whole manager and runs only on the elected leader.
 // A lease is renewed when a third of its TTL has passed since it was last
-// renewed; all the leases of one backend that are due (or nearly due) go to
-// the backend in one RenewAll call, so renewal traffic grows with the number
-// of backends, not with the number of leases. A renewal the backend refuses
+// renewed; all the leases of one backend and TTL that are due (or nearly due)
+// go to the backend in one RenewAll call, so renewal traffic grows with the
+// number of backends and distinct TTLs, not with the number of leases. A renewal the backend refuses
 // (the lease is gone) and a lease whose validity ran out while the backend did
 // not answer are reported as lost, never silently re-acquired.
 package watchdog
@@ -149,8 +149,8 @@ type batch struct {
 }
 
 // RenewDue renews every lease that is due now, together with the leases of
-// the same backend that would be due within a sixth of their TTL, in one
-// RenewAll call per backend.
+// the same backend and TTL that would be due within a sixth of their TTL, in
+// one RenewAll call per backend and TTL.
 func (w *Watchdog) RenewDue(ctx context.Context) {
 	now := w.clock.Now()
 	batches := map[batchKey]*batch{}

@@ -53,9 +53,14 @@ func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 	if errs := validateAnnotations(name, contention, path, source); len(errs) > 0 {
 		return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, errs)
 	}
-	if err := g.lockExists(ctx, job.Namespace, name); err != nil {
+	found, err = g.lockExists(ctx, job.Namespace, name)
+	if err != nil {
+		// Not the user's mistake: refuse for now, so the creation is retried.
+		return apierrors.NewInternalError(fmt.Errorf("read DistributedLock %s/%s: %w", job.Namespace, name, err))
+	}
+	if !found {
 		return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, field.ErrorList{
-			field.Invalid(path.Key(locksv1alpha1.AnnotationLock), name, fmt.Sprintf("%sno DistributedLock %q in namespace %q (%v): create it, or name an existing lock", source, name, job.Namespace, err)),
+			field.Invalid(path.Key(locksv1alpha1.AnnotationLock), name, fmt.Sprintf("%sno DistributedLock %q in namespace %q: create it, or name an existing lock", source, name, job.Namespace)),
 		})
 	}
 	Gate(job, name, contention)
@@ -157,6 +162,11 @@ func validateAnnotations(lock, contention string, path *field.Path, source strin
 	for _, msg := range validation.IsDNS1123Subdomain(lock) {
 		errs = append(errs, field.Invalid(path.Key(locksv1alpha1.AnnotationLock), lock, source+"must name a DistributedLock in the Job's namespace: "+msg))
 	}
+	if len(errs) == 0 && len(lock) > validation.LabelValueMaxLength {
+		// The name becomes the value of the lockwarden.io/lock label.
+		errs = append(errs, field.Invalid(path.Key(locksv1alpha1.AnnotationLock), lock,
+			fmt.Sprintf("%sa lock that gates Jobs must have a name of at most %d characters (it is stored as a label value); rename the DistributedLock", source, validation.LabelValueMaxLength)))
+	}
 	switch locksv1alpha1.Contention(contention) {
 	case "", locksv1alpha1.ContentionQueue, locksv1alpha1.ContentionSkip:
 	default:
@@ -167,16 +177,16 @@ func validateAnnotations(lock, contention string, path *field.Path, source strin
 }
 
 // lockExists checks the cache, then the API server (the cache may lag behind
-// a lock created a moment ago).
-func (g *JobGate) lockExists(ctx context.Context, namespace, name string) error {
+// a lock created a moment ago). err is a failure to read, not a missing lock.
+func (g *JobGate) lockExists(ctx context.Context, namespace, name string) (found bool, err error) {
 	nn := types.NamespacedName{Namespace: namespace, Name: name}
 	var dl locksv1alpha1.DistributedLock
-	err := g.Reader.Get(ctx, nn, &dl)
+	err = g.Reader.Get(ctx, nn, &dl)
 	if apierrors.IsNotFound(err) && g.APIReader != nil {
 		err = g.APIReader.Get(ctx, nn, &dl)
 	}
 	if apierrors.IsNotFound(err) {
-		return fmt.Errorf("not found")
+		return false, nil
 	}
-	return err
+	return err == nil, err
 }

@@ -185,6 +185,8 @@ func TestValidateAnnotations(t *testing.T) {
 		"upper case lock name":      {lock: "Billing", wantFields: []string{lockField}, wantText: []string{`"Billing"`, "lowercase"}},
 		"lock name with a slash":    {lock: "team/billing", wantFields: []string{lockField}},
 		"lock name of 254 letters":  {lock: strings.Repeat("a", 254), wantFields: []string{lockField}},
+		"lock name of 63 letters":   {lock: strings.Repeat("a", 63)},
+		"lock name of 64 letters":   {lock: strings.Repeat("a", 64), wantFields: []string{lockField}, wantText: []string{"at most 63 characters", "label value"}},
 		"lower case contention":     {lock: "billing", contention: "queue", wantFields: []string{contentionField}, wantText: []string{`"queue"`, `"Queue"`, `"Skip"`}},
 		"unknown contention":        {lock: "billing", contention: "Wait", wantFields: []string{contentionField}, wantText: []string{`"Queue" (wait in FIFO order)`, `"Skip"`, "spec.contention"}},
 		"both wrong":                {lock: "Billing", contention: "Wait", wantFields: []string{lockField, contentionField}},
@@ -358,6 +360,27 @@ func TestDefaultFailsWhenTheCronJobCannotBeRead(t *testing.T) {
 
 	if !errors.Is(err, unavailable) || !strings.Contains(err.Error(), "default/nightly") {
 		t.Errorf("Default = %v, want an error naming the CronJob default/nightly and wrapping %q", err, unavailable)
+	}
+}
+
+// A lock that cannot be read (not: does not exist) is a failure to retry,
+// not a user error that tells them to create the lock.
+func TestDefaultFailsWhenTheLockCannotBeRead(t *testing.T) {
+	t.Parallel()
+	unavailable := errors.New("cache not synced")
+	cache := fake.NewClientBuilder().WithScheme(kubetest.Scheme()).WithInterceptorFuncs(interceptor.Funcs{
+		Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
+			return unavailable
+		},
+	}).Build()
+	g := &JobGate{Reader: cache, APIReader: cache}
+	job := makeJob("once").Container("main").Obj()
+	job.Annotations = map[string]string{locksv1alpha1.AnnotationLock: "billing"}
+
+	err := g.Default(t.Context(), job)
+
+	if apierrors.IsInvalid(err) || !apierrors.IsInternalError(err) || !strings.Contains(err.Error(), "cache not synced") {
+		t.Errorf("Default = %v, want an internal (retryable) error saying why the lock could not be read", err)
 	}
 }
 
