@@ -348,12 +348,7 @@ func TestDefault(t *testing.T) {
 func TestDefaultFailsWhenTheCronJobCannotBeRead(t *testing.T) {
 	t.Parallel()
 	unavailable := errors.New("cache not synced")
-	cache := fake.NewClientBuilder().WithScheme(kubetest.Scheme()).WithInterceptorFuncs(interceptor.Funcs{
-		Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
-			return unavailable
-		},
-	}).Build()
-	g := &JobGate{Reader: cache, APIReader: cache}
+	g := failingGate(unavailable)
 	job := makeJob("nightly-1").OwnedBy("nightly", "uid-nightly", true).Container("main").Obj()
 
 	err := g.Default(t.Context(), job)
@@ -368,12 +363,7 @@ func TestDefaultFailsWhenTheCronJobCannotBeRead(t *testing.T) {
 func TestDefaultFailsWhenTheLockCannotBeRead(t *testing.T) {
 	t.Parallel()
 	unavailable := errors.New("cache not synced")
-	cache := fake.NewClientBuilder().WithScheme(kubetest.Scheme()).WithInterceptorFuncs(interceptor.Funcs{
-		Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
-			return unavailable
-		},
-	}).Build()
-	g := &JobGate{Reader: cache, APIReader: cache}
+	g := failingGate(unavailable)
 	job := makeJob("once").Container("main").Obj()
 	job.Annotations = map[string]string{locksv1alpha1.AnnotationLock: "billing"}
 
@@ -382,6 +372,16 @@ func TestDefaultFailsWhenTheLockCannotBeRead(t *testing.T) {
 	if apierrors.IsInvalid(err) || !apierrors.IsInternalError(err) || !strings.Contains(err.Error(), "cache not synced") {
 		t.Errorf("Default = %v, want an internal (retryable) error saying why the lock could not be read", err)
 	}
+}
+
+// failingGate is a gate whose every read fails with err.
+func failingGate(err error) *JobGate {
+	cache := fake.NewClientBuilder().WithScheme(kubetest.Scheme()).WithInterceptorFuncs(interceptor.Funcs{
+		Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
+			return err
+		},
+	}).Build()
+	return &JobGate{Reader: cache, APIReader: cache}
 }
 
 func deepCopies(objs []client.Object) []client.Object {
