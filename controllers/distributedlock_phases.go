@@ -106,6 +106,13 @@ func (r *DistributedLockReconciler) gather(ctx context.Context, dl *locksv1alpha
 	return obs
 }
 
+// recordEvents records the Events a reconcile collected in obs.
+func (r *DistributedLockReconciler) recordEvents(dl *locksv1alpha1.DistributedLock, obs *observation) {
+	for _, e := range obs.events {
+		r.Recorder.Eventf(dl, nil, e.eventtype, e.reason, e.action, "%s", e.note)
+	}
+}
+
 // report emits what a reconcile found, once its status is written: Events,
 // metrics, and the end of the one-shot lost signal it showed.
 func (r *DistributedLockReconciler) report(dl *locksv1alpha1.DistributedLock, obs *observation) {
@@ -135,9 +142,7 @@ func (r *DistributedLockReconciler) report(dl *locksv1alpha1.DistributedLock, ob
 			"Lost the lease of %s (fencing token %d): %v", holder.Decode(obs.lost.Lease.Holder).Identity, obs.lost.Lease.Fence, obs.lost.Err)
 		r.clearLost(client.ObjectKeyFromObject(dl), *obs.lost)
 	}
-	for _, e := range obs.events {
-		r.Recorder.Eventf(dl, nil, e.eventtype, e.reason, e.action, "%s", e.note)
-	}
+	r.recordEvents(dl, obs)
 }
 
 func backendWasDown(dl *locksv1alpha1.DistributedLock) bool {
@@ -355,9 +360,7 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 	obs := r.gather(ctx, dl)
 	if obs.backendErr == nil && obs.scopeDenied == "" {
 		r.releaseStale(ctx, dl, obs, nil)
-		for _, e := range obs.events {
-			r.Recorder.Eventf(dl, nil, e.eventtype, e.reason, e.action, "%s", e.note)
-		}
+		r.recordEvents(dl, obs)
 	} else if l := r.Watchdog.Drop(r.ref(dl)); l != nil {
 		// The backend cannot be reached: the lease is no longer renewed and
 		// ends with its TTL.
