@@ -14,7 +14,9 @@ const (
 	ScopeNamespace Scope = "Namespace"
 	// ScopeGlobal uses the keys as written, so locks in every namespace (and
 	// every cluster) that name the same key on the same Redis exclude each
-	// other. Allowed only where the operator's configuration permits it.
+	// other. Allowed only where the backend's policy permits it: a
+	// ClusterLockBackend's globalScopeNamespaceSelector, or for inline
+	// endpoints the operator's configuration.
 	ScopeGlobal Scope = "Global"
 )
 
@@ -68,7 +70,9 @@ type DistributedLockSpec struct {
 
 	// scope is Namespace (default: Redis keys are prefixed with the lock's
 	// namespace) or Global (keys used as written, shared across namespaces and
-	// clusters; allowed only where the operator's configuration permits it).
+	// clusters; allowed only where the backend's policy permits it: a
+	// ClusterLockBackend's globalScopeNamespaceSelector, or for inline
+	// endpoints the operator's configuration).
 	// Immutable.
 	// +optional
 	// +kubebuilder:default=Namespace
@@ -94,7 +98,8 @@ type DistributedLockSpec struct {
 	// +optional
 	Holder *ManualHolder `json:"holder,omitempty"`
 
-	// backend is where the lock lives.
+	// backend is where the lock lives: inline Redis endpoints, or a
+	// ClusterLockBackend by name.
 	// +required
 	Backend Backend `json:"backend"`
 }
@@ -110,16 +115,35 @@ type ManualHolder struct {
 	Identity string `json:"identity"`
 }
 
-// Backend selects the lock backend. Exactly one member is set.
+// Backend selects where a lock lives. Exactly one member is set.
+// +kubebuilder:validation:XValidation:rule="[has(self.redis), has(self.clusterBackendRef)].filter(x, x).size() == 1",message="spec.backend: set exactly one of redis (inline endpoints, checked against the operator's endpoint policy) or clusterBackendRef (a ClusterLockBackend set up by the cluster's administrators)"
 type Backend struct {
-	// redis holds the lock in Redis: one server, a Sentinel-managed master, or
-	// 3, 5 or 7 independent masters (Redlock).
+	// redis holds the lock in Redis at endpoints this lock names: one server,
+	// a Sentinel-managed master, or 3, 5 or 7 independent masters (Redlock).
+	// The operator connects only where its endpoint policy allows (see
+	// docs/security.md); clusters may turn inline endpoints off.
+	// +optional
+	Redis *RedisBackend `json:"redis,omitempty"`
+
+	// clusterBackendRef names a ClusterLockBackend: a backend (endpoints,
+	// TLS, credentials) that the cluster's administrators set up and allow
+	// this lock's namespace to use.
+	// +optional
+	ClusterBackendRef *ClusterBackendRef `json:"clusterBackendRef,omitempty"`
+}
+
+// ClusterBackendRef names a ClusterLockBackend.
+type ClusterBackendRef struct {
+	// name of the ClusterLockBackend.
 	// +required
-	Redis *RedisBackend `json:"redis"`
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Name string `json:"name"`
 }
 
 // RedisBackend describes the Redis that holds a lock.
-// +kubebuilder:validation:XValidation:rule="has(self.sentinel) || size(self.endpoints) in [1, 3, 5, 7]",message="spec.backend.redis.endpoints must list 1 server (standalone) or 3, 5 or 7 independent masters (Redlock)"
+// +kubebuilder:validation:XValidation:rule="has(self.sentinel) || size(self.endpoints) in [1, 3, 5, 7]",message="redis.endpoints must list 1 server (standalone) or 3, 5 or 7 independent masters (Redlock)"
 type RedisBackend struct {
 	// endpoints are host:port addresses. 1 = a standalone server; 3, 5 or 7 =
 	// independent masters for Redlock (never replicas of each other); with
@@ -142,8 +166,9 @@ type RedisBackend struct {
 	// +kubebuilder:validation:Maximum=15
 	DB int32 `json:"db,omitempty"`
 
-	// passwordSecretRef names the key of a Secret in the lock's namespace that
-	// holds the Redis password (AUTH). Default: no password.
+	// passwordSecretRef names the key of a Secret that holds the Redis
+	// password (AUTH): in the lock's namespace for a DistributedLock, in the
+	// operator's namespace for a ClusterLockBackend. Default: no password.
 	// +optional
 	PasswordSecretRef *SecretKeyRef `json:"passwordSecretRef,omitempty"`
 
@@ -160,16 +185,17 @@ type RedisSentinel struct {
 	// +kubebuilder:validation:MaxLength=128
 	MasterName string `json:"masterName"`
 
-	// passwordSecretRef names the key of a Secret in the lock's namespace that
-	// holds the Sentinels' own password. Default: none.
+	// passwordSecretRef names the key of a Secret (in the same namespace as
+	// the password's) that holds the Sentinels' own password. Default: none.
 	// +optional
 	PasswordSecretRef *SecretKeyRef `json:"passwordSecretRef,omitempty"`
 }
 
 // RedisTLS configures TLS to Redis.
 type RedisTLS struct {
-	// caSecretRef names the key of a Secret in the lock's namespace that holds
-	// the PEM CA bundle to verify the servers with. Default: the system roots.
+	// caSecretRef names the key of a Secret (in the same namespace as the
+	// password's) that holds the PEM CA bundle to verify the servers with.
+	// Default: the system roots.
 	// +optional
 	CASecretRef *SecretKeyRef `json:"caSecretRef,omitempty"`
 
@@ -180,9 +206,10 @@ type RedisTLS struct {
 	ServerName string `json:"serverName,omitempty"`
 }
 
-// SecretKeyRef names one key of a Secret in the lock's own namespace.
+// SecretKeyRef names one key of a Secret: in the DistributedLock's own
+// namespace, or in the operator's namespace for a ClusterLockBackend.
 type SecretKeyRef struct {
-	// name of the Secret, in the DistributedLock's namespace.
+	// name of the Secret.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253

@@ -23,7 +23,7 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &DistributedLock{}, &DistributedLockList{})
+	s.AddKnownTypes(GroupVersion, &DistributedLock{}, &DistributedLockList{}, &ClusterLockBackend{}, &ClusterLockBackendList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

@@ -82,7 +82,13 @@ func TestInvalidSpecsAreRefusedNamingTheField(t *testing.T) {
 		"holder identity too long": {func(s *locksv1alpha1.DistributedLockSpec) {
 			s.Holder = &locksv1alpha1.ManualHolder{Identity: strings.Repeat("m", 129)}
 		}, []string{"spec.holder.identity", "128"}},
-		"no backend":   {func(s *locksv1alpha1.DistributedLockSpec) { s.Backend.Redis = nil }, []string{"spec.backend.redis", "Required"}},
+		"no backend": {func(s *locksv1alpha1.DistributedLockSpec) { s.Backend.Redis = nil }, []string{"spec.backend", "exactly one of redis", "clusterBackendRef"}},
+		"two backends": {func(s *locksv1alpha1.DistributedLockSpec) {
+			s.Backend.ClusterBackendRef = &locksv1alpha1.ClusterBackendRef{Name: "shared"}
+		}, []string{"spec.backend", "exactly one of redis", "clusterBackendRef"}},
+		"bad backend name": {func(s *locksv1alpha1.DistributedLockSpec) {
+			s.Backend.Redis, s.Backend.ClusterBackendRef = nil, &locksv1alpha1.ClusterBackendRef{Name: "Shared_Redis"}
+		}, []string{"spec.backend.clusterBackendRef.name", "should match"}},
 		"no endpoints": {func(s *locksv1alpha1.DistributedLockSpec) { s.Backend.Redis.Endpoints = []string{} }, []string{"spec.backend.redis.endpoints", "at least 1"}},
 		"even number of masters": {func(s *locksv1alpha1.DistributedLockSpec) {
 			s.Backend.Redis.Endpoints = []string{"a:6379", "b:6379"}
@@ -139,6 +145,9 @@ func TestValidSpecsAreAccepted(t *testing.T) {
 			s.Holder = &locksv1alpha1.ManualHolder{Identity: "maintenance window 2026-12-01"}
 			s.Keys = []string{"billing/ledger", "ledger:compaction", "a.b_c-d"}
 		},
+		"a cluster backend by name": func(s *locksv1alpha1.DistributedLockSpec) {
+			s.Backend.Redis, s.Backend.ClusterBackendRef = nil, &locksv1alpha1.ClusterBackendRef{Name: "shared-redis"}
+		},
 	}
 	for name, mutate := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -176,6 +185,46 @@ func TestKeysAndScopeAreImmutable(t *testing.T) {
 			err := env.Client.Update(ctx, changed)
 			if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("update = %v, want Invalid with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestClusterLockBackendValidation(t *testing.T) {
+	needEnv(t)
+	ctx := context.Background()
+	redis := &locksv1alpha1.RedisBackend{Endpoints: []string{"redis.infra:6379"}}
+	cases := map[string]struct {
+		spec locksv1alpha1.ClusterLockBackendSpec
+		want []string // empty: accepted
+	}{
+		"no backend member":     {locksv1alpha1.ClusterLockBackendSpec{NamespaceSelector: &metav1.LabelSelector{}}, []string{"spec", "exactly one backend member"}},
+		"no namespace selector": {locksv1alpha1.ClusterLockBackendSpec{Redis: redis}, []string{"spec.namespaceSelector", "Required"}},
+		"even number of masters": {locksv1alpha1.ClusterLockBackendSpec{
+			Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{"a:6379", "b:6379"}}, NamespaceSelector: &metav1.LabelSelector{},
+		}, []string{"spec.redis", "1 server (standalone) or 3, 5 or 7"}},
+		"every namespace, Global for some": {locksv1alpha1.ClusterLockBackendSpec{
+			Redis: redis, NamespaceSelector: &metav1.LabelSelector{},
+			GlobalScopeNamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "billing"}},
+		}, nil},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := &locksv1alpha1.ClusterLockBackend{ObjectMeta: metav1.ObjectMeta{GenerateName: "backend-"}, Spec: tc.spec}
+			err := env.Client.Create(ctx, b)
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatalf("create = %v, want accepted", err)
+				}
+				return
+			}
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("create = %v, want Invalid", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
 			}
 		})
 	}

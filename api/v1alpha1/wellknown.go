@@ -85,6 +85,16 @@ const (
 	ReasonSecretNotFound = "SecretNotFound"
 	// ReasonInvalidBackend: the backend configuration cannot be used (for example a bad CA).
 	ReasonInvalidBackend = "InvalidBackend"
+	// ReasonBackendNotFound: the ClusterLockBackend that spec.backend.clusterBackendRef names does not exist.
+	ReasonBackendNotFound = "BackendNotFound"
+	// ReasonBackendNotAllowed: the lock may not use its backend: the
+	// ClusterLockBackend does not select the lock's namespace, inline
+	// endpoints are turned off, or an endpoint is outside the operator's
+	// endpoint policy. No connection is made.
+	ReasonBackendNotAllowed = "BackendNotAllowed"
+	// ReasonConnecting: the backend is new and its first health check has
+	// not answered yet.
+	ReasonConnecting = "Connecting"
 )
 
 // Reasons of the Events the operator records on DistributedLocks, Jobs and CronJobs.
@@ -97,8 +107,19 @@ const (
 	EventLost = "Lost"
 	// EventBackendUnavailable: the lock's backend did not answer or cannot be used.
 	EventBackendUnavailable = "BackendUnavailable"
-	// EventScopeNotAllowed: scope Global is not allowed in the lock's namespace.
+	// EventScopeNotAllowed: scope Global is not allowed in the lock's
+	// namespace (on the lock, and on each of its Jobs that therefore waits).
 	EventScopeNotAllowed = "ScopeNotAllowed"
+	// EventBackendNotAllowed: the lock may not use its backend (see
+	// ReasonBackendNotAllowed), on the lock and on each of its Jobs.
+	EventBackendNotAllowed = "BackendNotAllowed"
+	// EventOrphanReleased: a lease whose holder is gone or no longer gated
+	// (its Job or lock was deleted, or its finalizer or label removed) was
+	// released.
+	EventOrphanReleased = "OrphanReleased"
+	// EventTampered: a gated Job's lockwarden annotations were changed by
+	// someone other than the operator and were restored.
+	EventTampered = "Tampered"
 	// EventShortTTL: spec.ttlSeconds is shorter than a failover of the operator's leader.
 	EventShortTTL = "TTLShorterThanFailover"
 	// EventLockNotFound: a gated Job names a DistributedLock that does not exist.

@@ -1,0 +1,63 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ClusterLockBackendSpec says where locks that name this backend live and
+// which namespaces may use it.
+// +kubebuilder:validation:XValidation:rule="[has(self.redis)].filter(x, x).size() == 1",message="spec: set exactly one backend member (redis)"
+type ClusterLockBackendSpec struct {
+	// redis holds the locks in Redis: one server, a Sentinel-managed master,
+	// or 3, 5 or 7 independent masters (Redlock). The Secrets it names are
+	// read from the operator's namespace (lockwarden-system by default),
+	// never from a lock's namespace: tenants that use the backend cannot
+	// read its credentials, and cannot send them anywhere else.
+	// +optional
+	Redis *RedisBackend `json:"redis,omitempty"`
+
+	// namespaceSelector selects the namespaces whose DistributedLocks (and
+	// gated Jobs) may use this backend. {} selects every namespace. Locks in
+	// other namespaces are refused with reason BackendNotAllowed.
+	// +required
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector"`
+
+	// globalScopeNamespaceSelector selects the namespaces (among those
+	// namespaceSelector selects) whose locks may use scope Global on this
+	// backend, sharing keys across namespaces. Default: none.
+	// +optional
+	GlobalScopeNamespaceSelector *metav1.LabelSelector `json:"globalScopeNamespaceSelector,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=clb,categories=lockwarden
+// +kubebuilder:printcolumn:name="Endpoints",type=string,JSONPath=`.spec.redis.endpoints`
+// +kubebuilder:printcolumn:name="Sentinel",type=string,JSONPath=`.spec.redis.sentinel.masterName`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+
+// ClusterLockBackend is a lock backend that the cluster's administrators own:
+// where the operator connects, with which TLS settings and credentials, and
+// which namespaces may use it. DistributedLocks name it in
+// spec.backend.clusterBackendRef (the cert-manager ClusterIssuer pattern).
+type ClusterLockBackend struct {
+	metav1.TypeMeta `json:",inline"`
+	// metadata is the standard object metadata.
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec declares the backend and who may use it.
+	// +required
+	Spec ClusterLockBackendSpec `json:"spec"`
+}
+
+// +kubebuilder:object:root=true
+
+// ClusterLockBackendList contains a list of ClusterLockBackend.
+type ClusterLockBackendList struct {
+	metav1.TypeMeta `json:",inline"`
+	// metadata is the standard list metadata.
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the backends.
+	Items []ClusterLockBackend `json:"items"`
+}
