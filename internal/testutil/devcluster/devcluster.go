@@ -6,8 +6,14 @@
 // redis-server masters and the operator binary. `make dev` and the end-to-end
 // suite (test/e2e) both use it.
 //
+// The operator runs as its ServiceAccount's user with the RBAC that
+// config/default installs, and the API server enforces config/default's
+// ValidatingAdmissionPolicy (see installProductionObjects): what the operator
+// may do here is what it may do in a real install.
+//
 // Every process listens on 127.0.0.1 on a free port (Redis on a preferred
-// port when it is free), keeps its state under Options.Dir and writes its
+// port when it is free; the API server on its own loopback address,
+// APIServerHost), keeps its state under Options.Dir and writes its
 // output to <Dir>/logs/<name>.log. A process counts as started only while it
 // runs and owns a listening socket on each port it was given (Redis: INFO's
 // process_id is its PID); when it exits because another process took one of
@@ -22,6 +28,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -45,6 +52,22 @@ const (
 	// OperatorNamespace is the namespace the operator runs in (POD_NAMESPACE):
 	// its owner key Secret and leader election Lease live there.
 	OperatorNamespace = "lockwarden-system"
+	// OperatorServiceAccount is the operator's ServiceAccount, as
+	// config/default names it.
+	OperatorServiceAccount = "lockwarden-controller-manager"
+	// OperatorUser is the user the operator runs as: its ServiceAccount's
+	// username, which config/default's RoleBindings and the job-gate
+	// ValidatingAdmissionPolicy name.
+	OperatorUser = "system:serviceaccount:" + OperatorNamespace + ":" + OperatorServiceAccount
+	// DevRedisBackend is the ClusterLockBackend the cluster creates for its
+	// first Redis master, selecting every namespace.
+	DevRedisBackend = "dev-redis"
+	// APIServerHost is the loopback address the API server listens on. It is
+	// not 127.0.0.1, where Redis listens: the operator refuses inline
+	// endpoints on the API server's addresses whatever --endpoint-allow says
+	// (any port), so the API server needs an address of its own, as it has
+	// in a real cluster.
+	APIServerHost = "127.0.0.10"
 	// NodeName is the simulated node kwok manages.
 	NodeName = "kwok-node-0"
 	// WebhookConfigurationName is the MutatingWebhookConfiguration installed
@@ -121,6 +144,8 @@ type Cluster struct {
 	Dir string
 	// Kubeconfig is the path of a kubeconfig for the admin user (system:masters).
 	Kubeconfig string
+	// OperatorKubeconfig is the path of the operator's kubeconfig: OperatorUser.
+	OperatorKubeconfig string
 	// Config reaches the API server as the admin user.
 	Config *rest.Config
 	// Client is an uncached client with lockwarden's API in its scheme.
@@ -129,7 +154,7 @@ type Cluster struct {
 	Assets string
 	// Root is the lockwarden checkout.
 	Root string
-	// APIServerURL is https://127.0.0.1:<port>.
+	// APIServerURL is https://<APIServerHost>:<port>.
 	APIServerURL string
 	// Redis lists the Redis masters, in the order of Options.RedisPorts.
 	Redis []*Redis
@@ -168,9 +193,11 @@ func (o *Options) logf(format string, args ...any) {
 }
 
 // Start starts a cluster and returns when every part of it is ready: the API
-// server answers, CRDs are established, the node is Ready, the default
-// ServiceAccount exists, Redis answers and the operator is ready (its webhook
-// serving). On error, everything started is stopped again.
+// server answers, CRDs are established, config/default's RBAC is installed
+// and its ValidatingAdmissionPolicy in effect, the node is Ready, the default
+// ServiceAccount exists, Redis answers, the ClusterLockBackend DevRedisBackend
+// exists and the operator is ready (its webhook serving). On error,
+// everything started is stopped again.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
@@ -360,7 +387,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	c.opts.logf("etcd ready (%s)", since(begin))
 	err = c.onFreePorts("kube-apiserver", nil, 1, func(p []int) error {
 		c.ports.apiserver = p[0]
-		c.APIServerURL = "https://127.0.0.1:" + strconv.Itoa(p[0])
+		c.APIServerURL = "https://" + net.JoinHostPort(APIServerHost, strconv.Itoa(p[0]))
 		return c.startAPIServer(ctx)
 	})
 	if err != nil {
@@ -407,7 +434,10 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	c.opts.logf("control plane ready: controller manager, scheduler, kwok node %s, CRDs (%s)", NodeName, since(begin))
+	c.opts.logf("control plane ready: controller manager, scheduler, kwok node %s, CRDs, RBAC and admission policy of config/default (%s)", NodeName, since(begin))
+	if err := c.applyDevRedisBackend(ctx); err != nil {
+		return err
+	}
 	// The webhook configuration points at the operator's port, so it is
 	// written (again) whenever the operator moves to other ports.
 	err = c.onFreePorts("lockwarden", nil, 3, func(p []int) error {
@@ -493,7 +523,7 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 func (c *Cluster) startAPIServer(ctx context.Context) error {
 	c.apiserver = c.newProcess("kube-apiserver", c.asset("kube-apiserver"), []string{
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", c.ports.etcd),
-		"--bind-address=127.0.0.1",
+		"--bind-address=" + APIServerHost,
 		fmt.Sprintf("--secure-port=%d", c.ports.apiserver),
 		"--cert-dir=" + filepath.Join(c.Dir, "pki"),
 		"--tls-cert-file=" + c.pki.servingCrt,
@@ -526,6 +556,15 @@ func (c *Cluster) writeKubeconfig() error {
 	cfg.CurrentContext = "lockwarden-dev"
 	if err := clientcmd.WriteToFile(*cfg, c.Kubeconfig); err != nil {
 		return fmt.Errorf("write kubeconfig: %w", err)
+	}
+	c.OperatorKubeconfig = filepath.Join(c.Dir, "operator.kubeconfig")
+	op := clientcmdapi.NewConfig()
+	op.Clusters["lockwarden-dev"] = cfg.Clusters["lockwarden-dev"]
+	op.AuthInfos[OperatorServiceAccount] = &clientcmdapi.AuthInfo{Token: c.pki.operatorToken}
+	op.Contexts["lockwarden-dev"] = &clientcmdapi.Context{Cluster: "lockwarden-dev", AuthInfo: OperatorServiceAccount, Namespace: OperatorNamespace}
+	op.CurrentContext = "lockwarden-dev"
+	if err := clientcmd.WriteToFile(*op, c.OperatorKubeconfig); err != nil {
+		return fmt.Errorf("write the operator's kubeconfig: %w", err)
 	}
 	c.Config = &rest.Config{
 		Host:            c.APIServerURL,
@@ -614,7 +653,8 @@ func (c *Cluster) startKwok(ctx context.Context) error {
 
 // StartOperator starts the operator (when it is not running) on its ports and
 // waits until it is ready and listening on them. It fails when another
-// process took one of its ports while it was down.
+// process took one of its ports while it was down. The operator runs as
+// OperatorUser (OperatorKubeconfig).
 func (c *Cluster) StartOperator(ctx context.Context) error {
 	args := []string{
 		"--leader-elect=" + strconv.FormatBool(c.opts.LeaderElect),
@@ -629,13 +669,15 @@ func (c *Cluster) StartOperator(ctx context.Context) error {
 		"--webhook-host=127.0.0.1",
 		"--webhook-configuration=" + WebhookConfigurationName,
 		"--cluster-name=" + ClusterName,
+		"--kubeconfig=" + c.OperatorKubeconfig,
+		// Redis listens on loopback, which the operator refuses for inline
+		// endpoints unless allowed; ClusterLockBackends are not checked.
+		"--endpoint-allow=127.0.0.1/32",
 	}
 	args = append(args, c.opts.ManagerArgs...)
 	if c.operator == nil {
-		// The manager reads the kubeconfig from $KUBECONFIG: it parses its own
-		// flag set, which lacks controller-runtime's --kubeconfig.
 		c.operator = c.newProcess("lockwarden", c.opts.Manager, args, []int{c.ports.webhook, c.ports.metrics, c.ports.probe},
-			"KUBECONFIG="+c.Kubeconfig, "POD_NAMESPACE="+OperatorNamespace)
+			"POD_NAMESPACE="+OperatorNamespace)
 	}
 	if !c.operator.running() {
 		if err := c.operator.start(); err != nil {

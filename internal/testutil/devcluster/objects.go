@@ -34,8 +34,8 @@ func Scheme() *runtime.Scheme {
 }
 
 // installObjects installs what the operator needs before it starts, but for
-// the webhook configuration (see applyWebhookConfiguration): the CRDs and its
-// namespace.
+// the webhook configuration (see applyWebhookConfiguration): the CRDs, its
+// namespace, and config/default's RBAC and admission policy.
 func (c *Cluster) installObjects(ctx context.Context) error {
 	if _, err := envtest.InstallCRDs(c.Config, envtest.CRDInstallOptions{
 		Paths:              []string{filepath.Join(c.Root, "config", "crd", "bases")},
@@ -49,7 +49,7 @@ func (c *Cluster) installObjects(ctx context.Context) error {
 	if err := c.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create namespace %s: %w", OperatorNamespace, err)
 	}
-	return nil
+	return c.installProductionObjects(ctx)
 }
 
 // applyWebhookConfiguration creates the webhook configuration, or updates it,
