@@ -2,7 +2,9 @@
 // (etcd, kube-apiserver, kube-controller-manager, kube-scheduler and a kwok
 // node), Redis and the lockwarden operator on this machine as child
 // processes, prints how to reach them, streams the operator's log and stops
-// everything on Ctrl-C.
+// everything on Ctrl-C. The operator runs as its ServiceAccount with
+// config/default's RBAC, under config/default's admission policy, as in a
+// real install; a ClusterLockBackend dev-redis points at the (first) Redis.
 //
 // Usage (from the checkout): make dev [REDLOCK=1]
 //
@@ -26,7 +28,8 @@ import (
 	"github.com/lockwarden/lockwarden/internal/testutil/devcluster"
 )
 
-// The samples in config/samples name these Redis endpoints.
+// The samples in config/samples name these Redis endpoints (the
+// ClusterLockBackend dev-redis and the inline ones).
 var (
 	standalonePorts = []int{6379}
 	redlockPorts    = []int{6380, 6381, 6382}
@@ -147,19 +150,27 @@ func printBanner(w io.Writer, root string, c *devcluster.Cluster, wanted []int, 
 		}
 	}
 	if len(moved) > 0 {
-		p("             (ports in use; the samples name the wanted ones, edit their endpoints: %s)", strings.Join(moved, ", "))
+		p("             (ports in use; the samples name the wanted ones, edit their endpoints: %s;", strings.Join(moved, ", "))
+		p("             the ClusterLockBackend %s names %s, but applying config/samples resets it to the sample's)", devcluster.DevRedisBackend, c.Redis[0].Addr)
 	}
+	p("Backend:     ClusterLockBackend %s -> %s, every namespace (kubectl get clusterlockbackends)", devcluster.DevRedisBackend, c.Redis[0].Addr)
 	p("Operator:    metrics %s, webhook %s", c.MetricsURL, c.WebhookURL)
+	p("             runs as %s with config/default's RBAC;", devcluster.OperatorUser)
+	p("             inline endpoints allowed on 127.0.0.1 only (--endpoint-allow=127.0.0.1/32)")
+	p("Admission:   ValidatingAdmissionPolicy %s: only the operator may unsuspend a gated Job or", devcluster.JobGatePolicy)
+	p("             change its lockwarden.io label, annotations or finalizer; deleting it always works")
 	p("Logs:        %s/<component>.log", c.LogDir())
 	p("")
 	p("Try:")
+	p("  kubectl get clusterlockbackends                 # dev-redis: what locks name in spec.backend.clusterBackendRef")
 	if redlock {
 		p("  kubectl apply -f config/samples/locks_v1alpha1_distributedlock_redlock.yaml")
 		p("  kubectl get dlock reports -o wide -w            # held by a manual holder on 2 of 3 masters or more")
 		p("  kubectl describe dlock reports")
 	} else {
-		p("  kubectl apply -k config/samples                 # locks billing and maintenance-window, two CronJobs sharing billing")
-		p("  kubectl get dlock -w                            # NAME KEYS HOLDER FENCE HELD EXPIRES AGE")
+		p("  kubectl apply -k config/samples                 # ClusterLockBackend dev-redis, locks billing (on dev-redis) and")
+		p("                                                  # maintenance-window (inline endpoints), two CronJobs sharing billing")
+		p("  kubectl get dlock -w -o wide                    # NAME KEYS HOLDER FENCE HELD EXPIRES BACKEND AGE")
 		p("  kubectl get jobs -w                             # every minute, the two CronJobs' Jobs run one at a time")
 		p("  kubectl apply -f config/samples/batch_v1_job_fenced.yaml")
 		p("  kubectl get job fenced-write -o jsonpath='{.metadata.annotations.lockwarden\\.io/fencing-token}'")
