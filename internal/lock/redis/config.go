@@ -11,6 +11,8 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
+
+	"github.com/lockwarden/lockwarden/internal/netguard"
 )
 
 // MaxRedlockNodes is the largest number of independent masters a Redlock Locker accepts.
@@ -71,6 +73,13 @@ type Config struct {
 	// uses, so that lockers with different prefixes never see each other's
 	// leases (the operator puts the namespace in it). Default: empty.
 	Prefix string
+	// EndpointPolicy restricts which addresses the Locker connects to: the
+	// configured addresses, what they resolve to, and (Sentinel mode) the
+	// master the Sentinels name, all checked before any connection is made.
+	// nil means no restriction (admin-owned backends); the operator sets it
+	// for endpoints that tenants write. Whatever the policy, every reply is
+	// checked to be Redis protocol within netguard's default limits.
+	EndpointPolicy *netguard.EndpointPolicy
 }
 
 // Validate checks the configuration and names the field that is wrong.

@@ -26,7 +26,6 @@ package redis
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"strings"
@@ -35,10 +34,12 @@ import (
 
 	"github.com/go-logr/logr"
 	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
+	"github.com/lockwarden/lockwarden/internal/netguard"
 )
 
 // maxInspectWaiters bounds the waiters Inspect reports per key.
@@ -93,6 +94,12 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	}
 	l := &Locker{cfg: cfg, mode: cfg.Mode(), opts: o}
 	l.log = o.log.WithValues("mode", string(l.mode))
+	// Every connection goes through netguard's dialer: the endpoint policy,
+	// TLS (go-redis does no TLS of its own when a Dialer is set, so TLSConfig
+	// stays unset and nothing is wrapped twice) and the bound on replies. The
+	// Sentinel client uses the same dialer for the Sentinels and for the
+	// master they name.
+	dialer := netguard.Dialer(netguard.DialOptions{Policy: cfg.EndpointPolicy, TLS: cfg.TLS, Timeout: dialTimeout})
 	switch l.mode {
 	case ModeSentinel:
 		c := goredis.NewFailoverClient(&goredis.FailoverOptions{
@@ -102,9 +109,9 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 			Username:              cfg.Username,
 			Password:              cfg.Password,
 			DB:                    cfg.DB,
-			TLSConfig:             cloneTLS(cfg),
+			Dialer:                dialer,
 			MaxRetries:            -1,
-			DialTimeout:           time.Second,
+			DialTimeout:           dialTimeout,
 			DialerRetries:         1,
 			ContextTimeoutEnabled: true,
 		})
@@ -117,11 +124,16 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 				Username:              cfg.Username,
 				Password:              cfg.Password,
 				DB:                    cfg.DB,
-				TLSConfig:             cloneTLS(cfg),
+				Dialer:                dialer,
 				MaxRetries:            -1,
-				DialTimeout:           time.Second,
+				DialTimeout:           dialTimeout,
 				DialerRetries:         1,
 				ContextTimeoutEnabled: true,
+				// go-redis derives the endpoint type it asks for in maintenance
+				// notifications from TLSConfig, which is not set: tell it.
+				MaintNotificationsConfig: &maintnotifications.Config{
+					EndpointType: maintnotifications.DetectEndpointType(a, cfg.TLS != nil),
+				},
 			})
 			l.nodes = append(l.nodes, &node{name: a, client: c})
 		}
@@ -130,12 +142,8 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	return l, nil
 }
 
-func cloneTLS(cfg Config) *tls.Config {
-	if cfg.TLS == nil {
-		return nil
-	}
-	return cfg.TLS.Clone()
-}
+// dialTimeout bounds one connection attempt, TLS handshake included.
+const dialTimeout = time.Second
 
 // Mode reports how the Locker reaches Redis.
 func (l *Locker) Mode() Mode { return l.mode }
