@@ -1,6 +1,7 @@
-// Package backend builds lock backends from DistributedLock specs and their
-// Secrets, shares one client per distinct backend, rebuilds a client when a
-// referenced Secret changes, and closes clients nobody uses.
+// Package backend decides which backend a DistributedLock may use (the
+// operator's policy and the ClusterLockBackends'), builds it from the spec
+// and its Secrets, shares one client per distinct backend, rebuilds a client
+// when a referenced Secret changes, and closes clients nobody uses.
 package backend
 
 import (
@@ -40,11 +41,13 @@ type Locker interface {
 
 // Handle is a lock's view of its backend.
 type Handle struct {
-	// ID names the backend (mode, endpoints, database), not its credentials:
-	// locks with equal IDs share keys.
+	// ID names the backend as LockBackendID does: the ClusterLockBackend,
+	// or the inline Redis (mode, endpoints, database), never credentials.
 	ID string
 	// Locker is the shared client.
 	Locker Locker
+
+	health *health
 }
 
 // SecretError says a Secret or key that a lock references is missing or unreadable.
@@ -81,7 +84,10 @@ type ReleaseFunc func(backendID, key string)
 
 // Registry shares backends between locks. It is safe for concurrent use.
 type Registry struct {
-	reader    client.Reader
+	reader client.Reader
+	// objects reads ClusterLockBackends and Namespaces (the manager's cache).
+	objects   client.Reader
+	policy    Policy
 	newLocker NewLockerFunc
 	log       logr.Logger
 
@@ -106,10 +112,34 @@ type entry struct {
 	handle Handle
 	users  map[holder.Ref]struct{}
 	cancel context.CancelFunc
-	// lastErr is the result of the last health check; checked tells whether
-	// there was one. Only a change is reported to the health listeners.
-	lastErr error
+}
+
+// health is the result of a backend's health checks. Reconciles read it
+// to fail fast on a backend that does not answer, instead of each waiting
+// for its own timeout: a tenant's unreachable backends cost the shared
+// workers nothing.
+type health struct {
+	mu sync.Mutex
+	// err is the result of the last check; checked tells whether there was one.
+	err     error
 	checked bool
+}
+
+// ErrConnecting says a backend's first health check has not answered yet.
+var ErrConnecting = errors.New("connecting: the backend's first health check has not answered yet")
+
+// Health returns the result of the backend's last health check:
+// ErrConnecting before the first one has answered, nil while it answers.
+func (h Handle) Health() error {
+	if h.health == nil {
+		return nil
+	}
+	h.health.mu.Lock()
+	defer h.health.mu.Unlock()
+	if !h.health.checked {
+		return ErrConnecting
+	}
+	return h.health.err
 }
 
 type cachedSecret struct {
@@ -131,6 +161,7 @@ const DefaultSecretTTL = 10 * time.Second
 func NewRegistry(ctx context.Context, reader client.Reader, newLocker NewLockerFunc, log logr.Logger) *Registry {
 	return &Registry{
 		reader:         reader,
+		objects:        reader,
 		newLocker:      newLocker,
 		log:            log,
 		healthInterval: DefaultHealthInterval,
@@ -139,6 +170,17 @@ func NewRegistry(ctx context.Context, reader client.Reader, newLocker NewLockerF
 		entries:        map[string]*entry{},
 		users:          map[holder.Ref]string{},
 		ctx:            ctx,
+	}
+}
+
+// SetPolicy sets the policy Check and For apply, and the reader of
+// ClusterLockBackends and Namespaces (default: the Secret reader), before
+// first use. Without it, inline endpoints are allowed anywhere and scope
+// Global nowhere.
+func (r *Registry) SetPolicy(p Policy, objects client.Reader) {
+	r.policy = p
+	if objects != nil {
+		r.objects = objects
 	}
 }
 
@@ -167,20 +209,25 @@ func (r *Registry) OnRelease(f ReleaseFunc) {
 // user stops using the backend it had before, which is closed when nobody
 // else uses it.
 func (r *Registry) For(ctx context.Context, user holder.Ref, dl *locksv1alpha1.DistributedLock) (Handle, error) {
-	cfg, id, fingerprint, err := r.resolve(ctx, dl)
+	src, err := r.check(ctx, dl)
 	if err != nil {
 		return Handle{}, err
 	}
+	cfg, fingerprint, err := r.resolve(ctx, src)
+	if err != nil {
+		return Handle{}, err
+	}
+	id, field := src.id, src.field
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, ok := r.entries[fingerprint]
 	if !ok {
 		l, err := r.newLocker(cfg)
 		if err != nil {
-			return Handle{}, &ConfigError{Field: "spec.backend.redis", Err: err}
+			return Handle{}, &ConfigError{Field: field, Err: err}
 		}
 		wctx, cancel := context.WithCancel(r.ctx)
-		e = &entry{handle: Handle{ID: id, Locker: l}, users: map[holder.Ref]struct{}{}, cancel: cancel}
+		e = &entry{handle: Handle{ID: id, Locker: l, health: &health{}}, users: map[holder.Ref]struct{}{}, cancel: cancel}
 		r.entries[fingerprint] = e
 		go r.watch(wctx, e.handle)
 		go r.checkHealth(wctx, e)
@@ -265,9 +312,12 @@ func (r *Registry) checkHealth(ctx context.Context, e *entry) {
 		if ctx.Err() != nil {
 			return
 		}
+		h := e.handle.health
+		h.mu.Lock()
+		changed := !h.checked || (h.err == nil) != (err == nil)
+		h.err, h.checked = err, true
+		h.mu.Unlock()
 		r.mu.Lock()
-		changed := !e.checked || (e.lastErr == nil) != (err == nil)
-		e.lastErr, e.checked = err, true
 		listeners := slices.Clone(r.health)
 		r.mu.Unlock()
 		if !changed {
@@ -284,25 +334,22 @@ func (r *Registry) checkHealth(ctx context.Context, e *entry) {
 	}, r.healthInterval)
 }
 
-// resolve turns dl's backend and Secrets into a Redis configuration, the
-// backend ID and a fingerprint of everything that shapes the client.
-func (r *Registry) resolve(ctx context.Context, dl *locksv1alpha1.DistributedLock) (redislock.Config, string, string, error) {
-	rb := dl.Spec.Backend.Redis
-	if rb == nil {
-		return redislock.Config{}, "", "", &ConfigError{Field: "spec.backend.redis", Err: errors.New("is required")}
-	}
-	cfg := redislock.Config{Addrs: slices.Clone(rb.Endpoints), DB: int(rb.DB), Prefix: KeyPrefix}
+// resolve turns a lock's backend and its Secrets into a Redis
+// configuration and a fingerprint of everything that shapes the client.
+func (r *Registry) resolve(ctx context.Context, src *source) (redislock.Config, string, error) {
+	rb, ns := src.redis, src.secretNamespace
+	cfg := redislock.Config{Addrs: slices.Clone(rb.Endpoints), DB: int(rb.DB), Prefix: KeyPrefix, EndpointPolicy: src.endpoints}
 	var err error
 	if rb.PasswordSecretRef != nil {
-		if cfg.Password, err = r.secretValue(ctx, dl.Namespace, "spec.backend.redis.passwordSecretRef", rb.PasswordSecretRef); err != nil {
-			return cfg, "", "", err
+		if cfg.Password, err = r.secretValue(ctx, ns, src.field+".passwordSecretRef", rb.PasswordSecretRef); err != nil {
+			return cfg, "", err
 		}
 	}
 	if s := rb.Sentinel; s != nil {
 		cfg.MasterName = s.MasterName
 		if s.PasswordSecretRef != nil {
-			if cfg.SentinelPassword, err = r.secretValue(ctx, dl.Namespace, "spec.backend.redis.sentinel.passwordSecretRef", s.PasswordSecretRef); err != nil {
-				return cfg, "", "", err
+			if cfg.SentinelPassword, err = r.secretValue(ctx, ns, src.field+".sentinel.passwordSecretRef", s.PasswordSecretRef); err != nil {
+				return cfg, "", err
 			}
 		}
 	}
@@ -310,30 +357,36 @@ func (r *Registry) resolve(ctx context.Context, dl *locksv1alpha1.DistributedLoc
 	if t := rb.TLS; t != nil {
 		cfg.TLS = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
 		if t.CASecretRef != nil {
-			if caPEM, err = r.secretValue(ctx, dl.Namespace, "spec.backend.redis.tls.caSecretRef", t.CASecretRef); err != nil {
-				return cfg, "", "", err
+			if caPEM, err = r.secretValue(ctx, ns, src.field+".tls.caSecretRef", t.CASecretRef); err != nil {
+				return cfg, "", err
 			}
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM([]byte(caPEM)) {
-				return cfg, "", "", &ConfigError{Field: "spec.backend.redis.tls.caSecretRef", Err: fmt.Errorf("the Secret %s/%s key %q holds no PEM certificate", dl.Namespace, t.CASecretRef.Name, t.CASecretRef.Key)}
+				return cfg, "", &ConfigError{Field: src.field + ".tls.caSecretRef", Err: fmt.Errorf("the Secret %s/%s key %q holds no PEM certificate", ns, t.CASecretRef.Name, t.CASecretRef.Key)}
 			}
 			cfg.TLS.RootCAs = pool
 		}
 	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, "", "", &ConfigError{Field: "spec.backend.redis", Err: err}
+		return cfg, "", &ConfigError{Field: src.field, Err: err}
 	}
-	id := ID(rb)
 	tlsName := "plain"
 	if cfg.TLS != nil {
 		tlsName = "tls:" + cfg.TLS.ServerName
 	}
-	sum := sha256.Sum256([]byte(strings.Join([]string{id, tlsName, cfg.Password, cfg.SentinelPassword, caPEM}, "\x00")))
-	return cfg, id, hex.EncodeToString(sum[:]), nil
+	// The endpoint policy is part of the client: an inline and an
+	// admin-owned backend on the same Redis never share one.
+	policy := "unrestricted"
+	if src.endpoints != nil {
+		policy = fmt.Sprintf("policy:%p", src.endpoints)
+	}
+	sum := sha256.Sum256([]byte(strings.Join([]string{src.id, ID(rb), tlsName, policy, cfg.Password, cfg.SentinelPassword, caPEM}, "\x00")))
+	return cfg, hex.EncodeToString(sum[:]), nil
 }
 
-// secretValue reads one key of a Secret in namespace. Only the lock's own
-// namespace is ever read: a lock cannot reach another tenant's Secrets.
+// secretValue reads one key of a Secret in namespace: the lock's own, or
+// the operator's for a ClusterLockBackend. A lock cannot name another
+// namespace: it cannot reach another tenant's Secrets.
 func (r *Registry) secretValue(ctx context.Context, namespace, field string, ref *locksv1alpha1.SecretKeyRef) (string, error) {
 	nn := types.NamespacedName{Namespace: namespace, Name: ref.Name}
 	data, err := r.readSecret(ctx, nn)

@@ -240,7 +240,7 @@ func TestResolve(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			r := registryWith(t, deepCopies(secrets)...)
-			cfg, id, _, err := r.resolve(t.Context(), lockWith(tc.backend))
+			cfg, id, _, err := r.resolveLock(t.Context(), lockWith(tc.backend))
 			if err != nil {
 				t.Fatalf("resolve: %v", err)
 			}
@@ -261,12 +261,12 @@ func TestResolveRefusals(t *testing.T) {
 	cases := map[string]struct {
 		secrets   []client.Object
 		backend   *locksv1alpha1.RedisBackend
-		wantType  string // "secret" (*SecretError) or "config" (*ConfigError)
+		wantType  string // "secret" (*SecretError), "config" (*ConfigError) or "policy" (*PolicyError)
 		wantField string
 		wantText  []string
 	}{
-		"no redis backend": {
-			wantType: "config", wantField: "spec.backend.redis", wantText: []string{"is required"},
+		"no backend": {
+			wantType: "policy", wantField: "spec.backend", wantText: []string{"set redis", "or clusterBackendRef"},
 		},
 		"password Secret missing": {
 			backend:  &locksv1alpha1.RedisBackend{Endpoints: []string{"redis:6379"}, PasswordSecretRef: password},
@@ -312,15 +312,18 @@ func TestResolveRefusals(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			r := registryWith(t, deepCopies(tc.secrets)...)
-			_, _, _, err := r.resolve(t.Context(), lockWith(tc.backend))
+			_, _, _, err := r.resolveLock(t.Context(), lockWith(tc.backend))
 			var field string
 			var secretErr *SecretError
 			var configErr *ConfigError
+			var policyErr *PolicyError
 			switch {
 			case tc.wantType == "secret" && errors.As(err, &secretErr):
 				field = secretErr.Field
 			case tc.wantType == "config" && errors.As(err, &configErr):
 				field = configErr.Field
+			case tc.wantType == "policy" && errors.As(err, &policyErr):
+				field = policyErr.Field
 			default:
 				t.Fatalf("resolve = %v (%T), want a %s error", err, err, tc.wantType)
 			}
@@ -392,7 +395,7 @@ func TestCredentialsChangeTheClientNotTheKeys(t *testing.T) {
 			resolve := func(dl *locksv1alpha1.DistributedLock, data map[string]string) (id, fingerprint string) {
 				t.Helper()
 				r := registryWith(t, secret("team-a", "redis", data))
-				_, id, fingerprint, err := r.resolve(t.Context(), dl)
+				_, id, fingerprint, err := r.resolveLock(t.Context(), dl)
 				if err != nil {
 					t.Fatalf("resolve: %v", err)
 				}
@@ -433,12 +436,12 @@ func TestAFailedSecretReadIsRetriedAtOnce(t *testing.T) {
 	r := NewRegistry(t.Context(), c, nil, logr.Discard())
 	dl := lockWith(&locksv1alpha1.RedisBackend{Endpoints: []string{"redis:6379"}, PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis-auth", Key: "password"}})
 
-	_, _, _, err := r.resolve(t.Context(), dl)
+	_, _, _, err := r.resolveLock(t.Context(), dl)
 	var secretErr *SecretError
 	if !errors.As(err, &secretErr) || secretErr.Field != "spec.backend.redis.passwordSecretRef" || !errors.Is(err, hiccup) {
 		t.Fatalf("first resolve = %v, want a SecretError on spec.backend.redis.passwordSecretRef wrapping %q", err, hiccup)
 	}
-	cfg, _, _, err := r.resolve(t.Context(), dl)
+	cfg, _, _, err := r.resolveLock(t.Context(), dl)
 	if err != nil {
 		t.Fatalf("second resolve: %v", err)
 	}
@@ -453,4 +456,15 @@ func deepCopies(objs []client.Object) []client.Object {
 		out[i] = o.DeepCopyObject().(client.Object)
 	}
 	return out
+}
+
+// resolveLock checks dl against the registry's policy and resolves its
+// backend, as For does before it builds a client.
+func (r *Registry) resolveLock(ctx context.Context, dl *locksv1alpha1.DistributedLock) (redislock.Config, string, string, error) {
+	src, err := r.check(ctx, dl)
+	if err != nil {
+		return redislock.Config{}, "", "", err
+	}
+	cfg, fingerprint, err := r.resolve(ctx, src)
+	return cfg, src.id, fingerprint, err
 }

@@ -50,6 +50,12 @@ var (
 		Help: "Batched renewal calls: each renews every due lease of one backend in one round trip per node.",
 	})
 
+	// OrphansReleased counts leases released because their holder was gone
+	// or no longer gated (Job or lock deleted, finalizer or label removed).
+	OrphansReleased = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lockwarden_orphaned_leases_released_total",
+		Help: "Leases released because their holder was gone or no longer gated (deleted without its finalizer, finalizer or lock label removed).",
+	}, []string{"kind"})
 	// LeasesLost counts leases lost (expired or taken) while held.
 	LeasesLost = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lockwarden_leases_lost_total",
@@ -77,5 +83,5 @@ var (
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(Acquisitions, WaitSeconds, HoldSeconds, Renewals, RenewalBatches,
-		LeasesLost, LeasesHeld, QueueDepth, BackendUp)
+		LeasesLost, OrphansReleased, LeasesHeld, QueueDepth, BackendUp)
 }

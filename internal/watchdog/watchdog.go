@@ -104,6 +104,18 @@ func (w *Watchdog) Holding(ref holder.Ref) (*lock.Lease, lock.Locker, bool) {
 	return h.lease, h.locker, true
 }
 
+// Refs returns the holders whose leases the watchdog renews, in no order,
+// so that a sweep can check each against what still exists.
+func (w *Watchdog) Refs() []holder.Ref {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]holder.Ref, 0, len(w.leases))
+	for ref := range w.leases {
+		out = append(out, ref)
+	}
+	return out
+}
+
 // Drop stops renewing the lease of ref and returns it (nil when none).
 func (w *Watchdog) Drop(ref holder.Ref) *lock.Lease {
 	w.mu.Lock()

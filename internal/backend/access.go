@@ -1,0 +1,192 @@
+package backend
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/netguard"
+)
+
+// Policy is the operator's say over which backends a lock may use: every
+// decision the manual holder, gated Jobs and the admission webhook make
+// about a lock's backend and scope comes from Registry.Check, with this
+// policy.
+type Policy struct {
+	// InlineDisabled refuses spec.backend.redis: locks must name a
+	// ClusterLockBackend.
+	InlineDisabled bool
+	// Endpoints restricts where inline endpoints may point (nil: anywhere).
+	// It is checked before any connection and again on every dial, against
+	// the addresses the names resolve to.
+	Endpoints *netguard.EndpointPolicy
+	// GlobalScope says where scope Global is allowed with inline endpoints.
+	// A ClusterLockBackend decides that itself (globalScopeNamespaceSelector).
+	GlobalScope GlobalScopePolicy
+	// ClusterResourceNamespace is the namespace ClusterLockBackends' Secrets
+	// are read from (the operator's own).
+	ClusterResourceNamespace string
+}
+
+// GlobalScopePolicy says where spec.scope Global is allowed with inline endpoints.
+type GlobalScopePolicy struct {
+	// AllowAll allows Global in every namespace.
+	AllowAll bool
+	// NamespaceLabel, when set, allows Global in namespaces labelled <NamespaceLabel>=true.
+	NamespaceLabel string
+}
+
+// PolicyError says why a lock may not use its backend or scope. Reason is
+// one of the api's Reason constants (BackendNotAllowed, BackendNotFound,
+// ScopeNotAllowed); Field names the spec field; Message is for the user.
+// Nothing was sent anywhere.
+type PolicyError struct {
+	Field   string
+	Reason  string
+	Message string
+}
+
+func (e *PolicyError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Message) }
+
+// source is a lock's backend after the policy allowed it: the Redis it
+// names, where its Secrets live and how its endpoints are checked.
+type source struct {
+	// id names the backend in indexes and release notifications (see LockBackendID).
+	id    string
+	redis *locksv1alpha1.RedisBackend
+	// secretNamespace is where the Secrets that redis names are read.
+	secretNamespace string
+	// field prefixes the fields of redis in errors.
+	field string
+	// endpoints checks every dial (nil: admin-owned, unrestricted).
+	endpoints *netguard.EndpointPolicy
+}
+
+// LockBackendID names the backend a lock uses, from its spec alone: the
+// ClusterLockBackend's name, or the inline Redis's ID. Locks with equal IDs
+// share a client (with equal credentials) and release notifications.
+func LockBackendID(dl *locksv1alpha1.DistributedLock) string {
+	if ref := dl.Spec.Backend.ClusterBackendRef; ref != nil {
+		return "ClusterLockBackend/" + ref.Name
+	}
+	return ID(dl.Spec.Backend.Redis)
+}
+
+// Check decides whether dl may use its backend with its scope, without
+// connecting anywhere or reading Secrets. The manual holder, every gated
+// Job and the admission webhook ask it, so all three decide alike. A
+// refusal is a *PolicyError; other errors are failures to read.
+func (r *Registry) Check(ctx context.Context, dl *locksv1alpha1.DistributedLock) error {
+	_, err := r.check(ctx, dl)
+	return err
+}
+
+func (r *Registry) check(ctx context.Context, dl *locksv1alpha1.DistributedLock) (*source, error) {
+	if ref := dl.Spec.Backend.ClusterBackendRef; ref != nil {
+		return r.checkClusterBackend(ctx, dl, ref.Name)
+	}
+	rb := dl.Spec.Backend.Redis
+	if rb == nil {
+		return nil, &PolicyError{Field: "spec.backend", Reason: locksv1alpha1.ReasonInvalidBackend,
+			Message: "set redis (inline endpoints) or clusterBackendRef (a ClusterLockBackend)"}
+	}
+	if r.policy.InlineDisabled {
+		return nil, &PolicyError{Field: "spec.backend.redis", Reason: locksv1alpha1.ReasonBackendNotAllowed,
+			Message: "inline endpoints are turned off in this cluster: name a ClusterLockBackend in spec.backend.clusterBackendRef (kubectl get clusterlockbackends)"}
+	}
+	if p := r.policy.Endpoints; p != nil {
+		for i, e := range rb.Endpoints {
+			if err := p.Check(e); err != nil {
+				return nil, &PolicyError{Field: fmt.Sprintf("spec.backend.redis.endpoints[%d]", i), Reason: locksv1alpha1.ReasonBackendNotAllowed,
+					Message: fmt.Sprintf("%v; no connection was made. Use an endpoint the cluster's endpoint policy allows, or a ClusterLockBackend", err)}
+			}
+		}
+	}
+	if dl.Spec.Scope == locksv1alpha1.ScopeGlobal {
+		if err := r.inlineGlobalScope(ctx, dl.Namespace); err != nil {
+			return nil, err
+		}
+	}
+	return &source{id: ID(rb), redis: rb, secretNamespace: dl.Namespace, field: "spec.backend.redis", endpoints: r.policy.Endpoints}, nil
+}
+
+func (r *Registry) checkClusterBackend(ctx context.Context, dl *locksv1alpha1.DistributedLock, name string) (*source, error) {
+	var b locksv1alpha1.ClusterLockBackend
+	if err := r.objects.Get(ctx, types.NamespacedName{Name: name}, &b); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, &PolicyError{Field: "spec.backend.clusterBackendRef.name", Reason: locksv1alpha1.ReasonBackendNotFound,
+				Message: fmt.Sprintf("ClusterLockBackend %q does not exist: name one the cluster's administrators set up (kubectl get clusterlockbackends)", name)}
+		}
+		return nil, fmt.Errorf("read ClusterLockBackend %q: %w", name, err)
+	}
+	ns, err := r.namespaceLabels(ctx, dl.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	if !selects(b.Spec.NamespaceSelector, ns) {
+		return nil, &PolicyError{Field: "spec.backend.clusterBackendRef.name", Reason: locksv1alpha1.ReasonBackendNotAllowed,
+			Message: fmt.Sprintf("ClusterLockBackend %q may not be used from namespace %q (its spec.namespaceSelector does not select it); no connection was made", name, dl.Namespace)}
+	}
+	if dl.Spec.Scope == locksv1alpha1.ScopeGlobal && (b.Spec.GlobalScopeNamespaceSelector == nil || !selects(b.Spec.GlobalScopeNamespaceSelector, ns)) {
+		return nil, &PolicyError{Field: "spec.scope", Reason: locksv1alpha1.ReasonScopeNotAllowed,
+			Message: fmt.Sprintf("Global is not allowed in namespace %q on ClusterLockBackend %q (its spec.globalScopeNamespaceSelector does not select the namespace): use scope Namespace", dl.Namespace, name)}
+	}
+	if b.Spec.Redis == nil {
+		return nil, &PolicyError{Field: "spec.backend.clusterBackendRef.name", Reason: locksv1alpha1.ReasonInvalidBackend,
+			Message: fmt.Sprintf("ClusterLockBackend %q sets no backend this operator supports", name)}
+	}
+	return &source{
+		id: "ClusterLockBackend/" + name, redis: b.Spec.Redis, secretNamespace: r.policy.ClusterResourceNamespace,
+		field: fmt.Sprintf("ClusterLockBackend %s: spec.redis", name),
+	}, nil
+}
+
+// selects reports whether sel (nil: nothing) selects a namespace with these labels.
+func selects(sel *metav1.LabelSelector, nsLabels map[string]string) bool {
+	if sel == nil {
+		return false
+	}
+	s, err := metav1.LabelSelectorAsSelector(sel)
+	if err != nil {
+		return false // an invalid selector selects nothing
+	}
+	return s.Matches(labels.Set(nsLabels))
+}
+
+func (r *Registry) namespaceLabels(ctx context.Context, name string) (map[string]string, error) {
+	var ns corev1.Namespace
+	if err := r.objects.Get(ctx, types.NamespacedName{Name: name}, &ns); err != nil {
+		if apierrors.IsNotFound(err) {
+			return map[string]string{}, nil
+		}
+		return nil, fmt.Errorf("read namespace %q: %w", name, err)
+	}
+	return ns.Labels, nil
+}
+
+// inlineGlobalScope says whether scope Global is allowed with inline endpoints in namespace.
+func (r *Registry) inlineGlobalScope(ctx context.Context, namespace string) error {
+	g := r.policy.GlobalScope
+	if g.AllowAll {
+		return nil
+	}
+	if g.NamespaceLabel != "" {
+		ns, err := r.namespaceLabels(ctx, namespace)
+		if err != nil {
+			return err
+		}
+		if ns[g.NamespaceLabel] == "true" {
+			return nil
+		}
+		return &PolicyError{Field: "spec.scope", Reason: locksv1alpha1.ReasonScopeNotAllowed,
+			Message: fmt.Sprintf("Global is not allowed in namespace %q: the cluster's administrators allow it by labelling the namespace %s=true; or use scope Namespace", namespace, g.NamespaceLabel)}
+	}
+	return &PolicyError{Field: "spec.scope", Reason: locksv1alpha1.ReasonScopeNotAllowed,
+		Message: fmt.Sprintf("Global is not allowed in namespace %q: the operator runs without --allow-global-scope; use scope Namespace", namespace)}
+}

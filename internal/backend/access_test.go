@@ -1,0 +1,171 @@
+package backend
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/netguard"
+)
+
+// These tests cover the one decision the manual holder, gated Jobs and the
+// admission webhook share: may this lock use its backend with its scope?
+// Nothing connects anywhere.
+
+func namespace(name string, labels map[string]string) *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+}
+
+func clusterBackend(name string, nsSel, globalSel *metav1.LabelSelector) *locksv1alpha1.ClusterLockBackend {
+	return &locksv1alpha1.ClusterLockBackend{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: locksv1alpha1.ClusterLockBackendSpec{
+			Redis: &locksv1alpha1.RedisBackend{
+				Endpoints:         []string{"redis.infra.svc:6379"},
+				PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "shared-redis", Key: "password"},
+			},
+			NamespaceSelector:            nsSel,
+			GlobalScopeNamespaceSelector: globalSel,
+		},
+	}
+}
+
+func lockOn(namespace, backendName string, scope locksv1alpha1.Scope) *locksv1alpha1.DistributedLock {
+	return &locksv1alpha1.DistributedLock{
+		ObjectMeta: metav1.ObjectMeta{Name: "billing", Namespace: namespace},
+		Spec: locksv1alpha1.DistributedLockSpec{Keys: []string{"ledger"}, Scope: scope,
+			Backend: locksv1alpha1.Backend{ClusterBackendRef: &locksv1alpha1.ClusterBackendRef{Name: backendName}}},
+	}
+}
+
+func TestClusterBackendPolicy(t *testing.T) {
+	t.Parallel()
+	team := &metav1.LabelSelector{MatchLabels: map[string]string{"team": "billing"}}
+	objs := []client.Object{
+		namespace("billing", map[string]string{"team": "billing"}),
+		namespace("web", map[string]string{"team": "web"}),
+		clusterBackend("everyone", &metav1.LabelSelector{}, team),
+		clusterBackend("billing-only", team, nil),
+		// The admin's Secret, in the operator's namespace; a tenant's
+		// Secret of the same name must never be used.
+		secret("lockwarden-system", "shared-redis", map[string]string{"password": "admin-secret"}),
+		secret("web", "shared-redis", map[string]string{"password": "tenant-secret"}),
+	}
+	cases := map[string]struct {
+		lock       *locksv1alpha1.DistributedLock
+		wantReason string // "" = allowed
+		wantText   []string
+	}{
+		"a selected namespace":                   {lock: lockOn("web", "everyone", "")},
+		"Global where the backend allows it":     {lock: lockOn("billing", "everyone", locksv1alpha1.ScopeGlobal)},
+		"a namespace the backend does not select": {lock: lockOn("web", "billing-only", ""), wantReason: locksv1alpha1.ReasonBackendNotAllowed, wantText: []string{`"billing-only" may not be used from namespace "web"`}},
+		"Global where the backend does not allow it": {lock: lockOn("web", "everyone", locksv1alpha1.ScopeGlobal), wantReason: locksv1alpha1.ReasonScopeNotAllowed,
+			wantText: []string{`Global is not allowed in namespace "web" on ClusterLockBackend "everyone"`}},
+		"Global on a backend without a Global selector": {lock: lockOn("billing", "billing-only", locksv1alpha1.ScopeGlobal), wantReason: locksv1alpha1.ReasonScopeNotAllowed},
+		"a backend that does not exist": {lock: lockOn("billing", "nope", ""), wantReason: locksv1alpha1.ReasonBackendNotFound,
+			wantText: []string{`ClusterLockBackend "nope" does not exist`, "kubectl get clusterlockbackends"}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := registryWith(t, deepCopies(objs)...)
+			r.SetPolicy(Policy{ClusterResourceNamespace: "lockwarden-system"}, nil)
+			cfg, id, _, err := r.resolveLock(t.Context(), tc.lock)
+			if tc.wantReason == "" {
+				if err != nil {
+					t.Fatalf("resolve = %v, want allowed", err)
+				}
+				if cfg.Password != "admin-secret" {
+					t.Errorf("password = %q, want the one from the operator's namespace", cfg.Password)
+				}
+				if cfg.EndpointPolicy != nil {
+					t.Error("an admin-owned backend was given the endpoint policy of inline endpoints")
+				}
+				if want := "ClusterLockBackend/" + tc.lock.Spec.Backend.ClusterBackendRef.Name; id != want || LockBackendID(tc.lock) != want {
+					t.Errorf("backend ID = %q (index %q), want %q", id, LockBackendID(tc.lock), want)
+				}
+				return
+			}
+			var pe *PolicyError
+			if !errors.As(err, &pe) || pe.Reason != tc.wantReason {
+				t.Fatalf("resolve = %v, want a refusal with reason %s", err, tc.wantReason)
+			}
+			for _, w := range tc.wantText {
+				if !strings.Contains(pe.Error(), w) {
+					t.Errorf("refusal %q does not contain %q", pe.Error(), w)
+				}
+			}
+		})
+	}
+}
+
+func TestInlineEndpointPolicy(t *testing.T) {
+	t.Parallel()
+	strict, err := netguard.NewEndpointPolicy([]string{"*.redis.svc.cluster.local", "10.20.0.0/16"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patterns, err := netguard.NewEndpointPolicy([]string{"*.redis.svc.cluster.local"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, err := netguard.NewEndpointPolicy(nil, []string{"10.96.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	labelled := namespace("shared", map[string]string{"lockwarden.io/allow-global-scope": "true"})
+	cases := map[string]struct {
+		policy     Policy
+		endpoints  []string
+		scope      locksv1alpha1.Scope
+		namespace  string
+		wantReason string
+		wantField  string
+	}{
+		"anywhere without a policy":                {endpoints: []string{"127.0.0.1:6379"}},
+		"an allowed host pattern":                  {policy: Policy{Endpoints: strict}, endpoints: []string{"locks.redis.svc.cluster.local:6379"}},
+		"an allowed CIDR":                          {policy: Policy{Endpoints: strict}, endpoints: []string{"10.20.3.4:6379"}},
+		"a host outside the allow-list":            {policy: Policy{Endpoints: patterns}, endpoints: []string{"a.redis.svc.cluster.local:6379", "evil.example.com:6379"}, wantReason: locksv1alpha1.ReasonBackendNotAllowed, wantField: "spec.backend.redis.endpoints[1]"},
+		"cloud metadata":                           {policy: Policy{Endpoints: open}, endpoints: []string{"169.254.169.254:80"}, wantReason: locksv1alpha1.ReasonBackendNotAllowed, wantField: "spec.backend.redis.endpoints[0]"},
+		"loopback":                                 {policy: Policy{Endpoints: open}, endpoints: []string{"localhost:6379"}, wantReason: locksv1alpha1.ReasonBackendNotAllowed, wantField: "spec.backend.redis.endpoints[0]"},
+		"the API server":                           {policy: Policy{Endpoints: open}, endpoints: []string{"10.96.0.1:443"}, wantReason: locksv1alpha1.ReasonBackendNotAllowed, wantField: "spec.backend.redis.endpoints[0]"},
+		"inline endpoints turned off":              {policy: Policy{InlineDisabled: true}, endpoints: []string{"redis:6379"}, wantReason: locksv1alpha1.ReasonBackendNotAllowed, wantField: "spec.backend.redis"},
+		"Global without the operator's permission": {endpoints: []string{"redis:6379"}, scope: locksv1alpha1.ScopeGlobal, wantReason: locksv1alpha1.ReasonScopeNotAllowed, wantField: "spec.scope"},
+		"Global in a labelled namespace": {policy: Policy{GlobalScope: GlobalScopePolicy{NamespaceLabel: "lockwarden.io/allow-global-scope"}},
+			endpoints: []string{"redis:6379"}, scope: locksv1alpha1.ScopeGlobal, namespace: "shared"},
+		"Global in an unlabelled namespace": {policy: Policy{GlobalScope: GlobalScopePolicy{NamespaceLabel: "lockwarden.io/allow-global-scope"}},
+			endpoints: []string{"redis:6379"}, scope: locksv1alpha1.ScopeGlobal, wantReason: locksv1alpha1.ReasonScopeNotAllowed, wantField: "spec.scope"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := registryWith(t, labelled.DeepCopy())
+			r.SetPolicy(tc.policy, nil)
+			dl := lockWith(&locksv1alpha1.RedisBackend{Endpoints: tc.endpoints})
+			dl.Spec.Scope = tc.scope
+			if tc.namespace != "" {
+				dl.Namespace = tc.namespace
+			}
+			err := r.Check(t.Context(), dl)
+			if tc.wantReason == "" {
+				if err != nil {
+					t.Fatalf("Check = %v, want allowed", err)
+				}
+				cfg, _, _, err := r.resolveLock(t.Context(), dl)
+				if err != nil || cfg.EndpointPolicy != tc.policy.Endpoints {
+					t.Fatalf("resolve = %v; the client must dial through the inline endpoint policy", err)
+				}
+				return
+			}
+			var pe *PolicyError
+			if !errors.As(err, &pe) || pe.Reason != tc.wantReason || pe.Field != tc.wantField {
+				t.Fatalf("Check = %v, want a refusal of %s with reason %s", err, tc.wantField, tc.wantReason)
+			}
+		})
+	}
+}

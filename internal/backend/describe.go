@@ -1,0 +1,39 @@
+package backend
+
+import (
+	"errors"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+	"github.com/lockwarden/lockwarden/internal/netguard"
+)
+
+// Describe says what went wrong with a lock's backend in words safe to show
+// a tenant in a condition or an Event: the operator's own messages (policy
+// refusals, missing Secrets, invalid configuration, lost leases) as they are,
+// and failures that came from the network as fixed categories per endpoint
+// (netguard's), never the bytes a peer sent.
+func Describe(err error) string {
+	if err == nil {
+		return ""
+	}
+	var pe *PolicyError
+	var se *SecretError
+	var ce *ConfigError
+	var ne *lock.NodeError
+	switch {
+	case errors.As(err, &pe):
+		return pe.Error()
+	case errors.As(err, &se):
+		return se.Error()
+	case errors.As(err, &ce):
+		return ce.Error()
+	case errors.Is(err, ErrConnecting):
+		return ErrConnecting.Error()
+	case errors.Is(err, lock.ErrLost) || errors.Is(err, lock.ErrNotHeld):
+		if !errors.As(err, &ne) {
+			return err.Error() // the engine's and the operator's own words
+		}
+		return "lease lost; " + netguard.Describe(err)
+	}
+	return netguard.Describe(err)
+}
