@@ -1,4 +1,4 @@
-package main
+package manager
 
 import (
 	"context"
@@ -44,7 +44,7 @@ func TestManagerAgainstRealAPIServer(t *testing.T) {
 
 	metricsPort, probePort := freePort(t), freePort(t)
 	_, webhookPort, certDir := env.Webhook()
-	o, err := parseFlags([]string{
+	o, err := ParseFlags([]string{
 		"--webhook-cert-mode=external",
 		"--webhook-cert-dir", certDir,
 		"--webhook-port", fmt.Sprint(webhookPort),
@@ -53,13 +53,16 @@ func TestManagerAgainstRealAPIServer(t *testing.T) {
 		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probePort),
 		"--leader-elect",
 		"--leader-election-namespace", "default",
+		// The test's Redis is on loopback, which inline endpoints may not
+		// reach by default.
+		"--endpoint-allow=127.0.0.1/32",
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, env.Config, o) }()
+	go func() { done <- Run(ctx, env.Config, o) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -149,22 +152,34 @@ func TestManagerAgainstRealAPIServer(t *testing.T) {
 }
 
 func TestKubeconfigFlagIsUsed(t *testing.T) {
-	o, err := parseFlags([]string{"--kubeconfig", "/nonexistent/kubeconfig"})
+	o, err := ParseFlags([]string{"--kubeconfig", "/nonexistent/kubeconfig"})
 	if err != nil {
 		t.Fatalf("--kubeconfig rejected: %v", err)
 	}
-	if _, err := restConfig(o.kubeconfig); err == nil || !strings.Contains(err.Error(), "/nonexistent/kubeconfig") {
+	if _, err := RestConfig(o.kubeconfig); err == nil || !strings.Contains(err.Error(), "/nonexistent/kubeconfig") {
 		t.Fatalf("restConfig = %v, want an error naming the kubeconfig given", err)
 	}
 }
 
 func TestParseFlagsRejectsBadElectionTimings(t *testing.T) {
-	_, err := parseFlags([]string{"--leader-election-lease-duration=5s", "--leader-election-renew-deadline=10s"})
+	_, err := ParseFlags([]string{"--leader-election-lease-duration=5s", "--leader-election-renew-deadline=10s"})
 	if err == nil || !strings.Contains(err.Error(), "--leader-election-renew-deadline") {
 		t.Fatalf("parseFlags = %v, want an error naming --leader-election-renew-deadline", err)
 	}
-	if _, err := parseFlags([]string{"stray"}); err == nil || !strings.Contains(err.Error(), "stray") {
-		t.Fatalf("parseFlags(stray) = %v, want an error naming the stray argument", err)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--endpoint-allow=10.0.0.0/33"}, "10.0.0.0/33"},
+		{[]string{"--endpoint-deny=redis.example.com"}, "redis.example.com"},
+		{[]string{"--max-concurrent-reconciles=0"}, "--max-concurrent-reconciles"},
+	} {
+		if _, err := ParseFlags(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseFlags(%q) = %v, want an error naming %q", tc.args, err, tc.want)
+		}
+	}
+	if _, err := ParseFlags([]string{"stray"}); err == nil || !strings.Contains(err.Error(), "stray") {
+		t.Fatalf("ParseFlags(stray) = %v, want an error naming the stray argument", err)
 	}
 }
 

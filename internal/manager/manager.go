@@ -1,0 +1,496 @@
+// Package manager builds the lockwarden manager from its command-line
+// flags: the DistributedLock and Job controllers, the renewal watchdog, the
+// lock backends with the operator's tenancy policy, and the admission
+// webhook. cmd/main.go runs it; tests run exactly the same wiring.
+package manager
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/open-policy-agent/cert-controller/pkg/rotator"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/controllers"
+	"github.com/lockwarden/lockwarden/internal/backend"
+	"github.com/lockwarden/lockwarden/internal/holder"
+	redislock "github.com/lockwarden/lockwarden/internal/lock/redis"
+	"github.com/lockwarden/lockwarden/internal/netguard"
+	"github.com/lockwarden/lockwarden/internal/watchdog"
+	"github.com/lockwarden/lockwarden/internal/webhook"
+)
+
+// leaderElectionID names the coordination.k8s.io Lease the managers elect a leader with.
+const leaderElectionID = "lockwarden.locks.lockwarden.io"
+
+// Options are the manager's command-line settings; build them with ParseFlags.
+type Options struct {
+	metricsAddr          string
+	metricsSecure        bool
+	probeAddr            string
+	enableLeaderElection bool
+	leaderElectionNS     string
+	leaseDuration        time.Duration
+	renewDeadline        time.Duration
+	retryPeriod          time.Duration
+	enableHTTP2          bool
+	clusterName          string
+	allowGlobalScope     bool
+	globalScopeLabel     string
+	ownerKeySecret       string
+	resyncPeriod         time.Duration
+	enableWebhook        bool
+	webhookPort          int
+	webhookHost          string
+	webhookCertDir       string
+	webhookCertMode      string
+	webhookService       string
+	webhookConfigName    string
+	namespace            string
+	kubeconfig           string
+	inlineEndpoints      bool
+	endpointAllow        []string
+	endpointDeny         []string
+	clusterResourceNS    string
+	workers              int
+	syncCronJobTemplates bool
+	zap                  zap.Options
+}
+
+// ZapOptions are the logging flags.
+func (o *Options) ZapOptions() *zap.Options { return &o.zap }
+
+// Kubeconfig is the --kubeconfig flag.
+func (o *Options) Kubeconfig() string { return o.kubeconfig }
+
+// Webhook certificate modes.
+const (
+	certModeSelfSigned = "self-signed"
+	certModeExternal   = "external"
+)
+
+// defaultNamespace is where the manager keeps its own objects when neither
+// POD_NAMESPACE nor --leader-election-namespace says otherwise.
+const defaultNamespace = "lockwarden-system"
+
+func newScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(locksv1alpha1.AddToScheme(s))
+	return s
+}
+
+// ParseFlags parses args into Options; errors name the flag.
+func ParseFlags(args []string) (*Options, error) {
+	o := &Options{zap: zap.Options{Development: false}}
+	fs := flag.NewFlagSet("lockwarden", flag.ContinueOnError)
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "0",
+		"Address the Prometheus metrics endpoint binds to, for example :8443 (HTTPS) or :8080 (HTTP with --metrics-secure=false). 0 disables it.")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true,
+		"Serve metrics over HTTPS, allowing only callers that Kubernetes authenticates and authorizes for GET /metrics.")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address the /healthz and /readyz probes bind to.")
+	fs.BoolVar(&o.enableLeaderElection, "leader-elect", false,
+		"Elect a leader among the manager's replicas; only the leader acquires and renews leases.")
+	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "",
+		"Namespace of the leader election Lease. Default: the namespace the manager runs in.")
+	fs.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 15*time.Second,
+		"How long a non-leader waits before taking over from a silent leader.")
+	fs.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 10*time.Second,
+		"How long the leader keeps retrying to renew leadership before it gives up.")
+	fs.DurationVar(&o.retryPeriod, "leader-election-retry-period", 2*time.Second,
+		"How often leader election clients retry.")
+	fs.BoolVar(&o.enableHTTP2, "enable-http2", false,
+		"Serve the metrics and webhook endpoints over HTTP/2 as well (off by default: HTTP/2 Rapid Reset, CVE-2023-44487).")
+	fs.StringVar(&o.clusterName, "cluster-name", "default",
+		"Name of this cluster, recorded with every lease so that operators in other clusters sharing the Redis keys can show who holds them.")
+	fs.BoolVar(&o.allowGlobalScope, "allow-global-scope", false,
+		"Allow DistributedLocks with scope Global (keys shared across namespaces) in every namespace.")
+	fs.StringVar(&o.globalScopeLabel, "global-scope-namespace-label", "lockwarden.io/allow-global-scope",
+		"Allow scope Global in namespaces that carry this label with the value \"true\". Empty: only --allow-global-scope allows it.")
+	fs.StringVar(&o.ownerKeySecret, "owner-key-secret", "",
+		"namespace/name of the Secret holding the key owner tokens are derived from; created when missing. Default: lockwarden-owner-key in the manager's namespace.")
+	fs.DurationVar(&o.resyncPeriod, "resync-period", controllers.DefaultResyncPeriod,
+		"How often every lock's status is refreshed from Redis even without a release notification (a holder in another cluster shows up within it).")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "",
+		"Path to a kubeconfig. Default: $KUBECONFIG, then the in-cluster configuration, then ~/.kube/config.")
+	fs.BoolVar(&o.enableWebhook, "enable-webhook", true,
+		"Serve the Job admission webhook that gates Jobs annotated with lockwarden.io/lock.")
+	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the admission webhook listens on.")
+	fs.StringVar(&o.webhookHost, "webhook-host", "", "Address the admission webhook listens on. Default: every interface.")
+	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs",
+		"Directory of the webhook's serving certificate (tls.crt, tls.key).")
+	fs.StringVar(&o.webhookCertMode, "webhook-cert-mode", certModeSelfSigned,
+		"self-signed: the manager makes and rotates its own CA and serving certificate, stored in a Secret, and injects the CA into the webhook configuration; external: the certificate is provided in --webhook-cert-dir (cert-manager).")
+	fs.StringVar(&o.webhookService, "webhook-service", "",
+		"namespace/name of the webhook's Service, for the self-signed certificate's name. Default: lockwarden-webhook-service in the manager's namespace.")
+	fs.StringVar(&o.webhookConfigName, "webhook-configuration", "lockwarden-mutating-webhook-configuration",
+		"Name of the MutatingWebhookConfiguration the self-signed CA is injected into.")
+	fs.BoolVar(&o.inlineEndpoints, "inline-endpoints", true,
+		"Allow DistributedLocks to name Redis endpoints themselves (spec.backend.redis), within --endpoint-allow and --endpoint-deny. false: locks must name a ClusterLockBackend.")
+	fs.Func("endpoint-allow",
+		"Comma-separated CIDRs (10.20.0.0/16) and host patterns (redis.infra.svc.cluster.local, *.redis.svc.cluster.local) that inline endpoints may use. Empty (default): any address but the denied ones. A CIDR listed here also lifts the built-in denial of loopback and link-local addresses it covers.",
+		func(v string) error { o.endpointAllow = append(o.endpointAllow, splitList(v)...); return nil })
+	fs.Func("endpoint-deny",
+		"Comma-separated CIDRs or IPs that inline endpoints may never reach, besides the built-in ones: loopback, link-local and cloud metadata addresses, the API server's addresses and the manager's own pod IP.",
+		func(v string) error { o.endpointDeny = append(o.endpointDeny, splitList(v)...); return nil })
+	fs.StringVar(&o.clusterResourceNS, "cluster-resource-namespace", "",
+		"Namespace the Secrets of ClusterLockBackends are read from. Default: the namespace the manager runs in.")
+	fs.IntVar(&o.workers, "max-concurrent-reconciles", controllers.DefaultWorkers,
+		"How many DistributedLocks, and how many Jobs, are reconciled at once.")
+	fs.BoolVar(&o.syncCronJobTemplates, "sync-cronjob-templates", false,
+		"Copy a CronJob's lockwarden.io/lock and lockwarden.io/contention annotations into its job template, so that its Jobs are refused rather than run ungated while the webhook is down. Needs the patch right on CronJobs (config/rbac/cronjob_sync_role.yaml).")
+	o.zap.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q: lockwarden takes flags only (see --help)", fs.Args())
+	}
+	if o.renewDeadline >= o.leaseDuration {
+		return nil, fmt.Errorf("--leader-election-renew-deadline (%v) must be shorter than --leader-election-lease-duration (%v)", o.renewDeadline, o.leaseDuration)
+	}
+	if o.resyncPeriod < time.Second {
+		return nil, fmt.Errorf("--resync-period (%v) must be at least 1s", o.resyncPeriod)
+	}
+	o.namespace = os.Getenv("POD_NAMESPACE")
+	if o.namespace == "" {
+		o.namespace = o.leaderElectionNS
+	}
+	if o.namespace == "" {
+		o.namespace = defaultNamespace
+	}
+	if o.clusterResourceNS == "" {
+		o.clusterResourceNS = o.namespace
+	}
+	if o.workers < 1 {
+		return nil, fmt.Errorf("--max-concurrent-reconciles (%d) must be at least 1", o.workers)
+	}
+	if _, err := netguard.NewEndpointPolicy(o.endpointAllow, o.endpointDeny); err != nil {
+		return nil, fmt.Errorf("--endpoint-allow/--endpoint-deny: %w", err)
+	}
+	if o.ownerKeySecret == "" {
+		o.ownerKeySecret = o.namespace + "/lockwarden-owner-key"
+	}
+	if o.webhookService == "" {
+		o.webhookService = o.namespace + "/lockwarden-webhook-service"
+	}
+	for flagName, v := range map[string]string{"--owner-key-secret": o.ownerKeySecret, "--webhook-service": o.webhookService} {
+		if ns, name, ok := strings.Cut(v, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			return nil, fmt.Errorf("%s %q must be namespace/name", flagName, v)
+		}
+	}
+	if o.webhookCertMode != certModeSelfSigned && o.webhookCertMode != certModeExternal {
+		return nil, fmt.Errorf("--webhook-cert-mode %q must be %q or %q", o.webhookCertMode, certModeSelfSigned, certModeExternal)
+	}
+	if o.retryPeriod >= o.renewDeadline {
+		return nil, fmt.Errorf("--leader-election-retry-period (%v) must be shorter than --leader-election-renew-deadline (%v)", o.retryPeriod, o.renewDeadline)
+	}
+	return o, nil
+}
+
+// minSafeTTL is the shortest lease TTL that outlives a failover of the
+// leader: a lease renewed a third of its TTL before the leader died has two
+// thirds left, which must cover the election's lease duration, a retry period
+// and the new leader's start.
+func minSafeTTL(o *Options) time.Duration {
+	return (o.leaseDuration + 2*o.retryPeriod) * 3 / 2
+}
+
+// New builds the manager with every controller registered.
+func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error) {
+	var tlsOpts []func(*tls.Config)
+	if !o.enableHTTP2 {
+		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
+	}
+	metricsOpts := metricsserver.Options{
+		BindAddress:   o.metricsAddr,
+		SecureServing: o.metricsSecure,
+		TLSOpts:       tlsOpts,
+	}
+	if o.metricsSecure {
+		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	leaseDuration, renewDeadline, retryPeriod := o.leaseDuration, o.renewDeadline, o.retryPeriod
+	gated, err := labels.NewRequirement(locksv1alpha1.LabelLock, selection.Exists, nil)
+	if err != nil {
+		return nil, err
+	}
+	certNS, _, _ := strings.Cut(o.webhookService, "/")
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:  newScheme(),
+		Metrics: metricsOpts,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			// Only gated Jobs are cached: memory does not grow with the cluster's other Jobs.
+			&batchv1.Job{}: {Label: labels.NewSelector().Add(*gated)},
+			// Only the manager's own Secrets (the webhook certificate) are
+			// cached; locks' Secrets are read on demand from their namespace.
+			&corev1.Secret{}: {Namespaces: map[string]cache.Config{certNS: {}}},
+		}},
+		WebhookServer: ctrlwebhook.NewServer(ctrlwebhook.Options{
+			Host:    o.webhookHost,
+			Port:    o.webhookPort,
+			CertDir: o.webhookCertDir,
+			TLSOpts: tlsOpts,
+		}),
+		HealthProbeBindAddress:        o.probeAddr,
+		LeaderElection:                o.enableLeaderElection,
+		LeaderElectionID:              leaderElectionID,
+		LeaderElectionNamespace:       o.leaderElectionNS,
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &leaseDuration,
+		RenewDeadline:                 &renewDeadline,
+		RetryPeriod:                   &retryPeriod,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create manager: %w", err)
+	}
+	registry, err := setupControllers(ctx, mgr, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("add health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("add ready check: %w", err)
+	}
+	if o.enableWebhook {
+		if err := setupWebhook(mgr, o, registry); err != nil {
+			return nil, err
+		}
+	}
+	return mgr, nil
+}
+
+// setupWebhook serves the Job admission webhook; with self-signed
+// certificates it first waits for the rotator to write them.
+func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry) error {
+	gate := &webhook.JobGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check}
+	if o.webhookCertMode == certModeExternal {
+		if err := gate.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("set up the Job webhook: %w", err)
+		}
+		return mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker())
+	}
+	ns, name, _ := strings.Cut(o.webhookService, "/")
+	ready := make(chan struct{})
+	if err := rotator.AddRotator(mgr, &rotator.CertRotator{
+		SecretKey:      types.NamespacedName{Namespace: ns, Name: "lockwarden-webhook-server-cert"},
+		CertDir:        o.webhookCertDir,
+		CAName:         "lockwarden-ca",
+		CAOrganization: "lockwarden",
+		DNSName:        fmt.Sprintf("%s.%s.svc", name, ns),
+		ExtraDNSNames:  []string{fmt.Sprintf("%s.%s.svc.cluster.local", name, ns), "localhost"},
+		IsReady:        ready,
+		Webhooks:       []rotator.WebhookInfo{{Name: o.webhookConfigName, Type: rotator.Mutating}},
+		// Every replica serves the webhook, so every replica keeps its certificate current.
+		RequireLeaderElection: false,
+	}); err != nil {
+		return fmt.Errorf("set up webhook certificate rotation: %w", err)
+	}
+	// Register the webhook once the certificate exists: the server reads it at start.
+	go func() {
+		<-ready
+		if err := gate.SetupWithManager(mgr); err != nil {
+			ctrl.Log.WithName("setup").Error(err, "Setting up the Job webhook failed")
+		}
+	}()
+	return mgr.AddReadyzCheck("webhook-certificate", func(*http.Request) error {
+		select {
+		case <-ready:
+			return mgr.GetWebhookServer().StartedChecker()(nil)
+		default:
+			return errors.New("the webhook certificate is not ready yet")
+		}
+	})
+}
+
+// setupControllers wires the lock backends, the renewal watchdog and the
+// controllers; the webhook shares the returned registry's policy.
+func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backend.Registry, error) {
+	log := ctrl.Log.WithName("lockwarden")
+	backend.RouteRedisLogs(log.WithName("go-redis"))
+	direct, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
+	if err != nil {
+		return nil, fmt.Errorf("create client: %w", err)
+	}
+	ns, name, _ := strings.Cut(o.ownerKeySecret, "/")
+	key, err := holder.LoadOrCreateKey(ctx, direct, types.NamespacedName{Namespace: ns, Name: name})
+	if err != nil {
+		return nil, err
+	}
+	tokens, err := holder.NewTokens(key)
+	if err != nil {
+		return nil, err
+	}
+	registry := backend.NewRegistry(ctx, mgr.GetAPIReader(), func(cfg redislock.Config) (backend.Locker, error) {
+		return redislock.New(cfg, redislock.WithLogger(log.WithName("redis")))
+	}, log.WithName("backend"))
+	policy, err := endpointPolicy(ctx, direct, mgr.GetConfig(), o, log.WithName("setup"))
+	if err != nil {
+		return nil, err
+	}
+	registry.SetPolicy(backend.Policy{
+		InlineDisabled:           !o.inlineEndpoints,
+		Endpoints:                policy,
+		GlobalScope:              backend.GlobalScopePolicy{AllowAll: o.allowGlobalScope, NamespaceLabel: o.globalScopeLabel},
+		ClusterResourceNamespace: o.clusterResourceNS,
+	}, mgr.GetClient())
+	dog := watchdog.New(nil, watchdog.WithLogger(log.WithName("watchdog")))
+	if err := mgr.Add(dog); err != nil {
+		return nil, fmt.Errorf("add the renewal watchdog: %w", err)
+	}
+	_, err = controllers.SetupWithManager(ctx, mgr, controllers.Deps{
+		Client:      mgr.GetClient(),
+		Registry:    registry,
+		Watchdog:    dog,
+		Tokens:      tokens,
+		Recorder:    mgr.GetEventRecorder("lockwarden"),
+		ClusterName: o.clusterName,
+		Log:         log.WithName("controllers"),
+	}, controllers.LockOptions{
+		MinSafeTTL:           minSafeTTL(o),
+		Resync:               o.resyncPeriod,
+		Workers:              o.workers,
+		SyncCronJobTemplates: o.syncCronJobTemplates,
+	})
+	return registry, err
+}
+
+// +kubebuilder:rbac:groups="",resources=endpoints,resourceNames=kubernetes,verbs=get
+
+// endpointPolicy builds the policy inline endpoints are checked against:
+// the flags, plus the addresses of the API server (the host the manager
+// talks to, the kubernetes Service and its endpoints) and the manager's own
+// pod IP, which no tenant may aim the operator at.
+func endpointPolicy(ctx context.Context, c client.Reader, cfg *rest.Config, o *Options, log logr.Logger) (*netguard.EndpointPolicy, error) {
+	var derived []string
+	if u, err := url.Parse(cfg.Host); err == nil && u.Hostname() != "" {
+		derived = append(derived, lookupIPs(ctx, u.Hostname())...)
+	}
+	for _, env := range []string{"KUBERNETES_SERVICE_HOST", "POD_IP"} {
+		if v := os.Getenv(env); v != "" {
+			derived = append(derived, lookupIPs(ctx, v)...)
+		}
+	}
+	var ep corev1.Endpoints //nolint:staticcheck // SA1019: one named object; EndpointSlices would need list rights in the default namespace
+	if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "kubernetes"}, &ep); err != nil {
+		log.Info("Could not read the API server's endpoints (default/kubernetes); deny them with --endpoint-deny if inline endpoints are allowed", "error", err.Error())
+	} else {
+		for _, ss := range ep.Subsets {
+			for _, a := range ss.Addresses {
+				derived = append(derived, a.IP)
+			}
+		}
+	}
+	deny := slices.Clone(o.endpointDeny)
+	for _, ip := range derived {
+		// An address the administrator allowed by CIDR (a local cluster
+		// whose API server and Redis share 127.0.0.1, say) stays allowed;
+		// --endpoint-deny entries are never lifted.
+		if allowedByCIDR(o.endpointAllow, ip) {
+			log.Info("The API server's or the manager's own address is allowed by --endpoint-allow; inline endpoints may reach it", "address", ip)
+			continue
+		}
+		deny = append(deny, ip)
+	}
+	slices.Sort(deny)
+	deny = slices.Compact(deny)
+	log.V(1).Info("Endpoint policy for inline endpoints", "allow", o.endpointAllow, "deny", deny, "inlineEndpoints", o.inlineEndpoints)
+	return netguard.NewEndpointPolicy(o.endpointAllow, deny)
+}
+
+// allowedByCIDR reports whether an allow entry that is a CIDR or an IP covers ip.
+func allowedByCIDR(allow []string, ip string) bool {
+	addr, err := netip.ParseAddr(ip)
+	if err != nil {
+		return false
+	}
+	addr = addr.Unmap()
+	for _, a := range allow {
+		if p, err := netip.ParsePrefix(a); err == nil && p.Contains(addr) {
+			return true
+		}
+		if b, err := netip.ParseAddr(a); err == nil && b.Unmap() == addr {
+			return true
+		}
+	}
+	return false
+}
+
+// lookupIPs returns host's addresses (host itself when it is one); none when it does not resolve.
+func lookupIPs(ctx context.Context, host string) []string {
+	if ip := net.ParseIP(host); ip != nil {
+		return []string{ip.String()}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupHost(ctx, host)
+	if err != nil {
+		return nil
+	}
+	return addrs
+}
+
+// splitList splits a comma-separated flag value, dropping empty entries.
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Run builds the manager against cfg and runs it until ctx ends.
+func Run(ctx context.Context, cfg *rest.Config, o *Options) error {
+	mgr, err := New(ctx, cfg, o)
+	if err != nil {
+		return err
+	}
+	ctrl.Log.WithName("setup").Info("Starting manager", "leaderElection", o.enableLeaderElection, "metricsAddress", o.metricsAddr)
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("run manager: %w", err)
+	}
+	return nil
+}
+
+// RestConfig loads the API server configuration from kubeconfig when given,
+// else the way controller-runtime does ($KUBECONFIG, in-cluster, ~/.kube/config).
+func RestConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	return ctrl.GetConfig()
+}
