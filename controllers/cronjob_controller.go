@@ -19,11 +19,16 @@ import (
 // job template. The CronJob's Jobs then carry the annotation themselves, so
 // the admission webhook sees only annotated Jobs and can refuse them while it
 // is down (failurePolicy Fail) without touching any other Job.
+//
+// It runs only with --sync-cronjob-templates: it needs the right to patch
+// every CronJob in the cluster (config/rbac/cronjob_sync_role.yaml), which a
+// shared operator should not hold by default.
 type CronJobReconciler struct {
 	client.Client
 }
 
-// +kubebuilder:rbac:groups=batch,resources=cronjobs,verbs=get;list;watch;patch
+// The patch right on CronJobs is in the optional config/rbac/cronjob_sync_role.yaml.
+// +kubebuilder:rbac:groups=batch,resources=cronjobs,verbs=get;list;watch
 
 // Reconcile brings the job template's lock annotations in line with the CronJob's.
 func (r *CronJobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {

@@ -3,6 +3,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -22,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
 )
 
 const (
@@ -36,14 +39,6 @@ const (
 
 	lockKind = "DistributedLock"
 )
-
-// GlobalScopePolicy says where spec.scope Global is allowed.
-type GlobalScopePolicy struct {
-	// AllowAll allows Global in every namespace.
-	AllowAll bool
-	// NamespaceLabel, when set, allows Global in namespaces labelled <NamespaceLabel>=true.
-	NamespaceLabel string
-}
 
 // DistributedLockReconciler reconciles DistributedLock objects: it holds the
 // lock for a manual holder and reports in status what the backend holds.
@@ -81,6 +76,7 @@ func (r *DistributedLockReconciler) warnOnce(dl *locksv1alpha1.DistributedLock, 
 // +kubebuilder:rbac:groups=locks.lockwarden.io,resources=distributedlocks,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=locks.lockwarden.io,resources=distributedlocks/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=locks.lockwarden.io,resources=distributedlocks/finalizers,verbs=update
+// +kubebuilder:rbac:groups=locks.lockwarden.io,resources=clusterlockbackends,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -101,10 +97,19 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}
 
 	obs := r.gather(ctx, &dl)
+	if errors.Is(obs.backendErr, backend.ErrConnecting) {
+		// The backend is new: its first health check wakes the lock in a
+		// moment (OnHealth), with no status write in between.
+		return ctrl.Result{RequeueAfter: connectingRequeue}, nil
+	}
 	if obs.ready() {
 		// Bring the backend in line with spec.holder; what happened is
 		// recorded in obs.
 		r.reconcileHolder(ctx, &dl, obs)
+	} else {
+		// The policy refuses the backend now, or it is down: nothing new is
+		// acquired, but a lease no longer wanted is still let go.
+		r.releaseUnwanted(ctx, &dl, obs)
 	}
 	status := computeStatus(&dl, obs, r.ClusterName)
 	if err := r.patchStatus(ctx, &dl, status); err != nil {
@@ -131,7 +136,9 @@ func (r *DistributedLockReconciler) patchStatus(ctx context.Context, dl *locksv1
 func (r *DistributedLockReconciler) requeueAfter(obs *observation) time.Duration {
 	switch {
 	case obs.scopeDenied != "":
-		return 0 // a namespace label change brings it back
+		return 0 // a namespace label or backend change brings it back
+	case errors.As(obs.backendErr, new(*backend.PolicyError)):
+		return r.Resync // a namespace label or backend change brings it back sooner
 	case obs.backendErr != nil:
 		return backendRetry
 	case obs.waiting:
@@ -168,9 +175,12 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}, finalizerChanged{}))).
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.locksInNamespace),
 			builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		// A changed ClusterLockBackend (endpoints, credentials, selectors) changes its locks.
+		Watches(&locksv1alpha1.ClusterLockBackend{}, handler.EnqueueRequestsFromMapFunc(r.locksOfClusterBackend)).
 		// A gated Job that starts, waits or finishes changes what its lock's status shows.
 		Watches(&batchv1.Job{}, handler.EnqueueRequestsFromMapFunc(lockOfJob)).
 		WatchesRawSource(r.source()).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.Workers}).
 		Named("distributedlock").
 		Complete(r)
 }
@@ -184,7 +194,8 @@ func lockOfJob(_ context.Context, o client.Object) []reconcile.Request {
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
 }
 
-// locksInNamespace maps a Namespace (whose labels may allow scope Global) to its Global locks.
+// locksInNamespace maps a Namespace to the locks whose policy depends on its
+// labels: Global locks, and locks on a ClusterLockBackend (its namespace selectors).
 func (r *DistributedLockReconciler) locksInNamespace(ctx context.Context, o client.Object) []reconcile.Request {
 	var list locksv1alpha1.DistributedLockList
 	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetName())); err != nil {
@@ -193,9 +204,23 @@ func (r *DistributedLockReconciler) locksInNamespace(ctx context.Context, o clie
 	}
 	var out []reconcile.Request
 	for i := range list.Items {
-		if list.Items[i].Spec.Scope == locksv1alpha1.ScopeGlobal {
+		if dl := &list.Items[i]; dl.Spec.Scope == locksv1alpha1.ScopeGlobal || dl.Spec.Backend.ClusterBackendRef != nil {
 			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 		}
+	}
+	return out
+}
+
+// locksOfClusterBackend maps a ClusterLockBackend to the locks that name it.
+func (r *DistributedLockReconciler) locksOfClusterBackend(ctx context.Context, o client.Object) []reconcile.Request {
+	var list locksv1alpha1.DistributedLockList
+	if err := r.Client.List(ctx, &list, client.MatchingFields{indexBackend: "ClusterLockBackend/" + o.GetName()}); err != nil {
+		r.Log.Error(err, "Listing the locks of a changed ClusterLockBackend failed; they catch up at the next resync", "backend", o.GetName())
+		return nil
+	}
+	out := make([]reconcile.Request, len(list.Items))
+	for i := range list.Items {
+		out[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])}
 	}
 	return out
 }

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/holder"
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 )
@@ -157,7 +158,7 @@ func patchHolder(t *testing.T, namespace, name string, h *locksv1alpha1.ManualHo
 func TestScopeIsolatesNamespacesUnlessGlobal(t *testing.T) {
 	rdb := redistest.Start(t)
 	const label = "lockwarden.io/allow-global-scope"
-	startManager(t, managerOptions{globalScope: GlobalScopePolicy{NamespaceLabel: label}})
+	startManager(t, managerOptions{policy: backend.Policy{GlobalScope: backend.GlobalScopePolicy{NamespaceLabel: label}}})
 	allowed := map[string]string{label: "true"}
 	nsA, nsB := newNamespace(t, allowed), newNamespace(t, allowed)
 

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -76,19 +75,28 @@ func (r *DistributedLockReconciler) gather(ctx context.Context, dl *locksv1alpha
 	if l, ok := r.lostOf(client.ObjectKeyFromObject(dl)); ok {
 		obs.lost = &l
 	}
-	if dl.Spec.Scope == locksv1alpha1.ScopeGlobal {
-		if reason := r.globalScopeDenied(ctx, dl.Namespace); reason != "" {
-			obs.scopeDenied = reason
-			return obs
-		}
-	}
 	h, err := r.Registry.For(ctx, r.ref(dl), dl)
+	if err == nil {
+		// A backend known to be down fails at once, without a connection
+		// attempt: unreachable backends do not hold the shared workers.
+		err = h.Health()
+	}
 	if err != nil {
 		obs.backendErr = err
+		var pe *backend.PolicyError
 		var se *backend.SecretError
-		if errors.As(err, &se) {
+		switch {
+		case errors.As(err, &pe) && pe.Reason == locksv1alpha1.ReasonScopeNotAllowed:
+			obs.scopeDenied, obs.backendErr = pe.Error(), nil
+		case errors.As(err, &pe):
+			obs.backendReason = pe.Reason
+		case errors.As(err, &se):
 			obs.backendReason = locksv1alpha1.ReasonSecretNotFound
-		} else {
+		case errors.Is(err, backend.ErrConnecting):
+			obs.backendReason = locksv1alpha1.ReasonConnecting
+		case h.Locker != nil:
+			obs.backendReason = locksv1alpha1.ReasonBackendUnreachable
+		default:
 			obs.backendReason = locksv1alpha1.ReasonInvalidBackend
 		}
 		return obs
@@ -128,8 +136,16 @@ func (r *DistributedLockReconciler) report(dl *locksv1alpha1.DistributedLock, ob
 	case obs.scopeDenied != "":
 	case obs.backendErr != nil:
 		metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(0)
-		if obs.backendReason == locksv1alpha1.ReasonBackendUnreachable && !obs.backendWasDown {
-			r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Inspect", "Redis did not answer: %v", obs.backendErr)
+		switch obs.backendReason {
+		case locksv1alpha1.ReasonConnecting:
+		case locksv1alpha1.ReasonBackendUnreachable:
+			if !obs.backendWasDown {
+				r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Inspect", "Redis did not answer: %s", backend.Describe(obs.backendErr))
+			}
+		case locksv1alpha1.ReasonBackendNotAllowed, locksv1alpha1.ReasonBackendNotFound:
+			r.warnOnce(dl, locksv1alpha1.EventBackendNotAllowed, "Validate", "%s", backend.Describe(obs.backendErr))
+		default:
+			r.warnOnce(dl, locksv1alpha1.EventBackendUnavailable, "Validate", "%s", backend.Describe(obs.backendErr))
 		}
 	default:
 		metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(1)
@@ -139,7 +155,7 @@ func (r *DistributedLockReconciler) report(dl *locksv1alpha1.DistributedLock, ob
 	}
 	if obs.lost != nil {
 		r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventLost, "Renew",
-			"Lost the lease of %s (fencing token %d): %v", holder.Decode(obs.lost.Lease.Holder).Identity, obs.lost.Lease.Fence, obs.lost.Err)
+			"Lost the lease of %s (fencing token %d): %s", holder.Decode(obs.lost.Lease.Holder).Identity, obs.lost.Lease.Fence, backend.Describe(obs.lost.Err))
 		r.clearLost(client.ObjectKeyFromObject(dl), *obs.lost)
 	}
 	r.recordEvents(dl, obs)
@@ -152,22 +168,6 @@ func backendWasDown(dl *locksv1alpha1.DistributedLock) bool {
 		}
 	}
 	return false
-}
-
-// globalScopeDenied returns why scope Global is not allowed in namespace, or "".
-func (r *DistributedLockReconciler) globalScopeDenied(ctx context.Context, namespace string) string {
-	if r.GlobalScope.AllowAll {
-		return ""
-	}
-	if r.GlobalScope.NamespaceLabel != "" {
-		var ns corev1.Namespace
-		if err := r.Client.Get(ctx, types.NamespacedName{Name: namespace}, &ns); err == nil && ns.Labels[r.GlobalScope.NamespaceLabel] == "true" {
-			return ""
-		}
-		return fmt.Sprintf("spec.scope: Global is not allowed in namespace %q: label the namespace %s=true (if the operator's policy allows it) or use scope Namespace",
-			namespace, r.GlobalScope.NamespaceLabel)
-	}
-	return fmt.Sprintf("spec.scope: Global is not allowed in namespace %q: the operator runs without --allow-global-scope; use scope Namespace", namespace)
 }
 
 // reconcileHolder acquires, keeps or releases the lease of the manual holder
@@ -197,6 +197,28 @@ func (r *DistributedLockReconciler) reconcileHolder(ctx context.Context, dl *loc
 		r.reportLost(dl, obs, fmt.Errorf("%w: the backend no longer holds the keys for this owner", lock.ErrLost))
 	}
 	r.acquire(ctx, dl, obs, *want)
+}
+
+// releaseUnwanted releases, through the client the watchdog renews it with,
+// a lease of this lock whose manual holder was removed or renamed while the
+// lock cannot use its backend (the policy refuses it now, or it is down). A
+// lease still wanted stays held: a policy change does not cut off work that
+// already holds the lock.
+func (r *DistributedLockReconciler) releaseUnwanted(ctx context.Context, dl *locksv1alpha1.DistributedLock, obs *observation) {
+	l, locker, ok := r.Watchdog.Holding(r.ref(dl))
+	if !ok || (dl.Spec.Holder != nil && l.Holder == r.manualHolder(dl, dl.Spec.Holder.Identity).Encode()) {
+		return
+	}
+	r.Watchdog.Drop(r.ref(dl))
+	switch err := locker.Release(ctx, l); {
+	case err == nil:
+		metrics.HoldSeconds.WithLabelValues(lockKind).Observe(obs.now.Sub(l.Acquired).Seconds())
+		obs.event(corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release",
+			"Released the keys held by %s (fencing token %d)", holder.Decode(l.Holder).Identity, l.Fence)
+	case errors.Is(err, lock.ErrNotHeld):
+	default:
+		logf.FromContext(ctx).Error(err, "Releasing lease failed; it expires with its TTL", "holder", holder.Decode(l.Holder).Identity)
+	}
 }
 
 // reportLost records the loss of the lease the watchdog renewed for dl; it
@@ -358,13 +380,21 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 		return ctrl.Result{}, nil
 	}
 	obs := r.gather(ctx, dl)
+	if errors.Is(obs.backendErr, backend.ErrConnecting) {
+		// Known in a moment: release then, rather than let the lease expire.
+		return ctrl.Result{RequeueAfter: connectingRequeue}, nil
+	}
 	if obs.backendErr == nil && obs.scopeDenied == "" {
 		r.releaseStale(ctx, dl, obs, nil)
 		r.recordEvents(dl, obs)
-	} else if l := r.Watchdog.Drop(r.ref(dl)); l != nil {
-		// The backend cannot be reached: the lease is no longer renewed and
-		// ends with its TTL.
-		logf.FromContext(ctx).Info("Backend unavailable while deleting; the lease expires with its TTL", "fence", l.Fence)
+	} else if l, locker, ok := r.Watchdog.Holding(r.ref(dl)); ok {
+		// The lock cannot use its backend now (refused, or down): release
+		// through the client the lease was renewed with; if that fails, the
+		// lease is no longer renewed and ends with its TTL.
+		r.Watchdog.Drop(r.ref(dl))
+		if err := locker.Release(ctx, l); err != nil && !errors.Is(err, lock.ErrNotHeld) {
+			logf.FromContext(ctx).Info("Backend unavailable while deleting; the lease expires with its TTL", "fence", l.Fence, "error", backend.Describe(err))
+		}
 	}
 	r.Registry.Forget(r.ref(dl))
 	nn := client.ObjectKeyFromObject(dl)

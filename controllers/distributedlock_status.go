@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/holder"
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
@@ -34,11 +35,14 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 		meta.RemoveStatusCondition(&st.Conditions, locksv1alpha1.ConditionBackendReady)
 		return st
 	case obs.backendErr != nil:
-		set(locksv1alpha1.ConditionBackendReady, metav1.ConditionFalse, obs.backendReason, obs.backendErr.Error())
+		set(locksv1alpha1.ConditionBackendReady, metav1.ConditionFalse, obs.backendReason, backend.Describe(obs.backendErr))
 		// What Redis holds is unknown: keep the last known holder, but say so.
 		st.Holder, st.FencingToken, st.AcquiredTime, st.ExpireTime, st.Waiting = old.Holder, old.FencingToken, old.AcquiredTime, old.ExpireTime, old.Waiting
-		set(locksv1alpha1.ConditionHeld, metav1.ConditionUnknown, locksv1alpha1.ReasonBackendUnavailable,
-			"The backend did not answer; the holder shown is the last one observed")
+		msg := "The backend did not answer; the holder shown is the last one observed"
+		if obs.backendReason != locksv1alpha1.ReasonBackendUnreachable {
+			msg = "The backend cannot be used (see the BackendReady condition); the holder shown is the last one observed"
+		}
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionUnknown, locksv1alpha1.ReasonBackendUnavailable, msg)
 		return st
 	}
 	set(locksv1alpha1.ConditionBackendReady, metav1.ConditionTrue, locksv1alpha1.ReasonBackendReachable, "Redis answers")
@@ -72,7 +76,7 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 				st.Holder.Identity, st.FencingToken, ttl/3, ttl))
 	case obs.lost != nil:
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonLost,
-			fmt.Sprintf("The lease of %s (fencing token %d) was lost: %v", holder.Decode(obs.lost.Lease.Holder).Identity, obs.lost.Lease.Fence, obs.lost.Err))
+			fmt.Sprintf("The lease of %s (fencing token %d) was lost: %s", holder.Decode(obs.lost.Lease.Holder).Identity, obs.lost.Lease.Fence, backend.Describe(obs.lost.Err)))
 	case held != nil && obs.waiting:
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonWaiting,
 			fmt.Sprintf("Waiting: the keys are held by %s (fencing token %d)", st.Holder.Identity, st.FencingToken))

@@ -20,7 +20,7 @@ const (
 // IndexFields registers every field index the reconcilers look things up by.
 func IndexFields(ctx context.Context, idx client.FieldIndexer) error {
 	if err := idx.IndexField(ctx, &locksv1alpha1.DistributedLock{}, indexBackend, func(o client.Object) []string {
-		return []string{backend.ID(o.(*locksv1alpha1.DistributedLock).Spec.Backend.Redis)}
+		return []string{backend.LockBackendID(o.(*locksv1alpha1.DistributedLock))}
 	}); err != nil {
 		return err
 	}
@@ -31,7 +31,7 @@ func IndexFields(ctx context.Context, idx client.FieldIndexer) error {
 
 // backendKeyIndexValues are the indexBackendKey values of dl: one per key.
 func backendKeyIndexValues(dl *locksv1alpha1.DistributedLock) []string {
-	return backendKeyValues(backend.ID(dl.Spec.Backend.Redis), backend.EngineKeys(dl)...)
+	return backendKeyValues(backend.LockBackendID(dl), backend.EngineKeys(dl)...)
 }
 
 // backendKeyValues are indexBackendKey values of keys on the backend id.

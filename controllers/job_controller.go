@@ -6,10 +6,12 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -29,13 +31,18 @@ type JobReconciler struct {
 	// or releases, so that the lock's status shows it at once.
 	lockChanged func(types.NamespacedName)
 
+	// workers is how many Jobs are reconciled at once.
+	workers int
+
 	// tracker carries reconcile requests from the backend (releases) and the
 	// watchdog (lost leases), and remembers waiting Jobs.
 	*tracker
 }
 
-// +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;update;patch;delete
-// +kubebuilder:rbac:groups=batch,resources=jobs/finalizers,verbs=update
+// The Job controller patches gated Jobs (fencing token, suspend, finalizer)
+// and deletes the Jobs of CronJobs whose contention is Skip; it reads
+// CronJobs to name them in Events.
+// +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=batch,resources=cronjobs,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -43,7 +50,19 @@ type JobReconciler struct {
 func (r *JobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var job batchv1.Job
 	if err := r.Client.Get(ctx, req.NamespacedName, &job); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		if apierrors.IsNotFound(err) {
+			// Gone, or no longer labelled (the cache holds only gated Jobs):
+			// a lease still renewed for it has no holder.
+			ref := holder.Ref{Kind: jobKind, Namespace: req.Namespace, Name: req.Name}
+			releaseOrphan(ctx, r.Deps, ref, nil, "the Job is gone, or no longer carries the lock label")
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	if lease, _, held := r.Watchdog.Holding(jobRef(&job)); held {
+		if why := jobOrphaned(&job, lease); why != "" {
+			releaseOrphan(ctx, r.Deps, jobRef(&job), &job, why)
+		}
 	}
 	if job.Labels[locksv1alpha1.LabelLock] == "" || !controllerutil.ContainsFinalizer(&job, locksv1alpha1.Finalizer) {
 		return ctrl.Result{}, nil // not gated, or done with
@@ -134,16 +153,29 @@ func jobRef(job *batchv1.Job) holder.Ref {
 
 // onRelease wakes the waiting Jobs of every lock on the released key.
 func (r *JobReconciler) onRelease(backendID, key string) {
+	r.wakeWaiting(indexBackendKey, backendKeyValues(backendID, key)[0])
+}
+
+// onHealth wakes the waiting Jobs of every lock on a backend that started
+// (or stopped) answering: a Job on a new backend starts at its first answer.
+func (r *JobReconciler) onHealth(backendID string, err error) {
+	if err == nil {
+		r.wakeWaiting(indexBackend, backendID)
+	}
+}
+
+// wakeWaiting enqueues the waiting Jobs of the locks the index maps value to.
+func (r *JobReconciler) wakeWaiting(index, value string) {
 	ctx := context.Background()
 	var locks locksv1alpha1.DistributedLockList
-	if err := r.Client.List(ctx, &locks, client.MatchingFields{indexBackendKey: backendKeyValues(backendID, key)[0]}); err != nil {
-		r.Log.Error(err, "Listing the locks of a released key failed; their waiting Jobs try again at their next requeue", "key", key)
+	if err := r.Client.List(ctx, &locks, client.MatchingFields{index: value}); err != nil {
+		r.Log.Error(err, "Listing the locks of a backend event failed; their waiting Jobs try again at their next requeue", "index", index)
 		return
 	}
 	for _, dl := range locks.Items {
 		var jobs batchv1.JobList
 		if err := r.Client.List(ctx, &jobs, client.InNamespace(dl.Namespace), client.MatchingLabels{locksv1alpha1.LabelLock: dl.Name}); err != nil {
-			r.Log.Error(err, "Listing the Jobs of a released lock failed; they try again at their next requeue", "lock", klog.KObj(&dl))
+			r.Log.Error(err, "Listing the Jobs of a lock failed; they try again at their next requeue", "lock", klog.KObj(&dl))
 			continue
 		}
 		for i := range jobs.Items {
@@ -159,9 +191,11 @@ func (r *JobReconciler) onRelease(backendID, key string) {
 // which also registers the field indexes it looks locks up by).
 func (r *JobReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.Registry.OnRelease(r.onRelease)
+	r.Registry.OnHealth(r.onHealth)
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&batchv1.Job{}).
 		WatchesRawSource(r.source()).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.workers}).
 		Named("job").
 		Complete(r)
 }

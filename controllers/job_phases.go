@@ -54,10 +54,9 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventUnsuspendedWithoutLock, "Suspend",
 			"The Job was unsuspended before it held lock %s; it waits for its turn", g.dl.Name)
 	}
-	h, err := r.Registry.For(ctx, g.ref, g.dl)
-	if err != nil {
-		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Acquire", "Lock %s: %v", g.dl.Name, err)
-		return ctrl.Result{RequeueAfter: backendRetry}, nil
+	h, res, ok := r.backendFor(ctx, g, "Acquire")
+	if !ok {
+		return res, nil
 	}
 	contention := locksv1alpha1.Contention(job.Annotations[locksv1alpha1.AnnotationContention])
 	if contention == "" {
@@ -87,6 +86,7 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 	default:
 		metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultError).Inc()
 		log.Error(err, "Acquiring lock failed", "lock", g.dl.Name)
+		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Acquire", "Lock %s: %s", g.dl.Name, backend.Describe(err))
 		return ctrl.Result{RequeueAfter: backendRetry}, nil
 	}
 }
@@ -173,21 +173,18 @@ func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Re
 		}
 		return res, err
 	}
-	if _, _, ok := r.Watchdog.Holding(g.ref); ok {
-		return ctrl.Result{}, nil
+	if lease, _, ok := r.Watchdog.Holding(g.ref); ok {
+		return r.restoreToken(ctx, g, lease)
 	}
 	if g.dl == nil {
 		metrics.LeasesLost.WithLabelValues(jobKind).Inc()
 		return r.handleLost(ctx, g, fmt.Errorf("%w: DistributedLock %q was deleted", lock.ErrLost, g.job.Labels[locksv1alpha1.LabelLock]))
 	}
-	h, err := r.Registry.For(ctx, g.ref, g.dl)
-	if err != nil {
-		// The watchdog does not renew this lease until the backend can be
-		// built again: say so, the lease is lost if that takes a TTL.
-		r.eventf(g.job, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Renew",
-			"Lock %s: cannot take over the lease after a restart: %v", g.dl.Name, err)
-		logf.FromContext(ctx).Error(err, "Building the backend of a running Job failed; retrying", "lock", g.dl.Name)
-		return ctrl.Result{RequeueAfter: backendRetry}, nil
+	// Until the backend answers, the watchdog does not renew this lease:
+	// backendFor says so; the lease is lost if that takes a TTL.
+	h, res, ok := r.backendFor(ctx, g, "Renew")
+	if !ok {
+		return res, nil
 	}
 	fence, _ := strconv.ParseInt(g.job.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
 	ttl := time.Duration(g.dl.Spec.TTLSeconds) * time.Second
@@ -209,6 +206,62 @@ func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Re
 	}
 }
 
+// connectingRequeue is how soon a holder whose backend is new looks again,
+// if the backend's first health check has not woken it before.
+const connectingRequeue = time.Second
+
+// backendFor returns the Job's backend when the lock may use it and it
+// answers. Otherwise it tells the Job why (the policy's refusal, or the
+// backend's failure as a category, never the peer's bytes) and returns when
+// to look again; a backend known to be down fails at once, without a
+// connection attempt, so that unreachable backends do not hold the shared
+// workers.
+func (r *JobReconciler) backendFor(ctx context.Context, g *gatedJob, action string) (backend.Handle, ctrl.Result, bool) {
+	h, err := r.Registry.For(ctx, g.ref, g.dl)
+	if err == nil {
+		err = h.Health()
+	}
+	var pe *backend.PolicyError
+	switch {
+	case err == nil:
+		return h, ctrl.Result{}, true
+	case errors.Is(err, backend.ErrConnecting):
+		return h, ctrl.Result{RequeueAfter: connectingRequeue}, false
+	case errors.As(err, &pe):
+		reason := locksv1alpha1.EventBackendNotAllowed
+		if pe.Reason == locksv1alpha1.ReasonScopeNotAllowed {
+			reason = locksv1alpha1.EventScopeNotAllowed
+		}
+		r.eventf(g.job, corev1.EventTypeWarning, reason, action, "Lock %s cannot be acquired: %s; the Job stays suspended", g.dl.Name, pe.Error())
+		return h, ctrl.Result{RequeueAfter: lockMissingRequeue}, false
+	default:
+		r.eventf(g.job, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, action, "Lock %s: %s", g.dl.Name, backend.Describe(err))
+		logf.FromContext(ctx).V(1).Info("Backend of the Job's lock is not usable; retrying", "lock", g.dl.Name, "error", err.Error())
+		return h, ctrl.Result{RequeueAfter: backendRetry}, false
+	}
+}
+
+// restoreToken puts back the fencing token and holder annotations of a
+// running Job when someone else changed them: what the operator believes
+// comes from the lease it renews, and the Job shows that. (The shipped
+// admission policy refuses such edits; this covers clusters without it.)
+func (r *JobReconciler) restoreToken(ctx context.Context, g *gatedJob, lease *lock.Lease) (ctrl.Result, error) {
+	job := g.job
+	fence := strconv.FormatInt(lease.Fence, 10)
+	if job.Annotations[locksv1alpha1.AnnotationFencingToken] == fence && job.Annotations[locksv1alpha1.AnnotationHolder] == g.holder.Identity {
+		return ctrl.Result{}, nil
+	}
+	before := job.DeepCopy()
+	setAnnotation(&job.ObjectMeta, locksv1alpha1.AnnotationFencingToken, fence)
+	setAnnotation(&job.ObjectMeta, locksv1alpha1.AnnotationHolder, g.holder.Identity)
+	if err := r.Client.Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		return ctrl.Result{}, fmt.Errorf("restore the fencing token annotations: %w", err)
+	}
+	r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventTampered, "Restore",
+		"The Job's lockwarden annotations were changed by someone other than lockwarden; restored fencing token %d of lock %s", lease.Fence, job.Labels[locksv1alpha1.LabelLock])
+	return ctrl.Result{}, nil
+}
+
 // lostCause is the error a lost lease is reported with.
 func lostCause(l watchdog.Lost) error {
 	if l.Err == nil {
@@ -224,7 +277,7 @@ func (r *JobReconciler) handleLost(ctx context.Context, g *gatedJob, cause error
 	r.Watchdog.Drop(g.ref)
 	fence := job.Annotations[locksv1alpha1.AnnotationFencingToken]
 	before := job.DeepCopy()
-	setAnnotation(&job.ObjectMeta, locksv1alpha1.AnnotationLost, fmt.Sprintf("%s: %v", r.Clock.Now().UTC().Format(time.RFC3339), cause))
+	setAnnotation(&job.ObjectMeta, locksv1alpha1.AnnotationLost, fmt.Sprintf("%s: %s", r.Clock.Now().UTC().Format(time.RFC3339), backend.Describe(cause)))
 	terminate := g.dl != nil && g.dl.Spec.OnLost == locksv1alpha1.OnLostTerminate
 	if terminate {
 		suspend := true
@@ -233,7 +286,7 @@ func (r *JobReconciler) handleLost(ctx context.Context, g *gatedJob, cause error
 	if err := r.Client.Patch(ctx, job, client.MergeFrom(before)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("record lost lease: %w", err)
 	}
-	r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventLost, "Renew", "Lost the lease of lock %s (fencing token %s): %v", job.Labels[locksv1alpha1.LabelLock], fence, cause)
+	r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventLost, "Renew", "Lost the lease of lock %s (fencing token %s): %s", job.Labels[locksv1alpha1.LabelLock], fence, backend.Describe(cause))
 	if terminate {
 		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventTerminated, "Terminate", "Stopped the Job's pods: its lease was lost and the lock's onLost is Terminate")
 	}

@@ -51,36 +51,49 @@ func (d Deps) withDefaults() Deps {
 	return d
 }
 
-// LockOptions are the DistributedLock controller's settings.
+// LockOptions are the controllers' settings. Where a lock may connect and
+// where scope Global is allowed is the Registry's policy (backend.Policy).
 type LockOptions struct {
-	// GlobalScope says where spec.scope Global is allowed.
-	GlobalScope GlobalScopePolicy
 	// MinSafeTTL is the shortest TTL that outlives a failover of the
 	// operator's leader; shorter TTLs are warned about (0: no warning).
 	MinSafeTTL time.Duration
-	// Resync is how often every lock's status is refreshed from the backend
-	// (default DefaultResyncPeriod).
+	// Resync is how often every lock's status is refreshed from the backend,
+	// and how often the leases the watchdog renews are checked against their
+	// holders (default DefaultResyncPeriod).
 	Resync time.Duration
+	// Workers is how many locks, and how many Jobs, are reconciled at once
+	// (default DefaultWorkers).
+	Workers int
+	// SyncCronJobTemplates copies a CronJob's lockwarden.io/lock and
+	// lockwarden.io/contention annotations into its job template. Off by
+	// default: it needs the right to patch every CronJob, and the admission
+	// webhook gates the Jobs of annotated CronJobs without it.
+	SyncCronJobTemplates bool
 }
+
+// DefaultWorkers is how many locks, and how many Jobs, are reconciled at
+// once by default: one tenant's slow backend does not hold everyone's.
+const DefaultWorkers = 4
 
 // Reconcilers are the controllers SetupWithManager registered.
 type Reconcilers struct {
-	Locks    *DistributedLockReconciler
-	Jobs     *JobReconciler
+	Locks *DistributedLockReconciler
+	Jobs  *JobReconciler
+	// CronJobs is nil unless LockOptions.SyncCronJobTemplates.
 	CronJobs *CronJobReconciler
 }
 
 // SetupWithManager wires every lockwarden controller into mgr: the field
 // indexes, the DistributedLock, Job and CronJob reconcilers, and the
-// watchdog's lost-lease callbacks. It is the only place that does; there is
-// no order to keep.
+// watchdog's lost-lease callbacks, and the sweep of orphaned leases. It is
+// the only place that does; there is no order to keep.
 func SetupWithManager(ctx context.Context, mgr ctrl.Manager, d Deps, o LockOptions) (*Reconcilers, error) {
 	if err := IndexFields(ctx, mgr.GetFieldIndexer()); err != nil {
 		return nil, fmt.Errorf("register field indexes: %w", err)
 	}
 	locks := NewDistributedLockReconciler(d, o)
 	jobs := NewJobReconciler(d, locks.Enqueue)
-	cronJobs := &CronJobReconciler{Client: d.Client}
+	jobs.workers = locks.Workers
 	d.Watchdog.OnLost(locks.onLost)
 	d.Watchdog.OnLost(jobs.onLost)
 	if err := locks.SetupWithManager(mgr); err != nil {
@@ -89,10 +102,17 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, d Deps, o LockOptio
 	if err := jobs.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up the Job controller: %w", err)
 	}
-	if err := cronJobs.SetupWithManager(mgr); err != nil {
-		return nil, fmt.Errorf("set up the CronJob controller: %w", err)
+	if err := mgr.Add(&orphanSweeper{Deps: locks.Deps, interval: locks.Resync}); err != nil {
+		return nil, fmt.Errorf("set up the orphaned-lease sweep: %w", err)
 	}
-	return &Reconcilers{Locks: locks, Jobs: jobs, CronJobs: cronJobs}, nil
+	out := &Reconcilers{Locks: locks, Jobs: jobs}
+	if o.SyncCronJobTemplates {
+		out.CronJobs = &CronJobReconciler{Client: d.Client}
+		if err := out.CronJobs.SetupWithManager(mgr); err != nil {
+			return nil, fmt.Errorf("set up the CronJob controller: %w", err)
+		}
+	}
+	return out, nil
 }
 
 // NewDistributedLockReconciler returns the DistributedLock reconciler.
@@ -100,6 +120,9 @@ func NewDistributedLockReconciler(d Deps, o LockOptions) *DistributedLockReconci
 	d = d.withDefaults()
 	if o.Resync == 0 {
 		o.Resync = DefaultResyncPeriod
+	}
+	if o.Workers <= 0 {
+		o.Workers = DefaultWorkers
 	}
 	return &DistributedLockReconciler{
 		Deps:        d,
@@ -116,6 +139,7 @@ func NewJobReconciler(d Deps, lockChanged func(types.NamespacedName)) *JobReconc
 	return &JobReconciler{
 		Deps:        d.withDefaults(),
 		lockChanged: lockChanged,
+		workers:     DefaultWorkers,
 		tracker:     newTracker(jobKind, func() client.Object { return &batchv1.Job{} }),
 	}
 }

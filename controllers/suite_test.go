@@ -71,9 +71,12 @@ var testOwnerKey = bytes.Repeat([]byte{42}, holder.MinKeyLen)
 
 // managerOptions adjust the manager a test starts.
 type managerOptions struct {
-	cluster     string
-	globalScope GlobalScopePolicy
-	resync      time.Duration
+	cluster string
+	// policy is the registry's (default: inline endpoints anywhere, Global nowhere).
+	policy backend.Policy
+	resync time.Duration
+	// syncCronJobs runs the CronJob annotation sync (off by default, as in production).
+	syncCronJobs bool
 	// env is the control plane to run against (default: the package's).
 	env *kubetest.Env
 }
@@ -120,6 +123,7 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 		return redislock.New(cfg)
 	}, ctrl.Log.WithName("backend"))
 	registry.SetHealthInterval(500 * time.Millisecond)
+	registry.SetPolicy(o.policy, mgr.GetClient())
 	dog := watchdog.New(nil)
 	if err := mgr.Add(dog); err != nil {
 		t.Fatal(err)
@@ -131,11 +135,11 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 		Tokens:      tokens,
 		Recorder:    mgr.GetEventRecorder("lockwarden"),
 		ClusterName: o.cluster,
-	}, LockOptions{GlobalScope: o.globalScope, MinSafeTTL: 20 * time.Second, Resync: o.resync})
+	}, LockOptions{MinSafeTTL: 20 * time.Second, Resync: o.resync, SyncCronJobTemplates: o.syncCronJobs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := (&webhook.JobGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr); err != nil {
+	if err := (&webhook.JobGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check}).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)

@@ -3,6 +3,7 @@ package webhook
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -20,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
 )
 
 // JobGate suspends new Jobs that a lock gates, so that the Job controller
@@ -29,6 +31,10 @@ type JobGate struct {
 	Reader client.Reader
 	// APIReader confirms a lock the cache does not have yet.
 	APIReader client.Reader
+	// Check, when set, decides whether the lock may use its backend and
+	// scope (the Registry's Check): the same decision the controllers make,
+	// so a Job whose lock is refused is refused at creation.
+	Check func(ctx context.Context, dl *locksv1alpha1.DistributedLock) error
 }
 
 var _ admission.Defaulter[*batchv1.Job] = (*JobGate)(nil)
@@ -53,15 +59,26 @@ func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 	if errs := validateAnnotations(name, contention, path, source); len(errs) > 0 {
 		return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, errs)
 	}
-	found, err = g.lockExists(ctx, job.Namespace, name)
+	dl, err := g.getLock(ctx, job.Namespace, name)
 	if err != nil {
 		// Not the user's mistake: refuse for now, so the creation is retried.
 		return apierrors.NewInternalError(fmt.Errorf("read DistributedLock %s/%s: %w", job.Namespace, name, err))
 	}
-	if !found {
+	if dl == nil {
 		return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, field.ErrorList{
 			field.Invalid(path.Key(locksv1alpha1.AnnotationLock), name, fmt.Sprintf("%sno DistributedLock %q in namespace %q: create it, or name an existing lock", source, name, job.Namespace)),
 		})
+	}
+	if g.Check != nil {
+		var pe *backend.PolicyError
+		switch err := g.Check(ctx, dl); {
+		case errors.As(err, &pe):
+			return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, field.ErrorList{
+				field.Invalid(path.Key(locksv1alpha1.AnnotationLock), name, fmt.Sprintf("%sDistributedLock %q cannot be used: %s", source, name, pe.Error())),
+			})
+		case err != nil:
+			return apierrors.NewInternalError(fmt.Errorf("check the backend of DistributedLock %s/%s: %w", job.Namespace, name, err))
+		}
 	}
 	Gate(job, name, contention)
 	log.V(1).Info("Gated Job", "job", job.Name, "generateName", job.GenerateName, "namespace", job.Namespace, "lock", name)
@@ -81,12 +98,13 @@ func Gate(job *batchv1.Job, lock, contention string) {
 	if contention != "" {
 		job.Annotations[locksv1alpha1.AnnotationContention] = contention
 	}
-	// A new Job never arrives holding the lock: drop any token it claims
-	// (only the controller writes them, after acquiring) and suspend it.
-	delete(job.Annotations, locksv1alpha1.AnnotationFencingToken)
-	delete(job.Annotations, locksv1alpha1.AnnotationHolder)
-	delete(job.Spec.Template.Annotations, locksv1alpha1.AnnotationFencingToken)
-	delete(job.Spec.Template.Annotations, locksv1alpha1.AnnotationHolder)
+	// A new Job never arrives holding the lock, or having lost or skipped
+	// it: drop what it claims (only the controller writes these) and
+	// suspend it.
+	for _, k := range []string{locksv1alpha1.AnnotationFencingToken, locksv1alpha1.AnnotationHolder, locksv1alpha1.AnnotationLost, locksv1alpha1.AnnotationSkipped} {
+		delete(job.Annotations, k)
+		delete(job.Spec.Template.Annotations, k)
+	}
 	suspend := true
 	job.Spec.Suspend = &suspend
 	controllerutil.AddFinalizer(job, locksv1alpha1.Finalizer)
@@ -176,17 +194,21 @@ func validateAnnotations(lock, contention string, path *field.Path, source strin
 	return errs
 }
 
-// lockExists checks the cache, then the API server (the cache may lag behind
-// a lock created a moment ago). err is a failure to read, not a missing lock.
-func (g *JobGate) lockExists(ctx context.Context, namespace, name string) (found bool, err error) {
+// getLock reads a lock from the cache, then from the API server (the cache
+// may lag behind a lock created a moment ago). It returns nil when there is
+// no such lock; err is a failure to read.
+func (g *JobGate) getLock(ctx context.Context, namespace, name string) (*locksv1alpha1.DistributedLock, error) {
 	nn := types.NamespacedName{Namespace: namespace, Name: name}
 	var dl locksv1alpha1.DistributedLock
-	err = g.Reader.Get(ctx, nn, &dl)
+	err := g.Reader.Get(ctx, nn, &dl)
 	if apierrors.IsNotFound(err) && g.APIReader != nil {
 		err = g.APIReader.Get(ctx, nn, &dl)
 	}
-	if apierrors.IsNotFound(err) {
-		return false, nil
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, err
 	}
-	return err == nil, err
+	return &dl, nil
 }

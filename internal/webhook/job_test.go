@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/go-logr/logr"
 	"github.com/google/go-cmp/cmp"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
+	"github.com/lockwarden/lockwarden/internal/netguard"
 	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
 )
 
@@ -132,9 +135,11 @@ func TestGate(t *testing.T) {
 			want: makeJob("j").Label("team", "payments").Annotation("owner", "ops").Finalizer("example.com/keep").
 				TemplateAnnotation("prometheus.io/scrape", "true").GatedBy("billing", "").Container("main", gateEnv("billing")...).Obj(),
 		},
-		"a fencing token or holder the user wrote is removed": {
+		"a fencing token, holder, lost or skipped mark the user wrote is removed": {
 			job: makeJob("j").
 				Annotation(locksv1alpha1.AnnotationFencingToken, "999999").Annotation(locksv1alpha1.AnnotationHolder, "me").
+				Annotation(locksv1alpha1.AnnotationLost, "forged").Annotation(locksv1alpha1.AnnotationSkipped, "forged").
+				TemplateAnnotation(locksv1alpha1.AnnotationLost, "forged").
 				TemplateAnnotation(locksv1alpha1.AnnotationFencingToken, "999999").TemplateAnnotation(locksv1alpha1.AnnotationHolder, "me").
 				TemplateAnnotation("keep", "yes").Container("main").Obj(),
 			lock: "billing",
@@ -407,4 +412,57 @@ func invalidFields(t *testing.T, err error) []string {
 		fields = append(fields, c.Field)
 	}
 	return fields
+}
+
+// TestDefaultAppliesTheBackendPolicy: a Job whose lock may not use its
+// backend or scope is refused at creation, with the reason the controllers
+// would give, by the same decision (the registry's Check).
+func TestDefaultAppliesTheBackendPolicy(t *testing.T) {
+	t.Parallel()
+	loopbackDenied, err := netguard.NewEndpointPolicy(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock := func(name string, scope locksv1alpha1.Scope, endpoint string) *locksv1alpha1.DistributedLock {
+		return &locksv1alpha1.DistributedLock{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: locksv1alpha1.DistributedLockSpec{Keys: []string{"k"}, Scope: scope,
+				Backend: locksv1alpha1.Backend{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{endpoint}}}},
+		}
+	}
+	cases := map[string]struct {
+		lock     *locksv1alpha1.DistributedLock
+		wantText []string // empty: gated
+	}{
+		"an allowed lock":                      {lock: lock("ok", locksv1alpha1.ScopeNamespace, "redis.infra:6379")},
+		"scope Global where it is not allowed": {lock: lock("global", locksv1alpha1.ScopeGlobal, "redis.infra:6379"), wantText: []string{`DistributedLock "global" cannot be used`, "spec.scope", "Global is not allowed"}},
+		"an endpoint outside the policy":       {lock: lock("local", locksv1alpha1.ScopeNamespace, "127.0.0.1:6379"), wantText: []string{`DistributedLock "local" cannot be used`, "spec.backend.redis.endpoints[0]", "loopback"}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := fake.NewClientBuilder().WithScheme(kubetest.Scheme()).WithObjects(tc.lock.DeepCopy()).Build()
+			registry := backend.NewRegistry(t.Context(), c, nil, logr.Discard())
+			registry.SetPolicy(backend.Policy{Endpoints: loopbackDenied}, c)
+			g := &JobGate{Reader: c, APIReader: c, Check: registry.Check}
+			job := makeJob("j").Annotation(locksv1alpha1.AnnotationLock, tc.lock.Name).Container("main").Obj()
+
+			err := g.Default(t.Context(), job)
+
+			if len(tc.wantText) == 0 {
+				if err != nil || job.Labels[locksv1alpha1.LabelLock] != tc.lock.Name {
+					t.Fatalf("Default = %v, labels %v; want the Job gated", err, job.Labels)
+				}
+				return
+			}
+			if diff := cmp.Diff([]string{"metadata.annotations[lockwarden.io/lock]"}, invalidFields(t, err)); diff != "" {
+				t.Errorf("fields of the Invalid error (-want,+got):\n%s", diff)
+			}
+			for _, w := range tc.wantText {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
 }
