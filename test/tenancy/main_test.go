@@ -18,49 +18,29 @@ package tenancy
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
+	"github.com/lockwarden/lockwarden/internal/testutil/tenancytest"
 )
 
 const (
-	// namePrefix is config/default's namePrefix, given here to the objects
-	// read from config/ so that they carry their deployed names.
-	namePrefix = "lockwarden-"
-	// policyName is the ValidatingAdmissionPolicy (and binding) of config/policy, as deployed.
-	policyName = namePrefix + "job-gate"
-
-	// operatorNamespace and operatorServiceAccount are where and as whom
-	// config/default runs the manager.
-	operatorNamespace      = "lockwarden-system"
-	operatorServiceAccount = namePrefix + "controller-manager"
-	// operatorUser is the manager's username: the one identity the policy lets through.
-	operatorUser = "system:serviceaccount:" + operatorNamespace + ":" + operatorServiceAccount
-
-	// tenantUser, in tenantGroup, has the edit ClusterRole in tenantNamespace only.
-	tenantUser      = "tenant@example.com"
-	tenantGroup     = "team-a"
+	policyName      = tenancytest.PolicyName
+	operatorUser    = tenancytest.OperatorUser
+	tenantUser      = tenancytest.TenantUser
+	tenantGroup     = tenancytest.TenantGroup
 	tenantNamespace = "tenant-a"
 )
 
@@ -87,7 +67,7 @@ func TestMain(m *testing.M) {
 	env = e
 	// The edit role is aggregated from its parts, and the policy
 	// type-checked, by kube-controller-manager.
-	err = e.StartControllers(kubetest.ClusterRoleAggregation, kubetest.ValidatingAdmissionPolicyStatus)
+	err = e.StartControllers(tenancytest.Controllers...)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		err = setUp(ctx)
@@ -107,223 +87,23 @@ func TestMain(m *testing.M) {
 
 // setUp installs lockwarden's RBAC and the policy, and makes both identities.
 func setUp(ctx context.Context) error {
-	if err := installOperator(ctx); err != nil {
+	if err := tenancytest.Install(ctx, env); err != nil {
 		return err
 	}
-	if err := installPolicy(ctx); err != nil {
+	if err := tenancytest.CreateNamespace(ctx, env, tenantNamespace); err != nil {
 		return err
 	}
-	if err := createNamespace(ctx, tenantNamespace); err != nil {
-		return err
-	}
-	if err := grantTenantEdit(ctx, tenantNamespace); err != nil {
+	if err := tenancytest.GrantTenantEdit(ctx, env, tenantNamespace); err != nil {
 		return err
 	}
 	var err error
-	if asOperator, err = userClient(operatorUser, "system:serviceaccounts", "system:serviceaccounts:"+operatorNamespace); err != nil {
+	if _, asOperator, err = tenancytest.User(env, operatorUser, tenancytest.OperatorGroups...); err != nil {
 		return err
 	}
-	if asTenant, err = userClient(tenantUser, tenantGroup); err != nil {
+	if _, asTenant, err = tenancytest.User(env, tenantUser, tenantGroup); err != nil {
 		return err
 	}
 	return nil
-}
-
-// installOperator binds config/rbac/role.yaml's ClusterRole to the
-// operator's ServiceAccount, as config/rbac/role_binding.yaml does once
-// config/default named it. The ServiceAccount object is not needed: RBAC
-// matches the username.
-func installOperator(ctx context.Context) error {
-	if err := createNamespace(ctx, operatorNamespace); err != nil {
-		return err
-	}
-	roles, err := readConfig("config/rbac/role.yaml")
-	if err != nil {
-		return err
-	}
-	if len(roles) != 1 || roles[0].GetKind() != "ClusterRole" {
-		return fmt.Errorf("config/rbac/role.yaml: want one ClusterRole, got %d objects", len(roles))
-	}
-	if err := env.Apply(ctx, roles...); err != nil {
-		return err
-	}
-	return create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: namePrefix + "manager-rolebinding"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: roles[0].GetName()},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: operatorServiceAccount, Namespace: operatorNamespace}},
-	})
-}
-
-// installPolicy applies config/policy (the files its kustomization lists)
-// and waits until the API server enforces it.
-func installPolicy(ctx context.Context) error {
-	root, err := kubetest.ModuleRoot()
-	if err != nil {
-		return err
-	}
-	b, err := os.ReadFile(filepath.Join(root, "config", "policy", "kustomization.yaml"))
-	if err != nil {
-		return err
-	}
-	var k struct {
-		Resources []string `json:"resources"`
-	}
-	if err := yaml.Unmarshal(b, &k); err != nil {
-		return fmt.Errorf("config/policy/kustomization.yaml: %w", err)
-	}
-	var paths []string
-	for _, r := range k.Resources {
-		paths = append(paths, filepath.Join("config", "policy", r))
-	}
-	objs, err := readConfig(paths...)
-	if err != nil {
-		return err
-	}
-	for _, o := range objs {
-		if o.GetKind() == "ValidatingAdmissionPolicyBinding" {
-			ref, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
-			if err := unstructured.SetNestedField(o.Object, namePrefix+ref, "spec", "policyName"); err != nil {
-				return err
-			}
-		}
-	}
-	if err := env.Apply(ctx, objs...); err != nil {
-		return err
-	}
-	if err := checkTypes(ctx); err != nil {
-		return err
-	}
-	return waitEnforced(ctx)
-}
-
-// readConfig reads manifests from config/ and gives them config/default's
-// name prefix (kustomize's namePrefix).
-func readConfig(paths ...string) ([]*unstructured.Unstructured, error) {
-	objs, err := kubetest.ReadManifests(paths...)
-	if err != nil {
-		return nil, err
-	}
-	for _, o := range objs {
-		o.SetName(namePrefix + o.GetName())
-	}
-	return objs, nil
-}
-
-// checkTypes waits for the API server to type-check the policy against the
-// Job schema and fails on any warning (a misspelt field, a type error): such
-// an expression would fail at admission and, with failurePolicy Fail, refuse
-// every Job.
-func checkTypes(ctx context.Context) error {
-	var p admissionregistrationv1.ValidatingAdmissionPolicy
-	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		if err := env.Client.Get(ctx, client.ObjectKey{Name: policyName}, &p); err != nil {
-			return false, err
-		}
-		return p.Status.ObservedGeneration == p.Generation && p.Status.TypeChecking != nil, nil
-	})
-	if err != nil {
-		return fmt.Errorf("ValidatingAdmissionPolicy %s was not type-checked: %w", policyName, err)
-	}
-	var warnings []string
-	for _, w := range p.Status.TypeChecking.ExpressionWarnings {
-		warnings = append(warnings, w.FieldRef+": "+w.Warning)
-	}
-	if len(warnings) > 0 {
-		return fmt.Errorf("ValidatingAdmissionPolicy %s does not type-check:\n%s", policyName, strings.Join(warnings, "\n"))
-	}
-	return nil
-}
-
-// waitEnforced waits until the policy refuses a Job it must refuse (the API
-// server loads policies asynchronously), with a dry run as the administrator.
-// It fails if the admission plugin is off. It is on by default since
-// Kubernetes 1.30, and envtest turns off only the ServiceAccount plugin, so
-// the API server needs no flag.
-func waitEnforced(ctx context.Context) error {
-	probe := newJob("policy-probe", "default").Obj()
-	probe.Labels = map[string]string{locksv1alpha1.LabelLock: "probe"} // a label without the annotation
-	var last error
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		last = env.Client.Create(ctx, probe.DeepCopy(), client.DryRunAll)
-		return last != nil && strings.Contains(last.Error(), policyName), nil
-	})
-	if err != nil {
-		return fmt.Errorf("the API server does not enforce ValidatingAdmissionPolicy %s (is its admission plugin on?): %w; last dry run: %w", policyName, err, last)
-	}
-	return nil
-}
-
-// grantTenantEdit gives tenantGroup the built-in edit ClusterRole in
-// namespace, as config/samples/tenant does, once edit includes what
-// aggregates into it: the built-in system:aggregate-to-edit (Jobs) and
-// config/rbac's DistributedLock editor role.
-func grantTenantEdit(ctx context.Context, namespace string) error {
-	editors, err := readConfig("config/rbac/distributedlock_editor_role.yaml")
-	if err != nil {
-		return err
-	}
-	if err := env.Apply(ctx, editors...); err != nil {
-		return err
-	}
-	if err := waitAggregated(ctx, "edit", editors[0].GetName(), "system:aggregate-to-edit"); err != nil {
-		return err
-	}
-	return create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: tenantGroup + "-edit"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "edit"},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: tenantGroup}},
-	})
-}
-
-// waitAggregated waits until the aggregated ClusterRole name holds every rule
-// of the ClusterRoles parts (kubetest.ClusterRoleAggregation).
-func waitAggregated(ctx context.Context, name string, parts ...string) error {
-	var want []rbacv1.PolicyRule
-	for _, p := range parts {
-		var r rbacv1.ClusterRole
-		if err := env.Client.Get(ctx, client.ObjectKey{Name: p}, &r); err != nil {
-			return err
-		}
-		want = append(want, r.Rules...)
-	}
-	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		var r rbacv1.ClusterRole
-		if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &r); err != nil {
-			return false, err
-		}
-		for _, w := range want {
-			if !slices.ContainsFunc(r.Rules, func(g rbacv1.PolicyRule) bool { return equality.Semantic.DeepEqual(g, w) }) {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	if err != nil {
-		return fmt.Errorf("ClusterRole %s does not aggregate %v: %w", name, parts, err)
-	}
-	return nil
-}
-
-// userClient makes a user with a client certificate and returns its client.
-func userClient(name string, groups ...string) (client.Client, error) {
-	cfg, err := env.AddUser(name, groups...)
-	if err != nil {
-		return nil, err
-	}
-	cfg.QPS, cfg.Burst = 100, 200 // client-go's default (5 per second) would slow every test
-	return env.NewClient(cfg)
-}
-
-// create creates obj as the administrator; it may exist already.
-func create(ctx context.Context, obj client.Object) error {
-	if err := env.Client.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create %T %s: %w", obj, client.ObjectKeyFromObject(obj), err)
-	}
-	return nil
-}
-
-func createNamespace(ctx context.Context, name string) error {
-	return create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
 }
 
 // needEnv skips a test that needs the control plane when there is none (-short).
@@ -384,7 +164,7 @@ func newNamespace(t testing.TB) string {
 func grantTenant(t testing.TB, namespace string) {
 	t.Helper()
 	needEnv(t)
-	if err := grantTenantEdit(context.Background(), namespace); err != nil {
+	if err := tenancytest.GrantTenantEdit(context.Background(), env, namespace); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -510,7 +290,4 @@ func removeJob(t testing.TB, job *batchv1.Job) {
 
 // deniedByPolicy reports whether err is the policy's refusal (not RBAC's, not
 // validation's).
-func deniedByPolicy(err error) bool {
-	var status apierrors.APIStatus
-	return errors.As(err, &status) && strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+policyName+"'")
-}
+func deniedByPolicy(err error) bool { return tenancytest.DeniedByPolicy(err) }
