@@ -150,7 +150,7 @@ func (r *JobReconciler) skip(ctx context.Context, g *gatedJob, busy *lock.HeldEr
 	before := job.DeepCopy()
 	setAnnotation(&job.ObjectMeta, locksv1alpha1.AnnotationSkipped, reason)
 	controllerutil.RemoveFinalizer(job, locksv1alpha1.Finalizer)
-	if err := r.Client.Patch(ctx, job, client.MergeFrom(before)); err != nil {
+	if err := r.Client.Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		return ctrl.Result{}, fmt.Errorf("mark Job skipped: %w", err)
 	}
 	r.Registry.Forget(g.ref)
@@ -335,7 +335,9 @@ func (r *JobReconciler) reconcileRelease(ctx context.Context, g *gatedJob) (ctrl
 	r.forget(types.NamespacedName{Namespace: job.Namespace, Name: job.Name})
 	before := job.DeepCopy()
 	if controllerutil.RemoveFinalizer(job, locksv1alpha1.Finalizer) {
-		if err := r.Client.Patch(ctx, job, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
+		// Optimistic: the patch replaces the whole finalizer list, so it
+		// must not apply to a Job whose other finalizers changed meanwhile.
+		if err := r.Client.Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); client.IgnoreNotFound(err) != nil {
 			return ctrl.Result{}, fmt.Errorf("remove finalizer: %w", err)
 		}
 	}
