@@ -93,7 +93,8 @@ test-unit: ## Run the unit tests (go test -short): no kube-apiserver, no redis-s
 
 .PHONY: test-integration
 test-integration: redis-server ## Run every suite without -short: the envtest suites (real kube-apiserver) and those against real redis-server.
-	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh)" go test ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
+	@# kube-controller-manager: the tenancy suites run its ClusterRole aggregation and admission-policy type checking.
+	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh kube-apiserver etcd kube-controller-manager)" go test ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: test-e2e
 test-e2e: redis-server ## Run the end-to-end suite against a local control plane with kube-controller-manager and kwok.
