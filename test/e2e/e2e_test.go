@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -23,33 +22,33 @@ import (
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/backend"
+	"github.com/lockwarden/lockwarden/internal/testutil/devcluster"
 )
 
 // TestConfigDefaultAppliesToAPIServer renders config/default with the
 // project's pinned kustomize (bin/kustomize, `make kustomize` builds it) and
 // applies it with a server-side dry run: every object must be valid for
-// this Kubernetes version.
+// this Kubernetes version. (The cluster itself runs with its RBAC and
+// admission policy, applied for real.)
 func TestConfigDefaultAppliesToAPIServer(t *testing.T) {
-	kustomize := filepath.Join(cluster.Root, "bin", "kustomize")
-	if _, err := os.Stat(kustomize); err != nil {
-		cmd := exec.Command("make", "kustomize")
-		cmd.Dir = cluster.Root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("make kustomize: %v\n%s", err, out)
-		}
-	}
-	cmd := exec.Command(kustomize, "build", filepath.Join(cluster.Root, "config", "default"))
-	rendered, err := cmd.Output()
+	kustomize, err := devcluster.Kustomize(t.Context(), cluster.Root)
 	if err != nil {
-		t.Fatalf("kustomize build config/default: %v", err)
+		t.Fatal(err)
+	}
+	rendered, err := devcluster.RenderDefault(t.Context(), cluster.Root)
+	if err != nil {
+		t.Fatal(err)
 	}
 	out := kubectl(t, string(rendered), "apply", "--server-side", "--dry-run=server", "--force-conflicts", "--field-manager=e2e", "-f", "-")
 	t.Logf("kubectl apply --server-side --dry-run=server:\n%s", out)
 	for _, want := range []string{
 		"customresourcedefinition.apiextensions.k8s.io/distributedlocks.locks.lockwarden.io",
+		"customresourcedefinition.apiextensions.k8s.io/clusterlockbackends.locks.lockwarden.io",
 		"deployment.apps/lockwarden-controller-manager",
 		"mutatingwebhookconfiguration.admissionregistration.k8s.io/lockwarden-mutating-webhook-configuration",
 		"clusterrole.rbac.authorization.k8s.io/lockwarden-manager-role",
+		"validatingadmissionpolicy.admissionregistration.k8s.io/" + devcluster.JobGatePolicy,
+		"validatingadmissionpolicybinding.admissionregistration.k8s.io/" + devcluster.JobGatePolicy,
 	} {
 		if !strings.Contains(out, want+" serverside-applied (server dry run)") {
 			t.Errorf("the dry run does not show %s as applied", want)
@@ -132,12 +131,13 @@ func TestKubectlShowsLocks(t *testing.T) {
 // least three schedule periods, with a kill -9 of the operator in the middle
 // of a hold and a restart of Redis, their Pods never run at the same time,
 // every run has a higher fencing token than the one before, and every Pod
-// gets its token from its annotation.
+// gets its token from its annotation. The lock uses the ClusterLockBackend
+// dev-redis, as the billing sample does.
 func TestCronJobsShareALock(t *testing.T) {
 	ctx := t.Context()
 	ns := newNamespace(t, "e2e-cron")
 	const key = "billing/ledger"
-	dl := newLock(ns, "billing", key, "")
+	dl := newBackendLock(ns, "billing", key, "")
 	if err := cluster.Client.Create(ctx, dl); err != nil {
 		t.Fatal(err)
 	}

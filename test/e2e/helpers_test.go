@@ -29,10 +29,30 @@ import (
 	"k8s.io/utils/ptr"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/testutil/devcluster"
 )
 
-// kubectl runs the cached kubectl against the cluster and returns its output.
+// kubectl runs the cached kubectl against the cluster as the admin user and
+// returns its output; it fails the test when kubectl fails.
 func kubectl(t *testing.T, stdin string, args ...string) string {
+	t.Helper()
+	var out bytes.Buffer
+	if err := kubectlCmd(t, stdin, &out, &out, args...).Run(); err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out.String())
+	}
+	return out.String()
+}
+
+// kubectlErr runs kubectl as kubectl does and returns its stdout, its
+// stderr and how it ended, for commands that are expected to fail.
+func kubectlErr(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err = kubectlCmd(t, "", &out, &errOut, args...).Run()
+	return out.String(), errOut.String(), err
+}
+
+func kubectlCmd(t *testing.T, stdin string, stdout, stderr *bytes.Buffer, args ...string) *exec.Cmd {
 	t.Helper()
 	bin := filepath.Join(cluster.Assets, "kubectl")
 	if _, err := os.Stat(bin); err != nil {
@@ -43,12 +63,8 @@ func kubectl(t *testing.T, stdin string, args ...string) string {
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out.String())
-	}
-	return out.String()
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	return cmd
 }
 
 // waitFor polls cond every 250 ms until it holds or timeout passes.
@@ -81,6 +97,8 @@ func newNamespace(t *testing.T, name string) string {
 	return name
 }
 
+// newLock returns a lock on key with inline endpoints: the cluster's Redis
+// masters on 127.0.0.1, which the operator's --endpoint-allow allows.
 func newLock(ns, name, key string, identity string) *locksv1alpha1.DistributedLock {
 	dl := &locksv1alpha1.DistributedLock{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
@@ -94,6 +112,14 @@ func newLock(ns, name, key string, identity string) *locksv1alpha1.DistributedLo
 	if identity != "" {
 		dl.Spec.Holder = &locksv1alpha1.ManualHolder{Identity: identity}
 	}
+	return dl
+}
+
+// newBackendLock returns a lock on key that uses the cluster's
+// ClusterLockBackend dev-redis (its first Redis master).
+func newBackendLock(ns, name, key string, identity string) *locksv1alpha1.DistributedLock {
+	dl := newLock(ns, name, key, identity)
+	dl.Spec.Backend = locksv1alpha1.Backend{ClusterBackendRef: &locksv1alpha1.ClusterBackendRef{Name: devcluster.DevRedisBackend}}
 	return dl
 }
 

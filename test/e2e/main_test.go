@@ -4,18 +4,23 @@
 // (internal/testutil/devcluster: etcd, kube-apiserver, kube-controller-manager,
 // kube-scheduler, a kwok node, Redis and the operator binary, all processes
 // on this machine) serves every test. CronJobs really fire on the
-// kube-controller-manager's schedule and kwok "runs" their Pods.
+// kube-controller-manager's schedule and kwok "runs" their Pods. The operator
+// runs as its ServiceAccount with config/default's RBAC, under its
+// ValidatingAdmissionPolicy; the suite fails when the API server refused the
+// operator anything.
 //
 // Run it with `make test-e2e`. E2E_KEEP=1 keeps the cluster's state directory
 // (logs of every component) after a passing run; a failing run always keeps it.
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"flag"
 	"fmt"
 	"log"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,6 +67,10 @@ func runSuite(m *testing.M) int {
 	log.Printf("[cluster] ready in %s; logs in %s", time.Since(begin).Round(100*time.Millisecond), c.LogDir())
 	code := m.Run()
 	c.Stop()
+	if refused := refusals(c.LogPath("lockwarden")); len(refused) > 0 {
+		log.Printf("e2e: the API server refused the operator (RBAC or admission policy) %d times:\n%s", len(refused), strings.Join(refused, "\n"))
+		code = 1
+	}
 	if code == 0 && os.Getenv("E2E_KEEP") == "" {
 		_ = os.RemoveAll(dir)
 	} else {
@@ -69,4 +78,27 @@ func runSuite(m *testing.M) int {
 	}
 	log.Printf("e2e: finished in %s", time.Since(begin).Round(time.Second))
 	return code
+}
+
+// refusals returns the operator's log lines (at most 20) that report a
+// request the API server refused to the operator: RBAC ("is forbidden: User
+// ... cannot ...": a rule config/default lacks) or an admission policy (the
+// job-gate policy refusing the operator itself). Other refusals, such as
+// Events in a namespace being deleted, are not about the install.
+func refusals(path string) []string {
+	f, err := os.Open(path)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
+	for sc.Scan() && len(out) < 20 {
+		if line := sc.Text(); strings.Contains(line, `forbidden: User \"`) || strings.Contains(line, `forbidden: User "`) ||
+			strings.Contains(line, "ValidatingAdmissionPolicy '") {
+			out = append(out, line)
+		}
+	}
+	return out
 }
