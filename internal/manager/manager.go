@@ -415,10 +415,10 @@ func endpointPolicy(ctx context.Context, c client.Reader, cfg *rest.Config, o *O
 	}
 	deny := slices.Clone(o.endpointDeny)
 	for _, ip := range derived {
-		// An address the administrator allowed by CIDR (a local cluster
+		// An address the administrator allowed by name (a local cluster
 		// whose API server and Redis share 127.0.0.1, say) stays allowed;
 		// --endpoint-deny entries are never lifted.
-		if allowedByCIDR(o.endpointAllow, ip) {
+		if allowedExactly(o.endpointAllow, ip) {
 			log.Info("The API server's or the manager's own address is allowed by --endpoint-allow; inline endpoints may reach it", "address", ip)
 			continue
 		}
@@ -430,15 +430,17 @@ func endpointPolicy(ctx context.Context, c client.Reader, cfg *rest.Config, o *O
 	return netguard.NewEndpointPolicy(o.endpointAllow, deny)
 }
 
-// allowedByCIDR reports whether an allow entry that is a CIDR or an IP covers ip.
-func allowedByCIDR(allow []string, ip string) bool {
+// allowedExactly reports whether an allow entry names exactly ip: the IP
+// itself or a single-address CIDR (127.0.0.1/32). A wider CIDR (the pod
+// network, say) does not lift the denial of the API server's addresses.
+func allowedExactly(allow []string, ip string) bool {
 	addr, err := netip.ParseAddr(ip)
 	if err != nil {
 		return false
 	}
 	addr = addr.Unmap()
 	for _, a := range allow {
-		if p, err := netip.ParsePrefix(a); err == nil && p.Contains(addr) {
+		if p, err := netip.ParsePrefix(a); err == nil && p.IsSingleIP() && p.Addr().Unmap() == addr {
 			return true
 		}
 		if b, err := netip.ParseAddr(a); err == nil && b.Unmap() == addr {

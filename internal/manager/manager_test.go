@@ -225,3 +225,25 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		t.Fatalf("timed out waiting for %s", what)
 	}
 }
+
+// The API server's and the pod's own addresses are lifted from the deny list
+// only by an allow entry that names them, never by a wider CIDR.
+func TestDerivedAddressesNeedAnExactAllow(t *testing.T) {
+	cases := map[string]struct {
+		allow []string
+		ip    string
+		want  bool
+	}{
+		"the address itself":        {[]string{"127.0.0.1"}, "127.0.0.1", true},
+		"a single-address CIDR":     {[]string{"10.96.0.1/32"}, "10.96.0.1", true},
+		"IPv4-mapped":               {[]string{"127.0.0.1/32"}, "::ffff:127.0.0.1", true},
+		"the pod network around it": {[]string{"10.0.0.0/8"}, "10.96.0.1", false},
+		"a host pattern":            {[]string{"*.svc.cluster.local"}, "10.96.0.1", false},
+		"another address":           {[]string{"127.0.0.1/32"}, "127.0.0.2", false},
+	}
+	for name, tc := range cases {
+		if got := allowedExactly(tc.allow, tc.ip); got != tc.want {
+			t.Errorf("%s: allowedExactly(%v, %s) = %v, want %v", name, tc.allow, tc.ip, got, tc.want)
+		}
+	}
+}
