@@ -61,15 +61,15 @@ type warning struct {
 	reason string
 }
 
-// warnOnce records a Warning event once per generation of the lock.
-func (r *DistributedLockReconciler) warnOnce(dl *locksv1alpha1.DistributedLock, reason, action, note string, args ...any) {
+// warnOnce records a Warning event (action Validate) once per generation of the lock.
+func (r *DistributedLockReconciler) warnOnce(dl *locksv1alpha1.DistributedLock, reason, note string, args ...any) {
 	w := warning{nn: types.NamespacedName{Namespace: dl.Namespace, Name: dl.Name}, reason: reason}
 	r.mu.Lock()
 	done := r.warned[w] == dl.Generation
 	r.warned[w] = dl.Generation
 	r.mu.Unlock()
 	if !done {
-		r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, reason, action, note, args...)
+		r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, reason, "Validate", note, args...)
 	}
 }
 

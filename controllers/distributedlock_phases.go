@@ -125,10 +125,10 @@ func (r *DistributedLockReconciler) recordEvents(dl *locksv1alpha1.DistributedLo
 // metrics, and the end of the one-shot lost signal it showed.
 func (r *DistributedLockReconciler) report(dl *locksv1alpha1.DistributedLock, obs *observation) {
 	if obs.scopeDenied != "" {
-		r.warnOnce(dl, locksv1alpha1.EventScopeNotAllowed, "Validate", "%s", obs.scopeDenied)
+		r.warnOnce(dl, locksv1alpha1.EventScopeNotAllowed, "%s", obs.scopeDenied)
 	}
 	if ttl := time.Duration(dl.Spec.TTLSeconds) * time.Second; r.MinSafeTTL > 0 && ttl < r.MinSafeTTL {
-		r.warnOnce(dl, locksv1alpha1.EventShortTTL, "Validate",
+		r.warnOnce(dl, locksv1alpha1.EventShortTTL,
 			"spec.ttlSeconds %d is shorter than %v, the longest failover of the operator's leader: a lease may expire while a new leader takes over",
 			dl.Spec.TTLSeconds, r.MinSafeTTL)
 	}
@@ -143,9 +143,9 @@ func (r *DistributedLockReconciler) report(dl *locksv1alpha1.DistributedLock, ob
 				r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Inspect", "Redis did not answer: %s", backend.Describe(obs.backendErr))
 			}
 		case locksv1alpha1.ReasonBackendNotAllowed, locksv1alpha1.ReasonBackendNotFound:
-			r.warnOnce(dl, locksv1alpha1.EventBackendNotAllowed, "Validate", "%s", backend.Describe(obs.backendErr))
+			r.warnOnce(dl, locksv1alpha1.EventBackendNotAllowed, "%s", backend.Describe(obs.backendErr))
 		default:
-			r.warnOnce(dl, locksv1alpha1.EventBackendUnavailable, "Validate", "%s", backend.Describe(obs.backendErr))
+			r.warnOnce(dl, locksv1alpha1.EventBackendUnavailable, "%s", backend.Describe(obs.backendErr))
 		}
 	default:
 		metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(1)

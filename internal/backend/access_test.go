@@ -61,8 +61,8 @@ func TestClusterBackendPolicy(t *testing.T) {
 		wantReason string // "" = allowed
 		wantText   []string
 	}{
-		"a selected namespace":                   {lock: lockOn("web", "everyone", "")},
-		"Global where the backend allows it":     {lock: lockOn("billing", "everyone", locksv1alpha1.ScopeGlobal)},
+		"a selected namespace":                    {lock: lockOn("web", "everyone", "")},
+		"Global where the backend allows it":      {lock: lockOn("billing", "everyone", locksv1alpha1.ScopeGlobal)},
 		"a namespace the backend does not select": {lock: lockOn("web", "billing-only", ""), wantReason: locksv1alpha1.ReasonBackendNotAllowed, wantText: []string{`"billing-only" may not be used from namespace "web"`}},
 		"Global where the backend does not allow it": {lock: lockOn("web", "everyone", locksv1alpha1.ScopeGlobal), wantReason: locksv1alpha1.ReasonScopeNotAllowed,
 			wantText: []string{`Global is not allowed in namespace "web" on ClusterLockBackend "everyone"`}},
