@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"strings"
 	"testing"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -8,6 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/holder"
+	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
 func TestPhaseOf(t *testing.T) {
@@ -40,6 +43,44 @@ func TestPhaseOf(t *testing.T) {
 			}
 			if got := phaseOf(job); got != tc.want {
 				t.Errorf("phaseOf = %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestJobOrphaned: which Jobs no longer hold the lease the watchdog renews
+// for their name, and so have it released.
+func TestJobOrphaned(t *testing.T) {
+	t.Parallel()
+	leaseOf := func(uid string) *lock.Lease {
+		return &lock.Lease{Holder: holder.Holder{Kind: jobKind, Namespace: "ns", Name: "nightly", UID: uid, Identity: "x"}.Encode()}
+	}
+	gated := func() *batchv1.Job {
+		return &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: "ns", UID: "uid-1",
+			Labels: map[string]string{locksv1alpha1.LabelLock: "billing"}, Finalizers: []string{locksv1alpha1.Finalizer}}}
+	}
+	tests := map[string]struct {
+		change func(*batchv1.Job)
+		lease  *lock.Lease
+		want   string // "" = still the holder
+	}{
+		"gated, holding":         {lease: leaseOf("uid-1")},
+		"label removed":          {change: func(j *batchv1.Job) { delete(j.Labels, locksv1alpha1.LabelLock) }, lease: leaseOf("uid-1"), want: "lock label"},
+		"finalizer removed":      {change: func(j *batchv1.Job) { j.Finalizers = nil }, lease: leaseOf("uid-1"), want: "finalizer"},
+		"replaced, same name":    {lease: leaseOf("uid-0"), want: "replaced"},
+		"other finalizers only":  {change: func(j *batchv1.Job) { j.Finalizers = []string{"example.com/keep"} }, lease: leaseOf("uid-1"), want: "finalizer"},
+		"a second finalizer too": {change: func(j *batchv1.Job) { j.Finalizers = append(j.Finalizers, "example.com/keep") }, lease: leaseOf("uid-1")},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			job := gated()
+			if tc.change != nil {
+				tc.change(job)
+			}
+			got := jobOrphaned(job, tc.lease)
+			if (got == "") != (tc.want == "") || !strings.Contains(got, tc.want) {
+				t.Errorf("jobOrphaned = %q, want a reason containing %q (empty: none)", got, tc.want)
 			}
 		})
 	}
