@@ -62,11 +62,13 @@ const (
 	// DevRedisBackend is the ClusterLockBackend the cluster creates for its
 	// first Redis master, selecting every namespace.
 	DevRedisBackend = "dev-redis"
-	// APIServerHost is the loopback address the API server listens on. It is
-	// not 127.0.0.1, where Redis listens: the operator refuses inline
-	// endpoints on the API server's addresses whatever --endpoint-allow says
-	// (any port), so the API server needs an address of its own, as it has
-	// in a real cluster.
+	// APIServerHost is the loopback address the API server listens on: an
+	// address of its own, as in a real cluster, not 127.0.0.1 where Redis
+	// listens. The operator denies inline endpoints on the API server's
+	// addresses (any port) unless --endpoint-allow names that very address;
+	// the operator's --endpoint-allow=127.0.0.1/32 would do so if the API
+	// server shared 127.0.0.1, and inline locks could then aim the operator
+	// at the API server. Here that denial stays in force.
 	APIServerHost = "127.0.0.10"
 	// NodeName is the simulated node kwok manages.
 	NodeName = "kwok-node-0"
@@ -670,8 +672,9 @@ func (c *Cluster) StartOperator(ctx context.Context) error {
 		"--webhook-configuration=" + WebhookConfigurationName,
 		"--cluster-name=" + ClusterName,
 		"--kubeconfig=" + c.OperatorKubeconfig,
-		// Redis listens on loopback, which the operator refuses for inline
-		// endpoints unless allowed; ClusterLockBackends are not checked.
+		// Redis listens on 127.0.0.1, a loopback address, which the operator
+		// refuses for inline endpoints unless allowed; ClusterLockBackends'
+		// endpoints are not checked.
 		"--endpoint-allow=127.0.0.1/32",
 	}
 	args = append(args, c.opts.ManagerArgs...)
