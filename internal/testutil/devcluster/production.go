@@ -215,7 +215,7 @@ func (c *Cluster) waitJobGatePolicy(ctx context.Context) error {
 		}
 	})
 	if err != nil {
-		return fmt.Errorf("waiting for the ValidatingAdmissionPolicy %s to be in effect: %w (last: %v)", JobGatePolicy, err, lastErr)
+		return fmt.Errorf("waiting for the ValidatingAdmissionPolicy %s to be in effect: %w (last: %w)", JobGatePolicy, err, lastErr)
 	}
 	return nil
 }
