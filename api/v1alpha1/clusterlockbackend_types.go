@@ -29,9 +29,27 @@ type ClusterLockBackendSpec struct {
 	GlobalScopeNamespaceSelector *metav1.LabelSelector `json:"globalScopeNamespaceSelector,omitempty"`
 }
 
+// ClusterLockBackendStatus is how the backend is used and whether it answers.
+type ClusterLockBackendStatus struct {
+	// locks is how many DistributedLocks name this backend.
+	// +optional
+	Locks int32 `json:"locks"`
+
+	// conditions: Ready (the backend answers, as the operator's health check
+	// of the client its locks share last found; reasons Reachable,
+	// Unreachable, NotInUse).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
 // +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=clb,categories=lockwarden
 // +kubebuilder:printcolumn:name="Endpoints",type=string,JSONPath=`.spec.redis.endpoints`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Locks",type=integer,JSONPath=`.status.locks`
 // +kubebuilder:printcolumn:name="Sentinel",type=string,JSONPath=`.spec.redis.sentinel.masterName`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
@@ -48,6 +66,10 @@ type ClusterLockBackend struct {
 	// spec declares the backend and who may use it.
 	// +required
 	Spec ClusterLockBackendSpec `json:"spec"`
+
+	// status is how the backend is used and whether it answers.
+	// +optional
+	Status ClusterLockBackendStatus `json:"status,omitempty"`
 }
 
 // +kubebuilder:object:root=true

@@ -55,6 +55,14 @@ const (
 	ConditionBackendReady = "BackendReady"
 )
 
+// ConditionReady is the condition of a ClusterLockBackend: True while the
+// client its locks share answers.
+const ConditionReady = "Ready"
+
+// ReasonNotInUse: no lock uses the ClusterLockBackend, so the operator has no
+// client to check it with (Ready is Unknown).
+const ReasonNotInUse = "NotInUse"
+
 // Reasons of the Held condition.
 const (
 	// ReasonAcquired: a holder of this lock (its manual holder or one of its Jobs) holds the keys.

@@ -250,6 +250,26 @@ func (r *Registry) Forget(user holder.Ref) {
 	}
 }
 
+// HealthOf returns the health of the open backends with ID id (see
+// Handle.Health): inUse is false when none is open. One that does not answer
+// makes the answer an error.
+func (r *Registry) HealthOf(id string) (inUse bool, err error) {
+	r.mu.Lock()
+	var handles []Handle
+	for _, e := range r.entries {
+		if e.handle.ID == id {
+			handles = append(handles, e.handle)
+		}
+	}
+	r.mu.Unlock()
+	for _, h := range handles {
+		if herr := h.Health(); herr != nil && (err == nil || errors.Is(err, ErrConnecting)) {
+			err = herr
+		}
+	}
+	return len(handles) > 0, err
+}
+
 // Len returns the number of open backends.
 func (r *Registry) Len() int {
 	r.mu.Lock()

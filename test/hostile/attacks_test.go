@@ -11,6 +11,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -394,6 +395,15 @@ func TestClusterBackendCredentialsStayWithTheAdmins(t *testing.T) {
 	allowed := ref(tenantNamespace(t, map[string]string{"team": "payments"}))
 	create(t, asTenant, allowed)
 	waitCondition(t, allowed, locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired)
+	// The administrators see it in use and answering.
+	eventually(t, 30*time.Second, "ClusterLockBackend shared-redis Ready with 1 lock", func() (bool, string) {
+		var b locksv1alpha1.ClusterLockBackend
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: "shared-redis"}, &b); err != nil {
+			return false, err.Error()
+		}
+		c := meta.FindStatusCondition(b.Status.Conditions, locksv1alpha1.ConditionReady)
+		return c != nil && c.Status == metav1.ConditionTrue && b.Status.Locks == 1, fmt.Sprintf("locks=%d ready=%+v", b.Status.Locks, c)
+	})
 
 	other := ref(tenantNamespace(t, map[string]string{"team": "web"}))
 	create(t, asTenant, other)
