@@ -123,7 +123,14 @@ type health struct {
 	// err is the result of the last check; checked tells whether there was one.
 	err     error
 	checked bool
+	// failures counts the checks that failed in a row.
+	failures int
 }
+
+// downAfter is how many health checks in a row must fail before a backend
+// that answered is taken for down. A backend never seen answering is down
+// at its first failure.
+const downAfter = 2
 
 // ErrConnecting says a backend's first health check has not answered yet.
 var ErrConnecting = errors.New("connecting: the backend's first health check has not answered yet")
@@ -334,6 +341,17 @@ func (r *Registry) checkHealth(ctx context.Context, e *entry) {
 		}
 		h := e.handle.health
 		h.mu.Lock()
+		if err == nil {
+			h.failures = 0
+		} else {
+			h.failures++
+		}
+		if err != nil && h.checked && h.err == nil && h.failures < downAfter {
+			// One slow ping does not mark an answering backend down (its
+			// locks would fail fast for a whole interval): the next must fail too.
+			h.mu.Unlock()
+			return
+		}
 		changed := !h.checked || (h.err == nil) != (err == nil)
 		h.err, h.checked = err, true
 		h.mu.Unlock()

@@ -109,3 +109,56 @@ func TestLocksSharingASecretShareOneClientAndOneRead(t *testing.T) {
 		t.Fatal("the first client still answers after it was closed")
 	}
 }
+
+// TestHealthFollowsTheBackend: a new backend is Connecting until its first
+// health check answers; a backend that stops answering is reported down
+// (so its locks fail at once) and up again when it answers.
+func TestHealthFollowsTheBackend(t *testing.T) {
+	rdb := redistest.Start(t)
+	ctx := context.Background()
+	r := NewRegistry(ctx, nil, func(cfg redislock.Config) (Locker, error) { return redislock.New(cfg) }, logr.Discard())
+	r.SetHealthInterval(50 * time.Millisecond)
+	changes := make(chan error, 16)
+	r.OnHealth(func(_ string, err error) { changes <- err })
+	dl := lockWith(&locksv1alpha1.RedisBackend{Endpoints: []string{rdb.Addr}})
+	h, err := r.For(ctx, holder.Ref{Kind: "DistributedLock", Namespace: "team-a", Name: "billing"}, dl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func(what string) error {
+		t.Helper()
+		select {
+		case err := <-changes:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no health change: want %s", what)
+			return nil
+		}
+	}
+	if err := next("the first answer"); err != nil {
+		t.Fatalf("first health check: %v", err)
+	}
+	if err := h.Health(); err != nil {
+		t.Fatalf("Health after an answer = %v, want nil", err)
+	}
+
+	rdb.Pause()
+	down := next("down after the backend stopped answering")
+	if down == nil || h.Health() == nil {
+		t.Fatalf("health after SIGSTOP: change %v, Health %v; want errors", down, h.Health())
+	}
+	if got := Describe(h.Health()); got != rdb.Addr+": Timeout" {
+		t.Errorf("Describe(Health) = %q, want %q", got, rdb.Addr+": Timeout")
+	}
+	rdb.Resume()
+	if err := next("up after the backend answers again"); err != nil || h.Health() != nil {
+		t.Fatalf("health after SIGCONT: change %v, Health %v; want nil", err, h.Health())
+	}
+	if inUse, err := r.HealthOf(h.ID); !inUse || err != nil {
+		t.Errorf("HealthOf(%s) = %v, %v; want in use and answering", h.ID, inUse, err)
+	}
+	r.Forget(holder.Ref{Kind: "DistributedLock", Namespace: "team-a", Name: "billing"})
+	if inUse, _ := r.HealthOf(h.ID); inUse {
+		t.Error("HealthOf says in use after the last user forgot the backend")
+	}
+}
