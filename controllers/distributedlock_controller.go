@@ -139,6 +139,10 @@ func (r *DistributedLockReconciler) requeueAfter(obs *observation) time.Duration
 		return 0 // a namespace label or backend change brings it back
 	case errors.As(obs.backendErr, new(*backend.PolicyError)):
 		return r.Resync // a namespace label or backend change brings it back sooner
+	case obs.knownDown:
+		// The backend's recovery brings it back (OnHealth): retrying sooner
+		// would only cost the shared workers, once per lock.
+		return r.Resync
 	case obs.backendErr != nil:
 		return backendRetry
 	case obs.waiting:

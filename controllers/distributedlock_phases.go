@@ -42,6 +42,9 @@ type observation struct {
 	lost *watchdog.Lost
 	// backendWasDown: status showed the backend unready before this reconcile.
 	backendWasDown bool
+	// knownDown: the backend's health check says it does not answer; this
+	// reconcile did not try it.
+	knownDown bool
 	// events are recorded once the status is written.
 	events []pendingEvent
 }
@@ -80,6 +83,7 @@ func (r *DistributedLockReconciler) gather(ctx context.Context, dl *locksv1alpha
 		// A backend known to be down fails at once, without a connection
 		// attempt: unreachable backends do not hold the shared workers.
 		err = h.Health()
+		obs.knownDown = err != nil && !errors.Is(err, backend.ErrConnecting)
 	}
 	if err != nil {
 		obs.backendErr = err

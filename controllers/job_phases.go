@@ -237,6 +237,11 @@ func (r *JobReconciler) backendFor(ctx context.Context, g *gatedJob, action stri
 	default:
 		r.eventf(g.job, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, action, "Lock %s: %s", g.dl.Name, backend.Describe(err))
 		logf.FromContext(ctx).V(1).Info("Backend of the Job's lock is not usable; retrying", "lock", g.dl.Name, "error", err.Error())
+		if h.Locker != nil && action == "Acquire" {
+			// Known to be down: its recovery wakes the waiting Jobs
+			// (onHealth); retrying sooner would cost the shared workers.
+			return h, ctrl.Result{RequeueAfter: lockMissingRequeue}, false
+		}
 		return h, ctrl.Result{RequeueAfter: backendRetry}, false
 	}
 }
