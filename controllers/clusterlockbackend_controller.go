@@ -50,7 +50,7 @@ func (r *ClusterLockBackendReconciler) Reconcile(ctx context.Context, req ctrl.R
 		return ctrl.Result{}, fmt.Errorf("list the locks of ClusterLockBackend %s: %w", b.Name, err)
 	}
 	st := b.Status.DeepCopy()
-	st.Locks = int32(min(len(locks.Items), 1<<31-1)) //nolint:gosec // G115: bounded just above
+	st.Locks = int32(min(len(locks.Items), 1<<31-1))
 	cond := metav1.Condition{Type: locksv1alpha1.ConditionReady, ObservedGeneration: b.Generation}
 	switch inUse, err := r.Registry.HealthOf(clusterBackendIDPrefix + b.Name); {
 	case !inUse:
