@@ -52,7 +52,10 @@ func (r *ClusterLockBackendReconciler) Reconcile(ctx context.Context, req ctrl.R
 	st := b.Status.DeepCopy()
 	st.Locks = int32(min(len(locks.Items), 1<<31-1))
 	cond := metav1.Condition{Type: locksv1alpha1.ConditionReady, ObservedGeneration: b.Generation}
-	switch inUse, err := r.Registry.HealthOf(clusterBackendIDPrefix + b.Name); {
+	inUse, err := r.Registry.HealthOf(clusterBackendIDPrefix + b.Name)
+	switch invalid := backend.ValidateSelectors(&b); {
+	case invalid != nil:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, locksv1alpha1.ReasonInvalidBackend, invalid.Error()+"; no lock can use the backend until it is fixed"
 	case !inUse:
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionUnknown, locksv1alpha1.ReasonNotInUse, "No lock uses this backend here; its health is checked once one does"
 	case errors.Is(err, backend.ErrConnecting):

@@ -125,6 +125,10 @@ func (r *Registry) checkClusterBackend(ctx context.Context, dl *locksv1alpha1.Di
 		}
 		return nil, fmt.Errorf("read ClusterLockBackend %q: %w", name, err)
 	}
+	if err := ValidateSelectors(&b); err != nil {
+		return nil, &PolicyError{Field: "spec.backend.clusterBackendRef.name", Reason: locksv1alpha1.ReasonInvalidBackend,
+			Message: fmt.Sprintf("ClusterLockBackend %q cannot be used: %v; its administrators must fix it", name, err)}
+	}
 	ns, err := r.namespaceLabels(ctx, dl.Namespace)
 	if err != nil {
 		return nil, err
@@ -145,6 +149,19 @@ func (r *Registry) checkClusterBackend(ctx context.Context, dl *locksv1alpha1.Di
 		id: "ClusterLockBackend/" + name, redis: b.Spec.Redis, secretNamespace: r.policy.ClusterResourceNamespace,
 		field: fmt.Sprintf("ClusterLockBackend %s: spec.redis", name),
 	}, nil
+}
+
+// ValidateSelectors checks a ClusterLockBackend's namespace selectors; the
+// error names the field and says what is wrong.
+func ValidateSelectors(b *locksv1alpha1.ClusterLockBackend) error {
+	for field, sel := range map[string]*metav1.LabelSelector{
+		"spec.namespaceSelector": b.Spec.NamespaceSelector, "spec.globalScopeNamespaceSelector": b.Spec.GlobalScopeNamespaceSelector,
+	} {
+		if _, err := metav1.LabelSelectorAsSelector(sel); err != nil {
+			return fmt.Errorf("%s: %w", field, err)
+		}
+	}
+	return nil
 }
 
 // selects reports whether sel (nil: nothing) selects a namespace with these labels.

@@ -51,6 +51,7 @@ func TestClusterBackendPolicy(t *testing.T) {
 		namespace("web", map[string]string{"team": "web"}),
 		clusterBackend("everyone", &metav1.LabelSelector{}, team),
 		clusterBackend("billing-only", team, nil),
+		clusterBackend("typo", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: "Equals", Values: []string{"web"}}}}, nil),
 		// The admin's Secret, in the operator's namespace; a tenant's
 		// Secret of the same name must never be used.
 		secret("lockwarden-system", "shared-redis", map[string]string{"password": "admin-secret"}),
@@ -67,6 +68,8 @@ func TestClusterBackendPolicy(t *testing.T) {
 		"Global where the backend does not allow it": {lock: lockOn("web", "everyone", locksv1alpha1.ScopeGlobal), wantReason: locksv1alpha1.ReasonScopeNotAllowed,
 			wantText: []string{`Global is not allowed in namespace "web" on ClusterLockBackend "everyone"`}},
 		"Global on a backend without a Global selector": {lock: lockOn("billing", "billing-only", locksv1alpha1.ScopeGlobal), wantReason: locksv1alpha1.ReasonScopeNotAllowed},
+		"a backend whose selector is invalid": {lock: lockOn("web", "typo", ""), wantReason: locksv1alpha1.ReasonInvalidBackend,
+			wantText: []string{`ClusterLockBackend "typo" cannot be used`, "spec.namespaceSelector", `"Equals" is not a valid`}},
 		"a backend that does not exist": {lock: lockOn("billing", "nope", ""), wantReason: locksv1alpha1.ReasonBackendNotFound,
 			wantText: []string{`ClusterLockBackend "nope" does not exist`, "kubectl get clusterlockbackends"}},
 	}
