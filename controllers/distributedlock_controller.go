@@ -179,8 +179,9 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}, finalizerChanged{}))).
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.locksInNamespace),
 			builder.WithPredicates(predicate.LabelChangedPredicate{})).
-		// A changed ClusterLockBackend (endpoints, credentials, selectors) changes its locks.
-		Watches(&locksv1alpha1.ClusterLockBackend{}, handler.EnqueueRequestsFromMapFunc(r.locksOfClusterBackend)).
+		// A changed backend object (endpoints, credentials, selectors) changes its locks.
+		Watches(&locksv1alpha1.ClusterLockBackend{}, handler.EnqueueRequestsFromMapFunc(r.locksOfBackend)).
+		Watches(&locksv1alpha1.LockBackend{}, handler.EnqueueRequestsFromMapFunc(r.locksOfBackend)).
 		// A gated Job that starts, waits or finishes changes what its lock's status shows.
 		Watches(&batchv1.Job{}, handler.EnqueueRequestsFromMapFunc(lockOfJob)).
 		WatchesRawSource(r.source()).
@@ -215,11 +216,15 @@ func (r *DistributedLockReconciler) locksInNamespace(ctx context.Context, o clie
 	return out
 }
 
-// locksOfClusterBackend maps a ClusterLockBackend to the locks that name it.
-func (r *DistributedLockReconciler) locksOfClusterBackend(ctx context.Context, o client.Object) []reconcile.Request {
+// locksOfBackend maps a ClusterLockBackend or LockBackend to the locks that name it.
+func (r *DistributedLockReconciler) locksOfBackend(ctx context.Context, o client.Object) []reconcile.Request {
+	id := clusterBackendIDPrefix + o.GetName()
+	if o.GetNamespace() != "" {
+		id = backend.NamespacedBackendID(o.GetNamespace(), o.GetName())
+	}
 	var list locksv1alpha1.DistributedLockList
-	if err := r.Client.List(ctx, &list, client.MatchingFields{indexBackend: "ClusterLockBackend/" + o.GetName()}); err != nil {
-		r.Log.Error(err, "Listing the locks of a changed ClusterLockBackend failed; they catch up at the next resync", "backend", o.GetName())
+	if err := r.Client.List(ctx, &list, client.MatchingFields{indexBackend: id}); err != nil {
+		r.Log.Error(err, "Listing the locks of a changed backend failed; they catch up at the next resync", "backend", id)
 		return nil
 	}
 	out := make([]reconcile.Request, len(list.Items))

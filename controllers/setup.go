@@ -79,14 +79,15 @@ const DefaultWorkers = 4
 type Reconcilers struct {
 	Locks *DistributedLockReconciler
 	Jobs  *JobReconciler
-	// Backends reports ClusterLockBackends' use and health.
-	Backends *ClusterLockBackendReconciler
+	// ClusterBackends and Backends report ClusterLockBackends' and
+	// LockBackends' use and health.
+	ClusterBackends, Backends *BackendStatusReconciler
 	// CronJobs is nil unless LockOptions.SyncCronJobTemplates.
 	CronJobs *CronJobReconciler
 }
 
 // SetupWithManager wires every lockwarden controller into mgr: the field
-// indexes, the DistributedLock, Job, ClusterLockBackend and CronJob reconcilers, and the
+// indexes, the DistributedLock, Job, backend-status and CronJob reconcilers, and the
 // watchdog's lost-lease callbacks, and the sweep of orphaned leases. It is
 // the only place that does; there is no order to keep.
 func SetupWithManager(ctx context.Context, mgr ctrl.Manager, d Deps, o LockOptions) (*Reconcilers, error) {
@@ -107,11 +108,15 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, d Deps, o LockOptio
 	if err := mgr.Add(&orphanSweeper{Deps: locks.Deps, interval: locks.Resync}); err != nil {
 		return nil, fmt.Errorf("set up the orphaned-lease sweep: %w", err)
 	}
-	backends := &ClusterLockBackendReconciler{Client: d.Client, Registry: d.Registry, Resync: locks.Resync}
-	if err := backends.SetupWithManager(mgr); err != nil {
-		return nil, fmt.Errorf("set up the ClusterLockBackend controller: %w", err)
+	out := &Reconcilers{Locks: locks, Jobs: jobs,
+		ClusterBackends: NewClusterLockBackendReconciler(d.Client, d.Registry, locks.Resync),
+		Backends:        NewLockBackendReconciler(d.Client, d.Registry, locks.Resync),
 	}
-	out := &Reconcilers{Locks: locks, Jobs: jobs, Backends: backends}
+	for _, b := range []*BackendStatusReconciler{out.ClusterBackends, out.Backends} {
+		if err := b.SetupWithManager(mgr); err != nil {
+			return nil, fmt.Errorf("set up the %s controller: %w", b.kind, err)
+		}
+	}
 	if o.SyncCronJobTemplates {
 		out.CronJobs = &CronJobReconciler{Client: d.Client}
 		if err := out.CronJobs.SetupWithManager(mgr); err != nil {

@@ -29,8 +29,9 @@ type ClusterLockBackendSpec struct {
 	GlobalScopeNamespaceSelector *metav1.LabelSelector `json:"globalScopeNamespaceSelector,omitempty"`
 }
 
-// ClusterLockBackendStatus is how the backend is used and whether it answers.
-type ClusterLockBackendStatus struct {
+// BackendStatus is how a ClusterLockBackend or LockBackend is used and
+// whether it answers.
+type BackendStatus struct {
 	// locks is how many DistributedLocks name this backend.
 	// +optional
 	Locks int32 `json:"locks"`
@@ -69,7 +70,7 @@ type ClusterLockBackend struct {
 
 	// status is how the backend is used and whether it answers.
 	// +optional
-	Status ClusterLockBackendStatus `json:"status,omitempty"`
+	Status BackendStatus `json:"status,omitempty"`
 }
 
 // +kubebuilder:object:root=true

@@ -116,7 +116,7 @@ type ManualHolder struct {
 }
 
 // Backend selects where a lock lives. Exactly one member is set.
-// +kubebuilder:validation:XValidation:rule="[has(self.redis), has(self.clusterBackendRef)].filter(x, x).size() == 1",message="spec.backend: set exactly one of redis (inline endpoints, checked against the operator's endpoint policy) or clusterBackendRef (a ClusterLockBackend set up by the cluster's administrators)"
+// +kubebuilder:validation:XValidation:rule="[has(self.redis), has(self.clusterBackendRef), has(self.backendRef)].filter(x, x).size() == 1",message="spec.backend: set exactly one of redis (inline endpoints, checked against the operator's endpoint policy), backendRef (a LockBackend in the lock's namespace) or clusterBackendRef (a ClusterLockBackend set up by the cluster's administrators)"
 type Backend struct {
 	// redis holds the lock in Redis at endpoints this lock names: one server,
 	// a Sentinel-managed master, or 3, 5 or 7 independent masters (Redlock).
@@ -130,6 +130,22 @@ type Backend struct {
 	// this lock's namespace to use.
 	// +optional
 	ClusterBackendRef *ClusterBackendRef `json:"clusterBackendRef,omitempty"`
+
+	// backendRef names a LockBackend in the lock's own namespace: endpoints,
+	// TLS and credentials that the namespace's locks share, checked against
+	// the operator's endpoint policy like inline endpoints.
+	// +optional
+	BackendRef *BackendRef `json:"backendRef,omitempty"`
+}
+
+// BackendRef names a LockBackend in the lock's namespace.
+type BackendRef struct {
+	// name of the LockBackend.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Name string `json:"name"`
 }
 
 // ClusterBackendRef names a ClusterLockBackend.

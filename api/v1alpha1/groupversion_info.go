@@ -23,7 +23,7 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &DistributedLock{}, &DistributedLockList{}, &ClusterLockBackend{}, &ClusterLockBackendList{})
+	s.AddKnownTypes(GroupVersion, &DistributedLock{}, &DistributedLockList{}, &ClusterLockBackend{}, &ClusterLockBackendList{}, &LockBackend{}, &LockBackendList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

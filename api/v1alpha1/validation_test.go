@@ -148,6 +148,9 @@ func TestValidSpecsAreAccepted(t *testing.T) {
 		"a cluster backend by name": func(s *locksv1alpha1.DistributedLockSpec) {
 			s.Backend.Redis, s.Backend.ClusterBackendRef = nil, &locksv1alpha1.ClusterBackendRef{Name: "shared-redis"}
 		},
+		"a namespace backend by name": func(s *locksv1alpha1.DistributedLockSpec) {
+			s.Backend.Redis, s.Backend.BackendRef = nil, &locksv1alpha1.BackendRef{Name: "team-redis"}
+		},
 	}
 	for name, mutate := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -34,7 +34,8 @@ type Policy struct {
 	ClusterResourceNamespace string
 }
 
-// GlobalScopePolicy says where spec.scope Global is allowed with inline endpoints.
+// GlobalScopePolicy says where spec.scope Global is allowed with endpoints a
+// namespace chose (inline, or in a LockBackend).
 type GlobalScopePolicy struct {
 	// AllowAll allows Global in every namespace.
 	AllowAll bool
@@ -75,7 +76,15 @@ func LockBackendID(dl *locksv1alpha1.DistributedLock) string {
 	if ref := dl.Spec.Backend.ClusterBackendRef; ref != nil {
 		return "ClusterLockBackend/" + ref.Name
 	}
+	if ref := dl.Spec.Backend.BackendRef; ref != nil {
+		return NamespacedBackendID(dl.Namespace, ref.Name)
+	}
 	return ID(dl.Spec.Backend.Redis)
+}
+
+// NamespacedBackendID is the backend ID of the LockBackend namespace/name.
+func NamespacedBackendID(namespace, name string) string {
+	return "LockBackend/" + namespace + "/" + name
 }
 
 // Check decides whether dl may use its backend with its scope, without
@@ -91,19 +100,41 @@ func (r *Registry) check(ctx context.Context, dl *locksv1alpha1.DistributedLock)
 	if ref := dl.Spec.Backend.ClusterBackendRef; ref != nil {
 		return r.checkClusterBackend(ctx, dl, ref.Name)
 	}
+	if ref := dl.Spec.Backend.BackendRef; ref != nil {
+		var b locksv1alpha1.LockBackend
+		if err := r.objects.Get(ctx, types.NamespacedName{Namespace: dl.Namespace, Name: ref.Name}, &b); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, &PolicyError{Field: "spec.backend.backendRef.name", Reason: locksv1alpha1.ReasonBackendNotFound,
+					Message: fmt.Sprintf("LockBackend %q does not exist in namespace %q: create it, or name an existing one (kubectl get lockbackends)", ref.Name, dl.Namespace)}
+			}
+			return nil, fmt.Errorf("read LockBackend %s/%s: %w", dl.Namespace, ref.Name, err)
+		}
+		if b.Spec.Redis == nil {
+			return nil, &PolicyError{Field: "spec.backend.backendRef.name", Reason: locksv1alpha1.ReasonInvalidBackend,
+				Message: fmt.Sprintf("LockBackend %q sets no backend this operator supports", ref.Name)}
+		}
+		return r.checkTenantEndpoints(ctx, dl, b.Spec.Redis, NamespacedBackendID(dl.Namespace, ref.Name), fmt.Sprintf("LockBackend %s: spec.redis", ref.Name))
+	}
 	rb := dl.Spec.Backend.Redis
 	if rb == nil {
 		return nil, &PolicyError{Field: "spec.backend", Reason: locksv1alpha1.ReasonInvalidBackend,
-			Message: "set redis (inline endpoints) or clusterBackendRef (a ClusterLockBackend)"}
+			Message: "set redis (inline endpoints), backendRef (a LockBackend) or clusterBackendRef (a ClusterLockBackend)"}
 	}
+	return r.checkTenantEndpoints(ctx, dl, rb, ID(rb), "spec.backend.redis")
+}
+
+// checkTenantEndpoints decides on endpoints a tenant wrote (inline, or in a
+// LockBackend of its namespace, whose Secrets are the namespace's): the
+// inline switch, the endpoint policy, and the operator's Global scope rule.
+func (r *Registry) checkTenantEndpoints(ctx context.Context, dl *locksv1alpha1.DistributedLock, rb *locksv1alpha1.RedisBackend, id, field string) (*source, error) {
 	if r.policy.InlineDisabled {
-		return nil, &PolicyError{Field: "spec.backend.redis", Reason: locksv1alpha1.ReasonBackendNotAllowed,
-			Message: "inline endpoints are turned off in this cluster: name a ClusterLockBackend in spec.backend.clusterBackendRef (kubectl get clusterlockbackends)"}
+		return nil, &PolicyError{Field: field, Reason: locksv1alpha1.ReasonBackendNotAllowed,
+			Message: "endpoints chosen in a namespace (inline, or in a LockBackend) are turned off in this cluster: name a ClusterLockBackend in spec.backend.clusterBackendRef (kubectl get clusterlockbackends)"}
 	}
 	if p := r.policy.Endpoints; p != nil {
 		for i, e := range rb.Endpoints {
 			if err := p.Check(e); err != nil {
-				return nil, &PolicyError{Field: fmt.Sprintf("spec.backend.redis.endpoints[%d]", i), Reason: locksv1alpha1.ReasonBackendNotAllowed,
+				return nil, &PolicyError{Field: fmt.Sprintf("%s.endpoints[%d]", field, i), Reason: locksv1alpha1.ReasonBackendNotAllowed,
 					Message: fmt.Sprintf("%v; no connection was made. Use an endpoint the cluster's endpoint policy allows, or a ClusterLockBackend", err)}
 			}
 		}
@@ -113,7 +144,7 @@ func (r *Registry) check(ctx context.Context, dl *locksv1alpha1.DistributedLock)
 			return nil, err
 		}
 	}
-	return &source{id: ID(rb), redis: rb, secretNamespace: dl.Namespace, field: "spec.backend.redis", endpoints: r.policy.Endpoints}, nil
+	return &source{id: id, redis: rb, secretNamespace: dl.Namespace, field: field, endpoints: r.policy.Endpoints}, nil
 }
 
 func (r *Registry) checkClusterBackend(ctx context.Context, dl *locksv1alpha1.DistributedLock, name string) (*source, error) {

@@ -172,3 +172,63 @@ func TestInlineEndpointPolicy(t *testing.T) {
 		})
 	}
 }
+
+// A LockBackend is the namespace's own: its Secrets come from the lock's
+// namespace and its endpoints pass the same policy as inline ones.
+func TestLockBackendPolicy(t *testing.T) {
+	t.Parallel()
+	loopbackDenied, err := netguard.NewEndpointPolicy(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb := func(name string, endpoints ...string) *locksv1alpha1.LockBackend {
+		return &locksv1alpha1.LockBackend{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "team-a"},
+			Spec: locksv1alpha1.LockBackendSpec{Redis: &locksv1alpha1.RedisBackend{Endpoints: endpoints,
+				PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis-auth", Key: "password"}}},
+		}
+	}
+	objs := []client.Object{
+		lb("team-redis", "redis.team-a.svc:6379"), lb("sneaky", "127.0.0.1:22"),
+		secret("team-a", "redis-auth", map[string]string{"password": "team-secret"}),
+		lb("elsewhere", "redis.team-b.svc:6379"),
+	}
+	objs[3].SetNamespace("team-b")
+	ref := func(name string) *locksv1alpha1.DistributedLock {
+		dl := lockWith(nil)
+		dl.Spec.Backend = locksv1alpha1.Backend{BackendRef: &locksv1alpha1.BackendRef{Name: name}}
+		return dl
+	}
+	cases := map[string]struct {
+		policy     Policy
+		lock       *locksv1alpha1.DistributedLock
+		wantReason string
+		wantField  string
+	}{
+		"the namespace's backend":       {policy: Policy{Endpoints: loopbackDenied}, lock: ref("team-redis")},
+		"an endpoint the policy denies": {policy: Policy{Endpoints: loopbackDenied}, lock: ref("sneaky"), wantReason: locksv1alpha1.ReasonBackendNotAllowed, wantField: "LockBackend sneaky: spec.redis.endpoints[0]"},
+		"another namespace's backend":   {lock: ref("elsewhere"), wantReason: locksv1alpha1.ReasonBackendNotFound, wantField: "spec.backend.backendRef.name"},
+		"tenant endpoints turned off":   {policy: Policy{InlineDisabled: true}, lock: ref("team-redis"), wantReason: locksv1alpha1.ReasonBackendNotAllowed, wantField: "LockBackend team-redis: spec.redis"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := registryWith(t, deepCopies(objs)...)
+			r.SetPolicy(tc.policy, nil)
+			cfg, id, _, err := r.resolveLock(t.Context(), tc.lock)
+			if tc.wantReason == "" {
+				if err != nil {
+					t.Fatalf("resolve = %v, want allowed", err)
+				}
+				if cfg.Password != "team-secret" || cfg.EndpointPolicy != tc.policy.Endpoints || id != "LockBackend/team-a/team-redis" || LockBackendID(tc.lock) != id {
+					t.Errorf("password %q, policy %p (want %p), ID %q (index %q)", cfg.Password, cfg.EndpointPolicy, tc.policy.Endpoints, id, LockBackendID(tc.lock))
+				}
+				return
+			}
+			var pe *PolicyError
+			if !errors.As(err, &pe) || pe.Reason != tc.wantReason || pe.Field != tc.wantField {
+				t.Fatalf("resolve = %v, want a refusal of %s with reason %s", err, tc.wantField, tc.wantReason)
+			}
+		})
+	}
+}

@@ -425,3 +425,54 @@ func TestClusterBackendCredentialsStayWithTheAdmins(t *testing.T) {
 	waitResyncs(t, allowed, 1)
 	waitCondition(t, allowed, locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired)
 }
+
+// A LockBackend is the namespace's own backend object: as trusted as inline
+// endpoints. The tenant cannot use it to aim the operator somewhere the
+// endpoint policy denies, and a Job of such a lock is refused; a LockBackend
+// on an allowed Redis serves the namespace's locks and shows their count.
+func TestTenantLockBackendFollowsTheEndpointPolicy(t *testing.T) {
+	ctx := context.Background()
+	ns := tenantNamespace(t, nil)
+	listener := startFake(t, "127.0.0.2", "", nil)
+	rdb := redistest.Start(t)
+	create(t, asTenant, &locksv1alpha1.LockBackend{
+		ObjectMeta: metav1.ObjectMeta{Name: "sneaky", Namespace: ns},
+		Spec:       locksv1alpha1.LockBackendSpec{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{listener.Addr}}},
+	})
+	create(t, asTenant, &locksv1alpha1.LockBackend{
+		ObjectMeta: metav1.ObjectMeta{Name: "team-redis", Namespace: ns},
+		Spec:       locksv1alpha1.LockBackendSpec{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{rdb.Addr}}},
+	})
+	onBackend := func(name, backendName string) *locksv1alpha1.DistributedLock {
+		return &locksv1alpha1.DistributedLock{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: locksv1alpha1.DistributedLockSpec{Keys: []string{"ledger"},
+				Holder:  &locksv1alpha1.ManualHolder{Identity: "maintenance"},
+				Backend: locksv1alpha1.Backend{BackendRef: &locksv1alpha1.BackendRef{Name: backendName}}},
+		}
+	}
+	denied := onBackend("sneaky", "sneaky")
+	create(t, asTenant, denied)
+	c := waitCondition(t, denied, locksv1alpha1.ConditionBackendReady, metav1.ConditionFalse, locksv1alpha1.ReasonBackendNotAllowed)
+	if !strings.Contains(c.Message, "LockBackend sneaky: spec.redis.endpoints[0]") {
+		t.Errorf("BackendReady says %q; want it to name the LockBackend's endpoint", c.Message)
+	}
+	if err := asTenant.Create(ctx, newJob(ns, "sneak", denied.Name)); !apierrors.IsInvalid(err) {
+		t.Errorf("creating a Job of the lock = %v; want it refused at admission", err)
+	}
+
+	allowed := onBackend("billing", "team-redis")
+	create(t, asTenant, allowed)
+	waitCondition(t, allowed, locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired)
+	eventually(t, 30*time.Second, "LockBackend team-redis Ready with 1 lock", func() (bool, string) {
+		var b locksv1alpha1.LockBackend
+		if err := asTenant.Get(ctx, client.ObjectKey{Namespace: ns, Name: "team-redis"}, &b); err != nil {
+			return false, err.Error()
+		}
+		c := meta.FindStatusCondition(b.Status.Conditions, locksv1alpha1.ConditionReady)
+		return c != nil && c.Status == metav1.ConditionTrue && b.Status.Locks == 1, fmt.Sprintf("locks=%d ready=%+v", b.Status.Locks, c)
+	})
+	if n := listener.accepted.Load(); n != 0 {
+		t.Fatalf("the denied listener accepted %d connections", n)
+	}
+}
