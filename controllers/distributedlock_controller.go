@@ -112,11 +112,28 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		r.releaseUnwanted(ctx, &dl, obs)
 	}
 	status := computeStatus(&dl, obs, r.ClusterName)
+	holderChanged := holderOf(dl.Status) != holderOf(status)
 	if err := r.patchStatus(ctx, &dl, status); err != nil {
 		return ctrl.Result{}, err
 	}
 	r.report(&dl, obs)
+	if holderChanged && obs.handle.Locker != nil {
+		// Redis announces releases, not acquisitions: the other locks on
+		// these keys (scope Global, or a second lock on the same keys) learn
+		// of the new holder from here, not at their next resync.
+		for _, key := range obs.keys {
+			r.enqueueIndexed(indexBackendKey, backendKeyValues(obs.handle.ID, key)[0])
+		}
+	}
 	return ctrl.Result{RequeueAfter: r.requeueAfter(obs)}, nil
+}
+
+// holderOf identifies the holder a status shows: identity and fencing token.
+func holderOf(st locksv1alpha1.DistributedLockStatus) string {
+	if st.Holder == nil {
+		return ""
+	}
+	return fmt.Sprintf("%s@%d", st.Holder.Identity, st.FencingToken)
 }
 
 // patchStatus writes status only when something a user can see changed.
