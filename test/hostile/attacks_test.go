@@ -79,7 +79,7 @@ func TestSecretIsNotSentWhereThePolicyDenies(t *testing.T) {
 		t.Errorf("creating a Job of the lock = %v; want it refused at admission naming the endpoint", err)
 	}
 	// Two resync periods after the refusal was shown: still nothing.
-	waitResyncs(t, dl, 2)
+	waitResyncs(t, 2)
 	if n, b := listener.accepted.Load(), listener.bytes.Load(); n != 0 || b != 0 {
 		t.Fatalf("the denied listener accepted %d connections and received %d bytes; want none", n, b)
 	}
@@ -104,7 +104,7 @@ func TestOversizedReplyDoesNotTakeTheManagerDown(t *testing.T) {
 	if !strings.Contains(c.Message, netguard.CategoryReplyTooLarge) {
 		t.Errorf("BackendReady says %q; want the category %s", c.Message, netguard.CategoryReplyTooLarge)
 	}
-	waitResyncs(t, dl, 2)
+	waitResyncs(t, 2)
 	if grown := heapSys() - before; grown > 256<<20 {
 		t.Errorf("the heap grew by %d MiB while the manager talked to the server; want no reply-sized allocation", grown>>20)
 	}
@@ -125,7 +125,7 @@ func heapSys() uint64 {
 // waitResyncs lets n of the operator's resync periods pass, for assertions
 // that something did NOT happen: every lock is reconciled at least once per
 // period, so a change that has not shown by then is not coming.
-func waitResyncs(t testing.TB, _ *locksv1alpha1.DistributedLock, n int) {
+func waitResyncs(t testing.TB, n int) {
 	t.Helper()
 	<-time.After(time.Duration(n) * resync)
 }
@@ -210,7 +210,7 @@ func TestGlobalScopeIsRefusedOnEveryPath(t *testing.T) {
 			n, err := rdb.Client().Exists(ctx, "lockwarden:{global/payments/settlement}:lock").Result()
 			return err == nil && n == 0, fmt.Sprint(n, err)
 		})
-		waitResyncs(t, dl, 2)
+		waitResyncs(t, 2)
 		cur := getJob(t, job)
 		if !ptr.Deref(cur.Spec.Suspend, false) || cur.Annotations[locksv1alpha1.AnnotationFencingToken] != "" {
 			t.Fatalf("the Job started (suspend=%v, token %q) with Global keys its namespace may not use", ptr.Deref(cur.Spec.Suspend, false), cur.Annotations[locksv1alpha1.AnnotationFencingToken])
@@ -319,7 +319,7 @@ func TestOrphanedLeasesAreReleased(t *testing.T) {
 			eventually(t, 2*resync+5*time.Second, "the orphaned lease to be released", keyHeld(ns))
 			t.Logf("released %v after the edit", time.Since(start).Round(time.Millisecond))
 			// And not renewed back: the key stays free past a resync.
-			waitResyncs(t, dl, 1)
+			waitResyncs(t, 1)
 			if ok, seen := keyHeld(ns)(); !ok {
 				t.Fatalf("the key is held again: %s", seen)
 			}
@@ -422,7 +422,7 @@ func TestClusterBackendCredentialsStayWithTheAdmins(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "shared-redis-auth", Namespace: allowed.Namespace},
 		StringData: map[string]string{"password": "wrong"},
 	})
-	waitResyncs(t, allowed, 1)
+	waitResyncs(t, 1)
 	waitCondition(t, allowed, locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired)
 }
 
