@@ -1,0 +1,336 @@
+package locktest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// The fault test (RunFaults) models the resource a lock protects as a fenced register: it
+// remembers the highest fencing token it has seen and rejects a write with a
+// lower one. A new holder first announces its token to the register (the
+// pattern docs/safety.md recommends), so from then on every holder with an
+// older token is shut out.
+//
+// The porcupine model checks the recorded history for these properties:
+//   - an acquisition that starts after another one has returned gets a
+//     strictly larger fencing token (the tokens are linearizable);
+//   - the register accepts a write (or announcement) exactly when its token
+//     is at least the highest accepted so far: no stale write is accepted;
+//   - a read returns the last accepted value.
+
+type regOp int
+
+const (
+	opAcquire regOp = iota // Acquire, then announce the token to the register
+	opWrite
+	opRead
+)
+
+type regInput struct {
+	op    regOp
+	fence int64 // opWrite: the writer's token
+	value int   // opWrite: the value written
+}
+
+type regOutput struct {
+	fence    int64 // opAcquire: the token granted; opRead: the register's token
+	accepted bool  // opAcquire, opWrite: whether the register accepted it
+	value    int   // opRead: the value read
+}
+
+type regState struct {
+	issued  int64 // largest token granted by an acquisition linearized so far
+	highest int64 // highest token the register accepted
+	value   int
+}
+
+var fencedRegisterModel = porcupine.Model{
+	Init: func() any { return regState{} },
+	Step: func(state, input, output any) (bool, any) {
+		s, in, out := state.(regState), input.(regInput), output.(regOutput)
+		switch in.op {
+		case opAcquire:
+			if out.fence <= s.issued || out.accepted != (out.fence >= s.highest) {
+				return false, s
+			}
+			s.issued = out.fence
+			if out.accepted {
+				s.highest = out.fence
+			}
+			return true, s
+		case opWrite:
+			if out.accepted != (in.fence >= s.highest) {
+				return false, s
+			}
+			if out.accepted {
+				s.highest, s.value = in.fence, in.value
+			}
+			return true, s
+		default:
+			return out.value == s.value && out.fence == s.highest, s
+		}
+	},
+	DescribeOperation: func(input, output any) string {
+		in, out := input.(regInput), output.(regOutput)
+		switch in.op {
+		case opAcquire:
+			return fmt.Sprintf("acquire -> fence %d (announce accepted=%v)", out.fence, out.accepted)
+		case opWrite:
+			return fmt.Sprintf("write(%d, fence %d) -> accepted=%v", in.value, in.fence, out.accepted)
+		default:
+			return fmt.Sprintf("read -> %d (fence %d)", out.value, out.fence)
+		}
+	},
+	DescribeState: func(state any) string {
+		s := state.(regState)
+		return fmt.Sprintf("issued=%d highest=%d value=%d", s.issued, s.highest, s.value)
+	},
+}
+
+// fencedRegister is the protected resource.
+type fencedRegister struct {
+	mu      sync.Mutex
+	highest int64
+	value   int
+}
+
+func (r *fencedRegister) write(fence int64, value int, announce bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if fence < r.highest {
+		return false
+	}
+	r.highest = fence
+	if !announce {
+		r.value = value
+	}
+	return true
+}
+
+func (r *fencedRegister) read() (int, int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.value, r.highest
+}
+
+// history records operations with times on one monotonic clock.
+type history struct {
+	start time.Time
+	mu    sync.Mutex
+	ops   []porcupine.Operation
+}
+
+func (h *history) now() int64 { return int64(time.Since(h.start)) }
+
+func (h *history) add(client int, in regInput, call int64, out regOutput) {
+	ret := h.now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
+}
+
+
+// Faults configures one seeded fault run (see RunFaults).
+type Faults struct {
+	// NewLocker returns a new Locker on the backend under test; each client
+	// gets its own, like separate processes.
+	NewLocker func(t *testing.T) lock.Locker
+	// Inject injects one fault chosen with rng (kill and restart a server,
+	// pause one, partition one) and returns once it is healed. It is called
+	// in a loop, with random pauses between faults, until ctx ends.
+	Inject func(ctx context.Context, rng *rand.Rand)
+	// Clients is how many clients compete for the key. Default 4.
+	Clients int
+	// TTL is the lease TTL the clients ask for. Default 300ms.
+	TTL time.Duration
+	// Duration is how long the clients and faults run. Default 1.5s.
+	Duration time.Duration
+	// AcquireTimeout bounds each Acquire. Default 1s.
+	AcquireTimeout time.Duration
+	// FaultGap is the longest random pause between two faults. Default 200ms.
+	FaultGap time.Duration
+}
+
+// FaultSeeds returns the seeds a fault test runs: runs seeds from a random
+// base, or the one seed in LOCKWARDEN_FAULT_SEED; LOCKWARDEN_FAULT_RUNS=<n>
+// runs more.
+func FaultSeeds(t *testing.T, runs int) []uint64 {
+	t.Helper()
+	base := rand.Uint64()
+	if s := os.Getenv("LOCKWARDEN_FAULT_SEED"); s != "" {
+		seed, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("LOCKWARDEN_FAULT_SEED=%q: %v", s, err)
+		}
+		base, runs = seed, 1
+	}
+	if s := os.Getenv("LOCKWARDEN_FAULT_RUNS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			t.Fatalf("LOCKWARDEN_FAULT_RUNS=%q: %v", s, err)
+		}
+		runs = n
+	}
+	out := make([]uint64, runs)
+	for i := range out {
+		out[i] = base + uint64(i)
+	}
+	return out
+}
+
+// FaultTally counts what the fault runs exercised.
+type FaultTally struct {
+	acquired, rejected atomic.Int64
+}
+
+// Check fails t when the runs never acquired or never had a stale write
+// rejected: then the faults did not exercise fencing and the test proved nothing.
+func (c *FaultTally) Check(t *testing.T) {
+	t.Helper()
+	t.Logf("%d acquisitions, %d stale writes rejected", c.acquired.Load(), c.rejected.Load())
+	if !t.Failed() && (c.acquired.Load() == 0 || c.rejected.Load() == 0) {
+		t.Errorf("the runs made %d acquisitions and %d stale write attempts: the faults did not exercise fencing", c.acquired.Load(), c.rejected.Load())
+	}
+}
+
+// RunFaults runs one seeded fault run as a subtest named name/seed=<seed>:
+// clients acquire a key, stall past their TTL without renewing, renew, and
+// write to a fenced register, while f.Inject breaks the backend; porcupine
+// then checks the history against the fenced-register model. A failure prints
+// the seed; LOCKWARDEN_FAULT_SEED=<seed> replays it. The seed fixes the fault
+// schedule and the clients' choices, not the goroutine interleaving.
+func RunFaults(t *testing.T, name string, seed uint64, tally *FaultTally, f Faults) {
+	t.Run(fmt.Sprintf("%s/seed=%d", name, seed), func(t *testing.T) {
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("replay with LOCKWARDEN_FAULT_SEED=%d", seed)
+			}
+		})
+		a, r := faultRun(t, seed, f)
+		if tally != nil {
+			tally.acquired.Add(a)
+			tally.rejected.Add(r)
+		}
+	})
+}
+
+func faultRun(t *testing.T, seed uint64, f Faults) (acquired, rejected int64) {
+	if f.Clients == 0 {
+		f.Clients = 4
+	}
+	if f.TTL == 0 {
+		f.TTL = 300 * time.Millisecond
+	}
+	if f.Duration == 0 {
+		f.Duration = 1500 * time.Millisecond
+	}
+	if f.AcquireTimeout == 0 {
+		f.AcquireTimeout = time.Second
+	}
+	if f.FaultGap == 0 {
+		f.FaultGap = 200 * time.Millisecond
+	}
+	ttl := f.TTL
+	key := fmt.Sprintf("register-%d", seed)
+	reg := &fencedRegister{}
+	h := &history{start: time.Now()}
+	ctx, cancel := context.WithTimeout(context.Background(), f.Duration)
+	defer cancel()
+	var values atomic.Int64
+	var wg sync.WaitGroup
+
+	if f.Inject != nil {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(seed, 0))
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(f.FaultGap/4 + time.Duration(rng.Int64N(int64(f.FaultGap)))):
+				}
+				f.Inject(ctx, rng)
+			}
+		})
+	}
+
+	for c := range f.Clients {
+		l := f.NewLocker(t)
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(seed, uint64(c+1)))
+			for ctx.Err() == nil {
+				call := h.now()
+				actx, acancel := context.WithTimeout(ctx, f.AcquireTimeout)
+				lease, err := l.Acquire(actx, lock.Request{Keys: []string{key}, TTL: ttl, Holder: fmt.Sprintf("client-%d", c), Queue: rng.IntN(2) == 0})
+				acancel()
+				if err != nil {
+					continue
+				}
+				ok := reg.write(lease.Fence, 0, true)
+				h.add(c, regInput{op: opAcquire}, call, regOutput{fence: lease.Fence, accepted: ok})
+				for range 1 + rng.IntN(3) {
+					switch p := rng.Float64(); {
+					case p < 0.25:
+						// Stall past the lease's end without renewing, like a
+						// long GC pause, then write anyway.
+						time.Sleep(time.Until(lease.Expires) + ttl/2)
+					case p < 0.5:
+						if renewed, err := l.Renew(ctx, lease, ttl); err == nil {
+							lease = renewed
+						}
+					}
+					v := int(values.Add(1))
+					call := h.now()
+					ok := reg.write(lease.Fence, v, false)
+					h.add(c, regInput{op: opWrite, fence: lease.Fence, value: v}, call, regOutput{accepted: ok})
+					if rng.IntN(5) == 0 {
+						call := h.now()
+						v, f := reg.read()
+						h.add(c, regInput{op: opRead}, call, regOutput{value: v, fence: f})
+					}
+				}
+				rctx, rcancel := context.WithTimeout(context.Background(), f.AcquireTimeout)
+				_ = l.Release(rctx, lease)
+				rcancel()
+			}
+		})
+	}
+	wg.Wait()
+
+	for _, op := range h.ops {
+		in, out := op.Input.(regInput), op.Output.(regOutput)
+		switch {
+		case in.op == opAcquire:
+			acquired++
+		case in.op == opWrite && !out.accepted:
+			rejected++
+		}
+	}
+	res, info := porcupine.CheckOperationsVerbose(fencedRegisterModel, h.ops, 30*time.Second)
+	if res != porcupine.Ok {
+		path := filepath.Join(t.TempDir(), "history.html")
+		if os.Getenv("LOCKWARDEN_FAULT_VISUALIZE") != "" {
+			path = fmt.Sprintf("fault-%d.html", seed)
+		}
+		if err := porcupine.VisualizePath(fencedRegisterModel, info, path); err == nil {
+			t.Logf("history visualization: %s (set LOCKWARDEN_FAULT_VISUALIZE=1 to keep it)", path)
+		}
+		for _, op := range h.ops {
+			t.Logf("client %d [%d, %d] %s", op.ClientId, op.Call, op.Return, fencedRegisterModel.DescribeOperation(op.Input, op.Output))
+		}
+		t.Fatalf("history of %d operations is %s: a stale write was accepted or a fencing token went backwards", len(h.ops), res)
+	}
+	t.Logf("%d operations: %d acquisitions, %d stale writes rejected", len(h.ops), acquired, rejected)
+	return acquired, rejected
+}
