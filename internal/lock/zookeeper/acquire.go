@@ -1,0 +1,461 @@
+package zookeeper
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// maxTries bounds the read-decide-write rounds of one operation when other
+// clients keep changing the nodes between the read and the write.
+const maxTries = 6
+
+// TryAcquire makes one attempt to take every key of req (see lock.Locker).
+//
+// A key is free for req when nobody else holds it and no live waiter is ahead
+// of req's owner in its queue: a request without Queue does not jump a
+// non-empty queue (it fails with a *lock.HeldError whose Waiters counts the
+// queue). With req.Queue a request that cannot take the keys joins (or
+// refreshes its place in) the queue of every key and must call again within
+// the waiter TTL to keep it; so req.Owner is required with Queue. An owner
+// that already holds every key gets them again with a new fencing token.
+func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	req, err := l.prepare(req, true)
+	if err != nil {
+		return nil, err
+	}
+	lease, _, err := l.attempt(ctx, req)
+	return lease, err
+}
+
+// Acquire blocks until it holds every key of req or ctx ends (see lock.Locker).
+// After a failed attempt it sets a ZooKeeper watch on what blocks it (the
+// holder node, or the live waiter just ahead of it in the queue) and tries
+// again when that node goes away, or after the next backoff step
+// (WithBackoff), whichever comes first. With req.Queue it waits in the keys'
+// FIFO queues, refreshing its place at least every third of the waiter TTL,
+// and leaves the queues when ctx ends. ZooKeeper errors are retried too; when
+// ctx ends the error wraps both ctx.Err() and the last attempt's error.
+func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	req, err := l.prepare(req, false)
+	if err != nil {
+		return nil, err
+	}
+	log := l.log.WithValues("keys", req.Keys, "holder", req.Holder)
+	var lastErr error
+	b := l.opts.backoff
+	heartbeat := l.opts.waiterTTL / 3
+	immediate := 0
+	for ctx.Err() == nil {
+		lease, blocker, err := l.attempt(ctx, req)
+		if err == nil {
+			return lease, nil
+		}
+		lastErr = err
+		var wake <-chan zk.Event
+		if blocker != "" && ctx.Err() == nil {
+			type res struct {
+				exists bool
+				ch     <-chan zk.Event
+			}
+			r, werr := call(ctx, l, func(c *zk.Conn) (res, error) {
+				ok, _, ch, err := c.ExistsW(blocker)
+				return res{ok, ch}, err
+			})
+			switch {
+			case werr != nil:
+				log.V(2).Info("Watching the blocking node failed; polling only", "node", blocker, "err", werr.Error())
+			case !r.exists && immediate < 3:
+				// Gone already: try again at once (a few times in a row at
+				// most, in case something keeps it from being taken).
+				immediate++
+				b = l.opts.backoff
+				continue
+			default:
+				wake = r.ch
+			}
+		}
+		immediate = 0
+		d := b.Step()
+		if b.Cap > 0 && d > b.Cap {
+			d = b.Cap
+		}
+		if req.Queue && d > heartbeat {
+			d = heartbeat
+		}
+		if v := log.V(4); v.Enabled() {
+			v.Info("Waiting for lease", "wait", d.String(), "watching", blocker, "err", err.Error())
+		}
+		timer := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+		case <-l.ctx.Done():
+			timer.Stop()
+			return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, errLockerClosed, lastErr)
+		case <-wake:
+			b = l.opts.backoff
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+	if req.Queue {
+		cctx, cancel := l.cleanupContext(ctx)
+		if err := l.Dequeue(cctx, req.Keys, req.Owner); err != nil {
+			log.V(2).Info("Leaving the queue failed; the place expires with the waiter TTL", "err", err.Error())
+		}
+		cancel()
+	}
+	if lastErr == nil {
+		return nil, fmt.Errorf("acquire keys %q: %w", req.Keys, ctx.Err())
+	}
+	return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, ctx.Err(), lastErr)
+}
+
+// prepare validates req and fills in the owner token.
+func (l *Locker) prepare(req lock.Request, try bool) (lock.Request, error) {
+	if err := lock.ValidateRequest(req); err != nil {
+		return req, err
+	}
+	if try && req.Queue && req.Owner == "" {
+		return req, &lock.InvalidRequestError{Field: "owner", Reason: "required with queue in TryAcquire: the waiter must call again with the same owner token to keep its place, and Dequeue with it to leave"}
+	}
+	req.Keys = slices.Clone(req.Keys)
+	if req.Owner == "" {
+		tok, err := lock.NewOwnerToken()
+		if err != nil {
+			return req, err
+		}
+		req.Owner = tok
+	}
+	return req, nil
+}
+
+// keyPlan is what one attempt decided about one key.
+type keyPlan struct {
+	view  *keyView
+	mine  *waiterView   // req's waiter node, if queued
+	dead  []*waiterView // other waiters past the waiter TTL (ensemble clock)
+	live  []*waiterView // the other waiters
+	ahead []*waiterView // live waiters ahead of req
+}
+
+// attempt is one acquisition. It returns the lease, or the path of the node
+// whose deletion may let the request in (for Acquire to watch) and the error.
+func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, string, error) {
+	op := fmt.Sprintf("acquire keys %q", req.Keys)
+	hash := ownerHash(req.Owner)
+	if err := l.ensureKeyNodes(ctx, req.Keys); err != nil {
+		return nil, "", l.unavailable(op, err)
+	}
+	synced := false
+	var lastHeld *lock.HeldError
+	var lastBlocker string
+	for range maxTries {
+		start := time.Now()
+		views, err := l.readKeys(ctx, req.Keys)
+		if err != nil {
+			return nil, "", l.unavailable(op, err)
+		}
+		if missing := l.forgetMissing(views); missing {
+			if err := l.ensureKeyNodes(ctx, req.Keys); err != nil {
+				return nil, "", l.unavailable(op, err)
+			}
+			continue
+		}
+		plans := make([]*keyPlan, len(views))
+		othersQueued, heldByOther := false, false
+		for i, v := range views {
+			p := &keyPlan{view: v}
+			for _, w := range v.waiters {
+				if w.hash == hash {
+					if p.mine == nil {
+						p.mine = w
+					}
+					continue
+				}
+				p.live = append(p.live, w)
+			}
+			for _, w := range p.live {
+				if p.mine == nil || w.ticket < p.mine.ticket {
+					othersQueued = true
+				}
+			}
+			if v.holder != nil && v.holder.data.Owner != hash {
+				heldByOther = true
+			}
+			plans[i] = p
+		}
+		// The key looks busy: make sure that is not a lagging server's view
+		// before acting on it (a free key is validated by the write instead).
+		if (heldByOther || othersQueued) && !synced {
+			if err := l.sync(ctx); err != nil {
+				return nil, "", l.unavailable(op, err)
+			}
+			synced = true
+			continue
+		}
+
+		// The ensemble's clock, to tell dead waiters from live ones: the
+		// mtime of a node written now. A queued request gets it from its own
+		// heartbeat, which it owes anyway.
+		var nowMs int64
+		switch {
+		case req.Queue && (heldByOther || othersQueued):
+			nowMs, err = l.heartbeat(ctx, req, hash, plans)
+			if isConflict(err) {
+				if err := l.sync(ctx); err != nil {
+					return nil, "", l.unavailable(op, err)
+				}
+				synced = true
+				continue
+			}
+			if err != nil {
+				return nil, "", l.unavailable(op, err)
+			}
+		case othersQueued:
+			if _, nowMs, err = l.serverNow(ctx); err != nil {
+				return nil, "", l.unavailable(op, err)
+			}
+		}
+		if nowMs > 0 {
+			cutoff := nowMs - l.opts.waiterTTL.Milliseconds()
+			for _, p := range plans {
+				live := p.live[:0:0]
+				for _, w := range p.live {
+					if w.stat.Mtime < cutoff {
+						p.dead = append(p.dead, w)
+					} else {
+						live = append(live, w)
+					}
+				}
+				p.live = live
+			}
+		}
+		for _, p := range plans {
+			for _, w := range p.live {
+				if p.mine == nil || w.ticket < p.mine.ticket {
+					p.ahead = append(p.ahead, w)
+				}
+			}
+		}
+
+		held, blocker := l.busy(req, hash, plans)
+		if held != nil {
+			l.prune(ctx, plans)
+			return nil, blocker, held
+		}
+
+		lease, err := l.take(ctx, req, hash, plans, start)
+		if err == nil {
+			return lease, "", nil
+		}
+		if !isConflict(err) {
+			return nil, "", err
+		}
+		// Someone changed the keys between the read and the write: read again.
+		if err := l.sync(ctx); err != nil {
+			return nil, "", l.unavailable(op, err)
+		}
+		synced = true
+		lastHeld = &lock.HeldError{Key: req.Keys[0], Position: -1}
+		lastBlocker = ""
+	}
+	// The keys kept changing under every attempt: report them busy.
+	return nil, lastBlocker, lastHeld
+}
+
+// forgetMissing drops key nodes that are gone (deleted by an administrator)
+// from the known set, so they are created again; it reports whether any was.
+func (l *Locker) forgetMissing(views []*keyView) bool {
+	missing := false
+	for _, v := range views {
+		if !v.exists {
+			l.parents.Delete(l.keyPath(v.key))
+			missing = true
+		}
+	}
+	return missing
+}
+
+// busy returns the HeldError for the first key req cannot take now and the
+// node to watch, or nil when every key is free for req.
+func (l *Locker) busy(req lock.Request, hash string, plans []*keyPlan) (*lock.HeldError, string) {
+	for i, p := range plans {
+		heldByOther := p.view.holder != nil && p.view.holder.data.Owner != hash
+		if !heldByOther && len(p.ahead) == 0 {
+			continue
+		}
+		he := &lock.HeldError{Key: req.Keys[i], Position: -1, Waiters: len(p.live)}
+		if p.mine != nil {
+			he.Position = len(p.ahead)
+			he.Waiters++
+		}
+		var blocker string
+		switch {
+		case heldByOther:
+			he.Holder = p.view.holder.data.Holder
+			if he.Holder == "" {
+				he.Holder = "(unnamed holder)"
+			}
+			he.Fence = p.view.holder.fence()
+			if len(p.ahead) == 0 {
+				blocker = l.holderPath(p.view.key)
+			}
+		}
+		if blocker == "" && len(p.ahead) > 0 {
+			// Watch only the waiter just ahead: its deletion (it took the
+			// key and released it, left, or died) is this request's turn.
+			blocker = l.keyPath(p.view.key) + "/" + p.ahead[len(p.ahead)-1].name
+			if p.mine == nil {
+				blocker = l.keyPath(p.view.key) + "/" + p.ahead[0].name
+			}
+		}
+		return he, blocker
+	}
+	return nil, ""
+}
+
+// heartbeat joins req to the queue of every key, or refreshes its waiter
+// nodes, in one transaction, and returns the ensemble's time of the write.
+func (l *Locker) heartbeat(ctx context.Context, req lock.Request, hash string, plans []*keyPlan) (int64, error) {
+	var ticket, nowMs int64
+	missing := false
+	for _, p := range plans {
+		if p.mine == nil {
+			missing = true
+		} else if ticket == 0 || p.mine.ticket < ticket {
+			ticket = p.mine.ticket
+		}
+	}
+	if missing && ticket == 0 {
+		var err error
+		if ticket, nowMs, err = l.serverNow(ctx); err != nil {
+			return 0, err
+		}
+	}
+	data := mustJSON(waiterData{Owner: hash, Holder: req.Holder})
+	ops := make([]any, 0, len(plans))
+	for _, p := range plans {
+		if p.mine != nil {
+			ops = append(ops, &zk.SetDataRequest{Path: l.keyPath(p.view.key) + "/" + p.mine.name, Data: data, Version: -1})
+			continue
+		}
+		name := waiterName(ticket, hash)
+		ops = append(ops, &zk.CreateRequest{Path: l.keyPath(p.view.key) + "/" + name, Data: data, Acl: l.acl, Flags: zk.FlagEphemeral})
+	}
+	res, err := l.multi(ctx, ops)
+	if err != nil {
+		return 0, fmt.Errorf("join the queues: %w", err)
+	}
+	for i, p := range plans {
+		if p.mine == nil {
+			name := waiterName(ticket, hash)
+			p.mine = &waiterView{name: name, ticket: ticket, hash: hash}
+			continue
+		}
+		if i < len(res) && res[i].Stat != nil && res[i].Stat.Mtime > nowMs {
+			nowMs = res[i].Stat.Mtime
+		}
+	}
+	return nowMs, nil
+}
+
+// prune deletes dead waiters at the version read, so a waiter that refreshed
+// its node since is kept. Best effort: the next acquirer prunes what is left.
+func (l *Locker) prune(ctx context.Context, plans []*keyPlan) {
+	var paths []string
+	var versions []int32
+	for _, p := range plans {
+		for _, w := range p.dead {
+			paths = append(paths, l.keyPath(p.view.key)+"/"+w.name)
+			versions = append(versions, w.stat.Version)
+		}
+	}
+	parallel(len(paths), func(i int) error {
+		_, err := call(ctx, l, func(c *zk.Conn) (struct{}, error) { return struct{}{}, c.Delete(paths[i], versions[i]) })
+		if err != nil && !isConflict(err) {
+			l.log.V(2).Info("Pruning a dead waiter failed", "node", paths[i], "err", err.Error())
+		}
+		return nil
+	})
+}
+
+// take runs the acquisition transaction: for every key it deletes the dead
+// waiters (at the versions read), the owner's own holder node (an owner
+// taking its keys again) and waiter node, creates the holder node and writes
+// the key node at the version read. The key node's new mzxid is the fence.
+func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans []*keyPlan, start time.Time) (*lock.Lease, error) {
+	op := fmt.Sprintf("acquire keys %q", req.Keys)
+	data := mustJSON(holderData{Owner: hash, Holder: req.Holder, TTLMs: req.TTL.Milliseconds()})
+	var ops []any
+	fenceOp := -1
+	for _, p := range plans {
+		kp := l.keyPath(p.view.key)
+		for _, w := range p.dead {
+			ops = append(ops, &zk.DeleteRequest{Path: kp + "/" + w.name, Version: w.stat.Version})
+		}
+		if h := p.view.holder; h != nil {
+			ops = append(ops, &zk.DeleteRequest{Path: kp + "/" + holderName, Version: h.stat.Version})
+		}
+		ops = append(ops, &zk.CreateRequest{Path: kp + "/" + holderName, Data: data, Acl: l.acl, Flags: zk.FlagEphemeral})
+		if fenceOp < 0 {
+			fenceOp = len(ops)
+		}
+		ops = append(ops, &zk.SetDataRequest{Path: kp, Data: []byte(p.view.key), Version: p.view.kstat.Version})
+		if p.mine != nil {
+			ops = append(ops, &zk.DeleteRequest{Path: kp + "/" + p.mine.name, Version: -1})
+		}
+	}
+	res, err := l.multi(ctx, ops)
+	if isConflict(err) {
+		return nil, err
+	}
+	if err != nil {
+		// The transaction may have committed without the answer reaching
+		// us: make sure nodes of this owner in this session end at the TTL.
+		l.armTimer(hash, req.Keys, start.Add(req.TTL))
+		return nil, l.unavailable(op, err)
+	}
+	if fenceOp >= len(res) || res[fenceOp].Stat == nil {
+		l.armTimer(hash, req.Keys, start.Add(req.TTL))
+		return nil, l.unavailable(op, fmt.Errorf("multi answered %d results, without the key node's stat", len(res)))
+	}
+	fence := res[fenceOp].Stat.Mzxid
+	if fence <= 0 || fence >= lock.MaxFence {
+		l.releaseQuietly(ctx, req.Keys, hash)
+		return nil, fmt.Errorf("%s: fencing token (zxid) %d outside (0, %d): the ensemble's epoch is too large for JSON-safe tokens", op, fence, lock.MaxFence)
+	}
+	l.armTimer(hash, req.Keys, start.Add(req.TTL))
+	expires := start.Add(l.validity(req.TTL))
+	if !time.Now().Before(expires) {
+		l.releaseQuietly(ctx, req.Keys, hash)
+		return nil, l.unavailable(op, fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL", time.Since(start), req.TTL))
+	}
+	if v := l.log.V(1); v.Enabled() {
+		v.Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", expires.Sub(start).String())
+	}
+	return &lock.Lease{
+		Keys:     req.Keys,
+		Owner:    req.Owner,
+		Holder:   req.Holder,
+		Fence:    fence,
+		TTL:      req.TTL,
+		Acquired: start,
+		Expires:  expires,
+	}, nil
+}
+
+// releaseQuietly releases what the owner holds, best effort.
+func (l *Locker) releaseQuietly(ctx context.Context, keys []string, hash string) {
+	cctx, cancel := l.cleanupContext(ctx)
+	defer cancel()
+	l.disarmTimer(hash)
+	if _, err := l.releaseOwned(cctx, keys, hash, 0); err != nil {
+		l.log.V(2).Info("Best-effort release failed; the nodes end at the TTL or with the session", "keys", keys, "err", err.Error())
+	}
+}

@@ -1,0 +1,215 @@
+package zookeeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// ErrInvalidConfig is matched (errors.Is) by every *ConfigError.
+var ErrInvalidConfig = errors.New("invalid zookeeper lock configuration")
+
+// ConfigError names the Config field or option that is wrong and what would be valid.
+type ConfigError struct {
+	// Field is the Config field (servers[1], root, ...) or option (WithWaiterTTL, ...).
+	Field string
+	// Reason says what is wrong and what is accepted.
+	Reason string
+}
+
+// Error names the field and says what is valid.
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("invalid zookeeper lock configuration: %s: %s", e.Field, e.Reason)
+}
+
+// Is makes a ConfigError match ErrInvalidConfig.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// Defaults.
+const (
+	// DefaultRoot is the znode under which a Locker keeps its nodes.
+	DefaultRoot = "/lockwarden"
+	// DefaultSessionTimeout is the session timeout asked of the ensemble: how
+	// long the leases of a crashed (or partitioned) process live at most.
+	DefaultSessionTimeout = 30 * time.Second
+	// MinSessionTimeout is the shortest SessionTimeout accepted.
+	MinSessionTimeout = time.Second
+	// DefaultOperationTimeout bounds one request to ZooKeeper (see WithOperationTimeout).
+	DefaultOperationTimeout = 2 * time.Second
+	// DefaultWaiterTTL is how long a queued waiter keeps its place without
+	// calling TryAcquire again; the Redis backend's default.
+	DefaultWaiterTTL = 30 * time.Second
+	// MinWaiterTTL is the shortest WithWaiterTTL accepted.
+	MinWaiterTTL = 100 * time.Millisecond
+)
+
+// DefaultBackoff is Acquire's fallback polling when no watch fires: 10ms
+// doubling to at most 1s, each step with up to 50% jitter (as the Redis backend).
+var DefaultBackoff = wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: time.Second}
+
+// Config says which ZooKeeper ensemble a Locker uses and how.
+type Config struct {
+	// Servers are the ensemble members as host:port. The client connects to
+	// one at a time and moves to another when it fails.
+	Servers []string
+	// Root is the znode under which every lock node lives (created when
+	// missing). Lockers with different roots never see each other's leases.
+	// Default: DefaultRoot.
+	Root string
+	// SessionTimeout is the session timeout asked of the ensemble (which may
+	// grant less, between 2 and 20 ticks by default). A lease whose holder
+	// crashed or was cut off lives at most this long; Lease.Expires never
+	// extends past it. Default: DefaultSessionTimeout.
+	SessionTimeout time.Duration
+	// Digest, "user:password", turns on ZooKeeper digest authentication:
+	// every session authenticates with it, and every node the Locker creates
+	// gets an ACL that grants all rights to that identity only, so a client
+	// without it can neither read nor change the lock nodes. Empty: no
+	// authentication, nodes are open to everyone (world:anyone).
+	Digest string
+	// Dial, when set, opens every connection the client makes (to each
+	// server, on every reconnect) instead of net.Dialer; the operator passes
+	// a dialer that enforces its network policy. It receives the address as
+	// configured in Servers (never resolved by the client first).
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+// Validate checks the configuration and names the field that is wrong.
+func (c Config) Validate() error {
+	if len(c.Servers) == 0 {
+		return &ConfigError{Field: "servers", Reason: "at least one ZooKeeper server host:port is required (list every ensemble member)"}
+	}
+	seen := map[string]bool{}
+	for i, s := range c.Servers {
+		field := fmt.Sprintf("servers[%d]", i)
+		host, port, err := net.SplitHostPort(s)
+		if err != nil || host == "" || port == "" || strings.ContainsAny(s, " \t\r\n,") {
+			return &ConfigError{Field: field, Reason: fmt.Sprintf("%q is not host:port (one server per entry, for example zk-0.zk:2181)", s)}
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			return &ConfigError{Field: field, Reason: fmt.Sprintf("port %q of %q is not a number from 1 to 65535", port, s)}
+		}
+		if seen[s] {
+			return &ConfigError{Field: field, Reason: fmt.Sprintf("duplicate server %q: list every member once", s)}
+		}
+		seen[s] = true
+	}
+	if c.Root != "" {
+		if err := validateRoot(c.Root); err != nil {
+			return &ConfigError{Field: "root", Reason: err.Error()}
+		}
+	}
+	if c.SessionTimeout != 0 && c.SessionTimeout < MinSessionTimeout {
+		return &ConfigError{Field: "sessionTimeout", Reason: fmt.Sprintf("%v is below the minimum of %v (0 means the default, %v)", c.SessionTimeout, MinSessionTimeout, DefaultSessionTimeout)}
+	}
+	if c.Digest != "" {
+		user, pass, ok := strings.Cut(c.Digest, ":")
+		if !ok || user == "" || pass == "" {
+			return &ConfigError{Field: "digest", Reason: `must be "user:password" with a non-empty user and password (or empty for no authentication)`}
+		}
+	}
+	return nil
+}
+
+// validateRoot checks that p is an absolute ZooKeeper path the Locker may
+// create nodes under.
+func validateRoot(p string) error {
+	if !strings.HasPrefix(p, "/") {
+		return fmt.Errorf("%q must be an absolute znode path such as %q", p, DefaultRoot)
+	}
+	if p == "/" {
+		return fmt.Errorf("%q: the ZooKeeper root itself cannot be used; use a path such as %q", p, DefaultRoot)
+	}
+	if strings.HasSuffix(p, "/") {
+		return fmt.Errorf("%q must not end with '/'", p)
+	}
+	for i, seg := range strings.Split(p[1:], "/") {
+		switch {
+		case seg == "":
+			return fmt.Errorf("%q has an empty path element ('//')", p)
+		case seg == "." || seg == "..":
+			return fmt.Errorf("%q must not contain %q elements", p, seg)
+		case i == 0 && seg == "zookeeper":
+			return fmt.Errorf("%q is under /zookeeper, which ZooKeeper reserves for itself", p)
+		}
+		for _, r := range seg {
+			if r < 0x20 || (r >= 0x7f && r <= 0x9f) || (r >= 0xd800 && r <= 0xf8ff) || (r >= 0xfff0 && r <= 0xffff) || r == 0xfffd {
+				return fmt.Errorf("%q contains the character %U, which ZooKeeper does not allow in paths", p, r)
+			}
+		}
+	}
+	return nil
+}
+
+func (c Config) root() string {
+	if c.Root == "" {
+		return DefaultRoot
+	}
+	return c.Root
+}
+
+func (c Config) sessionTimeout() time.Duration {
+	if c.SessionTimeout == 0 {
+		return DefaultSessionTimeout
+	}
+	return c.SessionTimeout
+}
+
+type options struct {
+	log       logr.Logger
+	opTimeout time.Duration
+	waiterTTL time.Duration
+	backoff   wait.Backoff
+}
+
+// Option configures a Locker.
+type Option func(*options)
+
+// WithLogger sets the logger. Acquisitions and releases are logged at V(1),
+// ZooKeeper failures and session events at V(2), renewals at V(4). The ZooKeeper
+// client's own log lines go to V(5). Default: logr.Discard().
+func WithLogger(l logr.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithOperationTimeout bounds each request to ZooKeeper (one round trip; an
+// acquisition makes a few). A request that times out is reported as
+// lock.ErrBackendUnavailable. Default: DefaultOperationTimeout.
+func WithOperationTimeout(d time.Duration) Option { return func(o *options) { o.opTimeout = d } }
+
+// WithWaiterTTL sets how long a queued waiter keeps its place in a key's FIFO
+// queue without calling TryAcquire again; past it, measured on the
+// ensemble's clock, the next acquirer of the key prunes it. Acquire refreshes
+// its place at least every third of it. Default: DefaultWaiterTTL; at least MinWaiterTTL.
+func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.waiterTTL = d } }
+
+// WithBackoff sets Acquire's fallback polling between attempts when no watch
+// fires (exponential with jitter; Cap bounds the wait; Steps is ignored). A
+// fired watch resets it. Default: DefaultBackoff.
+func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.backoff = b } }
+
+func buildOptions(opts []Option) (options, error) {
+	o := options{log: logr.Discard(), opTimeout: DefaultOperationTimeout, waiterTTL: DefaultWaiterTTL, backoff: DefaultBackoff}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	switch {
+	case o.opTimeout <= 0:
+		return o, &ConfigError{Field: "WithOperationTimeout", Reason: fmt.Sprintf("%v: the timeout must be positive", o.opTimeout)}
+	case o.waiterTTL < MinWaiterTTL:
+		return o, &ConfigError{Field: "WithWaiterTTL", Reason: fmt.Sprintf("%v is below the minimum of %v", o.waiterTTL, MinWaiterTTL)}
+	case o.backoff.Duration <= 0:
+		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Duration %v must be positive", o.backoff.Duration)}
+	case o.backoff.Factor != 0 && o.backoff.Factor < 1:
+		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Factor %v must be 0 (constant) or at least 1", o.backoff.Factor)}
+	}
+	if o.backoff.Steps <= 0 {
+		o.backoff.Steps = 1 << 30
+	}
+	return o, nil
+}

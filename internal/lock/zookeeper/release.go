@@ -1,0 +1,319 @@
+package zookeeper
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// Release deletes the holder nodes the lease's owner token still holds, in
+// one transaction (see lock.Locker); the deletions wake the watchers. It works
+// from any Locker, also one that did not acquire the lease. It returns an
+// error matching lock.ErrNotHeld when the owner held none of the keys.
+func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
+	if err := validateLease(lease); err != nil {
+		return err
+	}
+	hash := ownerHash(lease.Owner)
+	l.disarmTimer(hash)
+	n, err := l.releaseOwned(ctx, lease.Keys, hash, 0)
+	op := fmt.Sprintf("release keys %q (fencing token %d)", lease.Keys, lease.Fence)
+	if err != nil {
+		return l.unavailable(op, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%s: %w: the lease expired or another owner took it", op, lock.ErrNotHeld)
+	}
+	if v := l.log.V(1); v.Enabled() {
+		v.Info("Released lease", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
+	}
+	return nil
+}
+
+// ownedKey is a holder node of the owner, as read.
+type ownedKey struct {
+	key    string
+	holder *holderView
+	kstat  *zk.Stat
+}
+
+// readOwned reads the key node and then the holder node of every key, and
+// returns those the owner hash holds, plus the index of the first key it does
+// not hold (-1 when it holds all).
+//
+// The key nodes are read first, on purpose: a write that checks the key
+// node's version as read proves that no acquisition happened since, and every
+// acquisition before that read had already replaced the holder node the
+// second read sees. So a holder node read as the owner's is still the owner's
+// when the check passes (or was moved by a recovery, which keeps the owner).
+func (l *Locker) readOwned(ctx context.Context, keys []string, hash string) ([]*ownedKey, int, error) {
+	kstats := make([]*zk.Stat, len(keys))
+	errs := parallel(len(keys), func(i int) error {
+		st, err := call(ctx, l, func(c *zk.Conn) (*zk.Stat, error) {
+			ok, st, err := c.Exists(l.keyPath(keys[i]))
+			if err == nil && !ok {
+				st = nil
+			}
+			return st, err
+		})
+		if err != nil {
+			return fmt.Errorf("read %s: %w", l.keyPath(keys[i]), err)
+		}
+		kstats[i] = st
+		return nil
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, 0, err
+	}
+	out := make([]*ownedKey, len(keys))
+	errs = parallel(len(keys), func(i int) error {
+		if kstats[i] == nil {
+			return nil
+		}
+		type got struct {
+			data []byte
+			stat *zk.Stat
+		}
+		g, err := call(ctx, l, func(c *zk.Conn) (got, error) {
+			d, st, err := c.Get(l.holderPath(keys[i]))
+			return got{d, st}, err
+		})
+		if errors.Is(err, zk.ErrNoNode) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read %s: %w", l.holderPath(keys[i]), err)
+		}
+		var d holderData
+		if json.Unmarshal(g.data, &d) != nil || d.Owner != hash {
+			return nil
+		}
+		out[i] = &ownedKey{key: keys[i], holder: &holderView{data: d, stat: g.stat}, kstat: kstats[i]}
+		return nil
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, 0, err
+	}
+	var owned []*ownedKey
+	first := -1
+	for i, o := range out {
+		if o != nil {
+			owned = append(owned, o)
+		} else if first < 0 {
+			first = i
+		}
+	}
+	return owned, first, nil
+}
+
+// releaseOwned deletes the holder nodes of keys that the owner hash holds
+// (only those in session session when it is not 0), each checked against the
+// key node's version read after it, so a node that another acquisition
+// replaced is never deleted. It returns how many it deleted.
+func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, session int64) (int, error) {
+	synced := false
+	for range maxTries {
+		owned, _, err := l.readOwned(ctx, keys, hash)
+		if err != nil {
+			return 0, err
+		}
+		if session != 0 {
+			kept := owned[:0]
+			for _, o := range owned {
+				if o.holder.stat.EphemeralOwner == session {
+					kept = append(kept, o)
+				}
+			}
+			owned = kept
+		}
+		if len(owned) == 0 {
+			if synced || session != 0 {
+				return 0, nil
+			}
+			// Not held, says this server: make sure it is not lagging.
+			if err := l.sync(ctx); err != nil {
+				return 0, err
+			}
+			synced = true
+			continue
+		}
+		ops := make([]any, 0, 2*len(owned))
+		for _, o := range owned {
+			ops = append(ops,
+				&zk.CheckVersionRequest{Path: l.keyPath(o.key), Version: o.kstat.Version},
+				&zk.DeleteRequest{Path: l.holderPath(o.key), Version: o.holder.stat.Version})
+		}
+		_, err = l.multi(ctx, ops)
+		if err == nil {
+			return len(owned), nil
+		}
+		if !isConflict(err) {
+			return 0, fmt.Errorf("delete holder nodes: %w", err)
+		}
+		if err := l.sync(ctx); err != nil {
+			return 0, err
+		}
+		synced = true
+	}
+	return 0, fmt.Errorf("the holder nodes of keys %q kept changing during %d attempts", keys, maxTries)
+}
+
+// Dequeue removes owner from the FIFO queues of keys (a waiter giving up);
+// the deletion of its waiter nodes wakes the waiter behind it. It is not an
+// error to dequeue an owner that is not queued.
+func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error {
+	if err := validateKeys("keys", keys); err != nil {
+		return err
+	}
+	if owner == "" {
+		return &lock.InvalidRequestError{Field: "owner", Reason: "the owner token of the waiter is required"}
+	}
+	hash := ownerHash(owner)
+	var paths []string
+	names := make([][]string, len(keys))
+	errs := parallel(len(keys), func(i int) error {
+		ch, err := call(ctx, l, func(c *zk.Conn) ([]string, error) {
+			ch, _, err := c.Children(l.keyPath(keys[i]))
+			return ch, err
+		})
+		if errors.Is(err, zk.ErrNoNode) {
+			return nil
+		}
+		names[i] = ch
+		return err
+	})
+	op := fmt.Sprintf("dequeue from keys %q", keys)
+	if err := errors.Join(errs...); err != nil {
+		return l.unavailable(op, err)
+	}
+	for i, ns := range names {
+		for _, n := range ns {
+			if _, h, ok := parseWaiter(n); ok && h == hash {
+				paths = append(paths, l.keyPath(keys[i])+"/"+n)
+			}
+		}
+	}
+	errs = parallel(len(paths), func(i int) error {
+		_, err := call(ctx, l, func(c *zk.Conn) (struct{}, error) { return struct{}{}, c.Delete(paths[i], -1) })
+		if errors.Is(err, zk.ErrNoNode) {
+			return nil
+		}
+		return err
+	})
+	if err := errors.Join(errs...); err != nil {
+		return l.unavailable(op, err)
+	}
+	return nil
+}
+
+// leaseTimer ends a lease at its TTL unless it is renewed first.
+type leaseTimer struct {
+	keys     []string
+	deadline time.Time
+	timer    *time.Timer
+}
+
+// armTimer makes the Locker delete the owner's holder nodes of keys that are
+// still in its session at deadline, replacing the owner's previous timer.
+func (l *Locker) armTimer(hash string, keys []string, deadline time.Time) {
+	if l.closed.Load() {
+		return
+	}
+	l.timersMu.Lock()
+	defer l.timersMu.Unlock()
+	if old := l.timers[hash]; old != nil {
+		old.timer.Stop()
+	}
+	lt := &leaseTimer{keys: keys, deadline: deadline}
+	lt.timer = time.AfterFunc(time.Until(deadline), func() { l.expire(hash, lt) })
+	l.timers[hash] = lt
+}
+
+// disarmTimer stops the owner's timer (the lease was released).
+func (l *Locker) disarmTimer(hash string) {
+	l.timersMu.Lock()
+	defer l.timersMu.Unlock()
+	if t := l.timers[hash]; t != nil {
+		t.timer.Stop()
+		delete(l.timers, hash)
+	}
+}
+
+// expire ends an unrenewed lease: it deletes the owner's holder nodes that
+// are still in this Locker's session (a node another Locker moved into its
+// own session by renewing it is left alone). It retries while ZooKeeper is
+// unreachable, until the session must have expired anyway.
+func (l *Locker) expire(hash string, lt *leaseTimer) {
+	l.timersMu.Lock()
+	if l.timers[hash] != lt {
+		l.timersMu.Unlock()
+		return // renewed or released meanwhile
+	}
+	delete(l.timers, hash)
+	l.timersMu.Unlock()
+	if !l.track() {
+		return
+	}
+	defer l.wg.Done()
+	giveUp := time.Now().Add(l.SessionTimeout())
+	b := l.opts.backoff
+	for {
+		ctx, cancel := context.WithTimeout(l.ctx, 2*l.opts.opTimeout)
+		n, err := l.releaseOwned(ctx, lt.keys, hash, l.conn.SessionID())
+		cancel()
+		if err == nil {
+			if n > 0 {
+				l.log.V(1).Info("Lease expired: its TTL passed without a renewal", "keys", lt.keys)
+			}
+			return
+		}
+		if l.ctx.Err() != nil || time.Now().After(giveUp) {
+			l.log.V(2).Info("Ending an expired lease failed; the session timeout ends it", "keys", lt.keys, "err", err.Error())
+			return
+		}
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-time.After(b.Step()):
+		}
+	}
+}
+
+// track registers a background goroutine unless the Locker is closed.
+func (l *Locker) track() bool {
+	l.timersMu.Lock()
+	defer l.timersMu.Unlock()
+	if l.closed.Load() {
+		return false
+	}
+	l.wg.Add(1)
+	return true
+}
+
+// validateKeys checks a key list given outside a Request.
+func validateKeys(field string, keys []string) error {
+	if len(keys) == 0 {
+		return &lock.InvalidRequestError{Field: field, Reason: fmt.Sprintf("at least one key is required (at most %d)", lock.MaxKeys)}
+	}
+	if len(keys) > lock.MaxKeys {
+		return &lock.InvalidRequestError{Field: field, Reason: fmt.Sprintf("%d keys given, at most %d allowed", len(keys), lock.MaxKeys)}
+	}
+	return lock.ValidateKeys(keys)
+}
+
+// validateLease checks a lease given to Renew or Release.
+func validateLease(lease *lock.Lease) error {
+	if lease == nil {
+		return &lock.InvalidRequestError{Field: "lease", Reason: "a lease is required, got nil"}
+	}
+	if lease.Owner == "" {
+		return &lock.InvalidRequestError{Field: "lease.owner", Reason: "the owner token is required: only the owner may renew or release a lease"}
+	}
+	return validateKeys("lease.keys", lease.Keys)
+}

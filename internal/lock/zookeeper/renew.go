@@ -1,0 +1,128 @@
+package zookeeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// errLostKey says which key a lease no longer holds.
+type errLostKey struct{ key string }
+
+func (e *errLostKey) Error() string {
+	return fmt.Sprintf("key %q is no longer held by this owner", e.key)
+}
+
+// Renew extends the lease to ttl from now when its owner token still holds
+// every key (see lock.Locker): in one transaction it rewrites the holder
+// nodes (new TTL) that are in this Locker's session and moves the others (a
+// lease acquired by an earlier Locker, for example before a restart) into
+// it, keeping their fencing token. When the owner lost a key, the keys it
+// still held are released and the error matches lock.ErrLost. When ZooKeeper
+// could not be reached the error matches lock.ErrBackendUnavailable: the
+// lease may still be held until its Expires, so the caller may try again.
+func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
+	if err := validateRenew(lease, ttl); err != nil {
+		return nil, err
+	}
+	return l.renew(ctx, lease, ttl)
+}
+
+// RenewAll renews many leases (see lock.Locker). ZooKeeper has no batch that
+// can fail per lease, so each lease is one Renew, all pipelined on the
+// session's connection. Results and errors are by index, with the meaning of Renew.
+func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
+	out := make([]*lock.Lease, len(leases))
+	errs := make([]error, len(leases))
+	parallel(len(leases), func(i int) error {
+		if err := validateRenew(leases[i], ttl); err != nil {
+			errs[i] = fmt.Errorf("leases[%d]: %w", i, err)
+			return nil
+		}
+		out[i], errs[i] = l.renew(ctx, leases[i], ttl)
+		return nil
+	})
+	return out, errs
+}
+
+func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
+	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
+	hash := ownerHash(lease.Owner)
+	synced := false
+	for range maxTries {
+		start := time.Now()
+		owned, first, err := l.readOwned(ctx, lease.Keys, hash)
+		if err != nil {
+			return nil, l.unavailable(op, err)
+		}
+		if first >= 0 {
+			if !synced {
+				// Lost, says this server: make sure it is not lagging.
+				if err := l.sync(ctx); err != nil {
+					return nil, l.unavailable(op, err)
+				}
+				synced = true
+				continue
+			}
+			// The lease is gone; never keep half of it.
+			l.releaseQuietly(ctx, lease.Keys, hash)
+			l.log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
+			return nil, fmt.Errorf("%s: %w: %w", op, lock.ErrLost, &errLostKey{lease.Keys[first]})
+		}
+		session := l.conn.SessionID()
+		var ops []any
+		for _, o := range owned {
+			d := o.holder.data
+			d.TTLMs = ttl.Milliseconds()
+			ops = append(ops, &zk.CheckVersionRequest{Path: l.keyPath(o.key), Version: o.kstat.Version})
+			if o.holder.stat.EphemeralOwner == session && session != 0 {
+				ops = append(ops, &zk.SetDataRequest{Path: l.holderPath(o.key), Data: mustJSON(d), Version: o.holder.stat.Version})
+				continue
+			}
+			// Move the node into this session, keeping token and acquisition time.
+			d.Fence, d.Acquired = o.holder.fence(), o.holder.acquiredMs()
+			ops = append(ops,
+				&zk.DeleteRequest{Path: l.holderPath(o.key), Version: o.holder.stat.Version},
+				&zk.CreateRequest{Path: l.holderPath(o.key), Data: mustJSON(d), Acl: l.acl, Flags: zk.FlagEphemeral})
+		}
+		_, err = l.multi(ctx, ops)
+		if isConflict(err) {
+			if err := l.sync(ctx); err != nil {
+				return nil, l.unavailable(op, err)
+			}
+			synced = true
+			continue
+		}
+		if err != nil {
+			return nil, l.unavailable(op, err)
+		}
+		l.armTimer(hash, lease.Keys, start.Add(ttl))
+		expires := start.Add(l.validity(ttl))
+		if !time.Now().Before(expires) {
+			return nil, l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL", time.Since(start), ttl))
+		}
+		next := *lease
+		next.TTL = ttl
+		next.Expires = expires
+		if v := l.log.V(4); v.Enabled() {
+			v.Info("Renewed lease", "keys", lease.Keys, "fence", lease.Fence, "validity", expires.Sub(start).String())
+		}
+		return &next, nil
+	}
+	return nil, l.unavailable(op, errors.New("the holder nodes kept changing during the renewal"))
+}
+
+func validateRenew(lease *lock.Lease, ttl time.Duration) error {
+	if err := validateLease(lease); err != nil {
+		return err
+	}
+	if ttl < lock.MinTTL {
+		return &lock.InvalidRequestError{Field: "ttl", Reason: fmt.Sprintf("%v is below the minimum of %v", ttl, lock.MinTTL)}
+	}
+	return nil
+}

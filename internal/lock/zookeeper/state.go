@@ -1,0 +1,249 @@
+package zookeeper
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+)
+
+// holderData is the JSON data of a holder node.
+type holderData struct {
+	// Owner is ownerHash of the owner token.
+	Owner string `json:"owner"`
+	// Holder is the holder identity of the request.
+	Holder string `json:"holder,omitempty"`
+	// TTLMs is the lease TTL last set, in milliseconds (for Inspect's Expires).
+	TTLMs int64 `json:"ttlMs"`
+	// Fence is the lease's fencing token when the node was moved into
+	// another session (recovery); 0 means the node's czxid.
+	Fence int64 `json:"fence,omitempty"`
+	// Acquired is when the lease was acquired, in milliseconds on the
+	// ensemble's clock, when the node was moved; 0 means the node's ctime.
+	Acquired int64 `json:"acquired,omitempty"`
+}
+
+// waiterData is the JSON data of a waiter node.
+type waiterData struct {
+	Owner  string `json:"owner"`
+	Holder string `json:"holder,omitempty"`
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("marshal %T: %v", v, err)) // plain structs of strings and ints always marshal
+	}
+	return b
+}
+
+// holderView is a holder node as read.
+type holderView struct {
+	data holderData
+	stat *zk.Stat
+}
+
+// fence is the lease's fencing token.
+func (h *holderView) fence() int64 {
+	if h.data.Fence > 0 {
+		return h.data.Fence
+	}
+	return h.stat.Czxid
+}
+
+// acquiredMs is when the lease was acquired, in ms on the ensemble's clock.
+func (h *holderView) acquiredMs() int64 {
+	if h.data.Acquired > 0 {
+		return h.data.Acquired
+	}
+	return h.stat.Ctime
+}
+
+// waiterView is a waiter node as read.
+type waiterView struct {
+	name   string
+	ticket int64
+	hash   string
+	data   waiterData
+	stat   *zk.Stat
+}
+
+// keyView is what one read saw of one key.
+type keyView struct {
+	key     string
+	exists  bool     // the key node exists
+	kstat   *zk.Stat // the key node's stat (when it exists)
+	holder  *holderView
+	waiters []*waiterView // sorted by ticket
+}
+
+// lastFence is the token of the key's last acquisition (0 when none).
+func (v *keyView) lastFence() int64 {
+	if v.holder != nil {
+		return v.holder.fence()
+	}
+	if v.exists && v.kstat.Version > 0 {
+		return v.kstat.Mzxid
+	}
+	return 0
+}
+
+// readKeys reads the key nodes' children (the holder and the queue), then the
+// holder and waiter nodes, all requests of a phase pipelined.
+func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error) {
+	views := make([]*keyView, len(keys))
+	names := make([][]string, len(keys))
+	errs := parallel(len(keys), func(i int) error {
+		v := &keyView{key: keys[i]}
+		views[i] = v
+		type res struct {
+			children []string
+			stat     *zk.Stat
+		}
+		r, err := call(ctx, l, func(c *zk.Conn) (res, error) {
+			ch, st, err := c.Children(l.keyPath(keys[i]))
+			return res{ch, st}, err
+		})
+		if errors.Is(err, zk.ErrNoNode) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("list %s: %w", l.keyPath(keys[i]), err)
+		}
+		v.exists, v.kstat = true, r.stat
+		names[i] = r.children
+		return nil
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	type task struct {
+		view *keyView
+		name string
+	}
+	var tasks []task
+	for i, v := range views {
+		for _, n := range names[i] {
+			if n == holderName {
+				tasks = append(tasks, task{v, n})
+			} else if _, _, ok := parseWaiter(n); ok {
+				tasks = append(tasks, task{v, n})
+			}
+		}
+	}
+	type got struct {
+		data []byte
+		stat *zk.Stat
+	}
+	results := make([]*got, len(tasks))
+	errs = parallel(len(tasks), func(i int) error {
+		p := l.keyPath(tasks[i].view.key) + "/" + tasks[i].name
+		g, err := call(ctx, l, func(c *zk.Conn) (*got, error) {
+			d, st, err := c.Get(p)
+			return &got{d, st}, err
+		})
+		if errors.Is(err, zk.ErrNoNode) {
+			return nil // gone since the listing: as if never seen
+		}
+		if err != nil {
+			return fmt.Errorf("read %s: %w", p, err)
+		}
+		results[i] = g
+		return nil
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	for i, t := range tasks {
+		g := results[i]
+		if g == nil {
+			continue
+		}
+		if t.name == holderName {
+			h := &holderView{stat: g.stat}
+			// A holder node with data the Locker did not write counts as
+			// held by an unknown owner: never taken over, never released.
+			if err := json.Unmarshal(g.data, &h.data); err != nil || h.data.Owner == "" {
+				h.data = holderData{Owner: "?", Holder: "(unreadable holder node)"}
+			}
+			t.view.holder = h
+			continue
+		}
+		ticket, hash, _ := parseWaiter(t.name)
+		w := &waiterView{name: t.name, ticket: ticket, hash: hash, stat: g.stat}
+		_ = json.Unmarshal(g.data, &w.data) // only the holder identity is read from it
+		t.view.waiters = append(t.view.waiters, w)
+	}
+	for _, v := range views {
+		slices.SortFunc(v.waiters, func(a, b *waiterView) int {
+			if a.ticket != b.ticket {
+				return compareInt(a.ticket, b.ticket)
+			}
+			return compareString(a.hash, b.hash)
+		})
+	}
+	return views, nil
+}
+
+func compareInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func compareString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// sync makes the connected server catch up with the leader, so that the
+// reads after it see every write that completed before it.
+func (l *Locker) sync(ctx context.Context) error {
+	_, err := call(ctx, l, func(c *zk.Conn) (string, error) { return c.Sync(l.root) })
+	if err != nil {
+		return fmt.Errorf("sync: %w", err)
+	}
+	return nil
+}
+
+// serverNow writes the ticket node and returns its new mzxid (a fresh,
+// globally ordered ticket) and mtime (the ensemble's clock, milliseconds).
+func (l *Locker) serverNow(ctx context.Context) (ticket, nowMs int64, err error) {
+	st, err := call(ctx, l, func(c *zk.Conn) (*zk.Stat, error) { return c.Set(l.ticketPath, nil, -1) })
+	if err != nil {
+		return 0, 0, fmt.Errorf("write %s: %w", l.ticketPath, err)
+	}
+	return st.Mzxid, st.Mtime, nil
+}
+
+// isConflict tells whether a write failed because the nodes changed since
+// they were read (the caller reads again), rather than ZooKeeper failing.
+func isConflict(err error) bool {
+	return errors.Is(err, zk.ErrNodeExists) || errors.Is(err, zk.ErrBadVersion) ||
+		errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrNotEmpty)
+}
+
+// multi runs one transaction.
+func (l *Locker) multi(ctx context.Context, ops []any) ([]zk.MultiResponse, error) {
+	return call(ctx, l, func(c *zk.Conn) ([]zk.MultiResponse, error) { return c.Multi(ops...) })
+}
+
+func msTime(ms int64) time.Time {
+	if ms <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}

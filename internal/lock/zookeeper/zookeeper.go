@@ -1,0 +1,616 @@
+// Package zookeeper implements lock.Locker on an Apache ZooKeeper ensemble
+// (3.5 or newer), with the classic recipe: ephemeral nodes that vanish with a
+// crashed holder's session, a FIFO queue of ephemeral waiter nodes in which
+// each waiter watches only the node ahead of it, and multi-key leases taken in
+// one transaction (multi), so a lease holds all its keys or none and two
+// multi-key requests never deadlock.
+//
+// # Nodes
+//
+// For Config.Root R (default /lockwarden) and a lock key K:
+//
+//	R/ticket                  data unused: its mzxid and mtime are a ticket
+//	                          counter and the ensemble's clock (see below)
+//	R/keys/k-<enc K>          one persistent node per key ever used; data: K.
+//	                          Its mzxid is the fencing token of the key's last
+//	                          acquisition (every acquisition writes it)
+//	R/keys/k-<enc K>/holder   EPHEMERAL: the lease on K. Data (JSON): owner
+//	                          (a hash of the owner token), holder, ttlMs, and
+//	                          after a recovery move fence and acquired
+//	R/keys/k-<enc K>/w-<ticket>-<owner hash>
+//	                          EPHEMERAL: one queued waiter; data: owner hash, holder
+//
+// <enc K> is K with every byte outside [A-Za-z0-9._:-] written %XX (so '/'
+// creates no hierarchy and two keys never share a node), behind a "k-" that
+// keeps names clear of ".", ".." and "zookeeper". The owner token itself is
+// never stored: nodes carry the first 128 bits of its SHA-256 in hex, so
+// reading the nodes does not let anyone renew or release a lease.
+//
+// # Acquisition and fencing
+//
+// An acquisition reads the key nodes' children (holder and queue), then runs
+// one multi that, for every key, creates the holder node and sets the key
+// node's data at the version it read. The creates fail if any key is held; the
+// version checks fail if anyone acquired a key in between. The fencing token
+// is the multi's zxid (the key node's new mzxid, equal to the holder node's
+// czxid): zxids are the ensemble's total order of writes, strictly increasing
+// across leader elections (a new epoch in the high 32 bits), so a token is
+// larger than every token issued before for any key, by anyone. The last
+// token of a free key is its key node's mzxid, which releases do not change.
+//
+// # TTL and sessions
+//
+// ZooKeeper has no per-node TTL for ephemeral nodes, so the Locker enforces
+// the lease TTL itself: a timer per lease deletes the lease's holder nodes
+// that are still in its session when the TTL passes without a renewal. If
+// the process dies, the session expires after the negotiated session timeout
+// and the ensemble deletes the nodes. Lease.Expires is therefore the start of
+// the acquire or renew round trip plus min(TTL, negotiated session timeout),
+// minus a drift margin: after a partition the ensemble may expire the session
+// that long after the last contact. When the session expires every lease held
+// on it is gone: Renew reports lock.ErrLost (the nodes are gone, or another
+// owner's). Close drops the connection without closing the session, so the
+// leases stay (as the lock.Locker contract says) until a new Locker renews
+// them or the session times out.
+//
+// # Recovery
+//
+// A new Locker (a new session) renews a lease an older one acquired by moving
+// its holder nodes into its own session in one multi: check the key node's
+// version, delete the old holder node at the version read, create it again
+// with the same data plus the lease's fence and acquisition time. The lease
+// keeps its token and its place, and nobody ever sees the key free. Release
+// from any Locker deletes the holder nodes whose owner hash matches.
+//
+// # Queue
+//
+// A queued request (Request.Queue) that cannot take its keys joins the queue
+// of every key with one ticket, the mzxid of a write to R/ticket: one global
+// order, so a multi-key waiter has the same rank in every queue and no two
+// waiters can each be ahead of the other. Waiter node names sort by ticket.
+// Calling TryAcquire again refreshes the waiter nodes (setData), which moves
+// their mtime; the next acquirer deletes, at the version it read, waiters
+// whose mtime is older than WaiterTTL before the mtime of a node it just
+// wrote, so dead waiters are pruned by the ensemble's clock, never the
+// client's. Acquire waits on a ZooKeeper watch: on the holder node while it
+// is at the head of the queue (or not queued), else on the live waiter just
+// ahead of it, so a release wakes one waiter, not the herd; exponential
+// backoff with jitter is the fallback.
+//
+// # Consistency
+//
+// ZooKeeper serves reads from the server a client is connected to, which may
+// lag the leader. Every decision to write is validated by the write itself
+// (versions, create-if-absent); an answer that a key is busy or not held is
+// given only after a sync, so another client's release or acquisition that
+// returned before is always seen.
+package zookeeper
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-zookeeper/zk"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// maxInspectWaiters bounds the waiters Inspect reports per key.
+const maxInspectWaiters = 10
+
+// Locker is a lock.Locker on ZooKeeper. It is safe for concurrent use.
+type Locker struct {
+	cfg  Config
+	opts options
+	log  logr.Logger
+
+	root, keysPath, ticketPath string
+	acl                        []zk.ACL
+	servers                    string // for error messages
+
+	conn   *zk.Conn
+	dialer *trackingDialer
+	// negotiatedMs is the session timeout the ensemble granted (0 until known).
+	negotiatedMs atomic.Int64
+
+	ctx    context.Context // ends with Close: background goroutines stop
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed atomic.Bool
+
+	readyMu sync.Mutex
+	isReady bool
+	parents sync.Map // key node path -> struct{}: known to exist
+
+	timersMu sync.Mutex
+	timers   map[string]*leaseTimer // owner hash -> TTL timer
+}
+
+var _ lock.Locker = (*Locker)(nil)
+
+// New builds a Locker. It validates cfg and the options and starts connecting
+// in the background; it does no blocking network I/O. Use Ping to check that
+// the ensemble answers.
+func New(cfg Config, opts ...Option) (*Locker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	o, err := buildOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	l := &Locker{
+		cfg:     cfg,
+		opts:    o,
+		log:     o.log,
+		root:    cfg.root(),
+		servers: strings.Join(cfg.Servers, ","),
+		timers:  map[string]*leaseTimer{},
+	}
+	l.keysPath = l.root + "/keys"
+	l.ticketPath = l.root + "/ticket"
+	l.acl = zk.WorldACL(zk.PermAll)
+	if cfg.Digest != "" {
+		user, pass, _ := strings.Cut(cfg.Digest, ":")
+		l.acl = zk.DigestACL(zk.PermAll, user, pass)
+	}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	dial := cfg.Dial
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	l.dialer = &trackingDialer{dial: dial, conns: map[net.Conn]struct{}{}}
+	conn, _, err := zk.Connect(cfg.Servers, cfg.sessionTimeout(),
+		zk.WithDialer(l.dialer.zkDial),
+		// The configured addresses go to Dial as they are: the default host
+		// provider would resolve them first, blocking New and hiding the
+		// names from a policy-enforcing dialer.
+		zk.WithHostProvider(&staticHosts{}),
+		zk.WithLogger(zkLogger{l}),
+		// Info lines carry the negotiated session timeout (see zkLogger).
+		zk.WithLogInfo(true),
+		zk.WithEventCallback(l.onEvent),
+	)
+	if err != nil {
+		l.cancel()
+		return nil, fmt.Errorf("zookeeper client: %w", err)
+	}
+	l.conn = conn
+	return l, nil
+}
+
+// Close stops the Locker's timers and goroutines and drops its connection
+// without closing the ZooKeeper session: held leases stay until they are
+// released or renewed by another Locker, or the session times out. Leases are
+// no longer ended at their TTL by this Locker after Close.
+func (l *Locker) Close() error {
+	if !l.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	l.cancel()
+	l.timersMu.Lock()
+	for k, t := range l.timers {
+		t.timer.Stop()
+		delete(l.timers, k)
+	}
+	l.timersMu.Unlock()
+	// Cut the connection first so the client cannot send closeSession (which
+	// would delete every ephemeral node, that is release every lease), then
+	// stop the client.
+	l.dialer.closeAll()
+	l.conn.Close()
+	l.wg.Wait()
+	return nil
+}
+
+// Ping checks that the ensemble answers (one read round trip).
+func (l *Locker) Ping(ctx context.Context) error {
+	_, err := call(ctx, l, func(c *zk.Conn) (bool, error) {
+		ok, _, err := c.Exists("/")
+		return ok, err
+	})
+	if err != nil {
+		return l.unavailable("ping", err)
+	}
+	return nil
+}
+
+// SessionTimeout returns the session timeout the ensemble granted, or the one
+// asked for while no session was established yet.
+func (l *Locker) SessionTimeout() time.Duration {
+	if ms := l.negotiatedMs.Load(); ms > 0 {
+		return time.Duration(ms) * time.Millisecond
+	}
+	return l.cfg.sessionTimeout()
+}
+
+func (l *Locker) onEvent(ev zk.Event) {
+	if ev.Type != zk.EventSession {
+		return
+	}
+	switch ev.State {
+	case zk.StateExpired:
+		l.log.V(2).Info("ZooKeeper session expired: every lease held on it is lost", "server", ev.Server)
+	case zk.StateHasSession:
+		l.log.V(2).Info("ZooKeeper session established", "server", ev.Server, "session", fmt.Sprintf("%#x", l.conn.SessionID()))
+	case zk.StateDisconnected:
+		l.log.V(2).Info("Disconnected from ZooKeeper", "server", ev.Server)
+	}
+}
+
+// zkLogger passes the client's log lines to the Locker's logger at V(5) and
+// learns the negotiated session timeout from the line the client prints when
+// a session is established (the client does not export it otherwise).
+type zkLogger struct{ l *Locker }
+
+// authenticatedFormat is the client's log format for an established session
+// (github.com/go-zookeeper/zk v1.0.4, conn.go).
+const authenticatedFormat = "authenticated: id=%d, timeout=%d"
+
+func (z zkLogger) Printf(format string, args ...any) {
+	if format == authenticatedFormat && len(args) == 2 {
+		if ms, ok := args[1].(int32); ok && ms > 0 {
+			z.l.negotiatedMs.Store(int64(ms))
+		}
+	}
+	if v := z.l.log.V(5); v.Enabled() {
+		v.Info("zk: " + fmt.Sprintf(format, args...))
+	}
+}
+
+// trackingDialer opens connections with the configured Dial and remembers
+// them, so that Close can cut them; after Close it refuses to dial.
+type trackingDialer struct {
+	dial  func(ctx context.Context, network, address string) (net.Conn, error)
+	mu    sync.Mutex
+	done  bool
+	conns map[net.Conn]struct{}
+}
+
+var errLockerClosed = errors.New("the zookeeper Locker is closed")
+
+func (d *trackingDialer) zkDial(network, address string, timeout time.Duration) (net.Conn, error) {
+	d.mu.Lock()
+	done := d.done
+	d.mu.Unlock()
+	if done {
+		return nil, errLockerClosed
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := d.dial(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.done {
+		_ = c.Close()
+		return nil, errLockerClosed
+	}
+	tc := &trackedConn{Conn: c, d: d}
+	d.conns[tc] = struct{}{}
+	return tc, nil
+}
+
+func (d *trackingDialer) closeAll() {
+	d.mu.Lock()
+	d.done = true
+	conns := d.conns
+	d.conns = map[net.Conn]struct{}{}
+	d.mu.Unlock()
+	for c := range conns {
+		_ = c.(*trackedConn).Conn.Close()
+	}
+}
+
+type trackedConn struct {
+	net.Conn
+	d    *trackingDialer
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.d.mu.Lock()
+		delete(c.d.conns, c)
+		c.d.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// staticHosts is a zk.HostProvider that hands out the configured addresses
+// round robin, unresolved.
+type staticHosts struct {
+	mu      sync.Mutex
+	servers []string
+	next    int // index of the next server to try
+	tried   int // servers tried since the last successful connection
+}
+
+func (h *staticHosts) Init(servers []string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.servers = append([]string(nil), servers...)
+	rand.Shuffle(len(h.servers), func(i, j int) { h.servers[i], h.servers[j] = h.servers[j], h.servers[i] })
+	return nil
+}
+
+func (h *staticHosts) Len() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.servers)
+}
+
+// Next returns the next server; retryStart is true once every server was
+// tried without a connection (the client then waits a second).
+func (h *staticHosts) Next() (string, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.servers[h.next]
+	h.next = (h.next + 1) % len(h.servers)
+	retry := h.tried >= len(h.servers)
+	if retry {
+		h.tried = 0
+	}
+	h.tried++
+	return s, retry
+}
+
+func (h *staticHosts) Connected() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.tried = 0
+}
+
+// errTimeout marks a request that got no answer within the operation timeout.
+var errTimeout = errors.New("no answer within the operation timeout")
+
+// call runs one ZooKeeper request under the operation timeout (and ctx). The
+// client cannot cancel a request: on timeout its answer is dropped.
+func call[T any](ctx context.Context, l *Locker, fn func(c *zk.Conn) (T, error)) (T, error) {
+	var zero T
+	if l.closed.Load() {
+		return zero, errLockerClosed
+	}
+	if err := l.ready(ctx); err != nil {
+		return zero, err
+	}
+	return rawCall(ctx, l, fn)
+}
+
+func rawCall[T any](ctx context.Context, l *Locker, fn func(c *zk.Conn) (T, error)) (T, error) {
+	var zero T
+	ctx, cancel := context.WithTimeout(ctx, l.opts.opTimeout)
+	defer cancel()
+	type res struct {
+		v   T
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		v, err := fn(l.conn)
+		ch <- res{v, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return zero, fmt.Errorf("%w (%v): %w", errTimeout, l.opts.opTimeout, ctx.Err())
+		}
+		return zero, ctx.Err()
+	}
+}
+
+// ready authenticates the session (once: the client re-sends the credentials
+// on every reconnect) and creates the Root, keys and ticket nodes.
+func (l *Locker) ready(ctx context.Context) error {
+	l.readyMu.Lock()
+	defer l.readyMu.Unlock()
+	if l.isReady {
+		return nil
+	}
+	if l.cfg.Digest != "" {
+		if _, err := rawCall(ctx, l, func(c *zk.Conn) (struct{}, error) {
+			return struct{}{}, c.AddAuth("digest", []byte(l.cfg.Digest))
+		}); err != nil {
+			return fmt.Errorf("digest authentication: %w", err)
+		}
+	}
+	for _, p := range append(ancestors(l.root), l.root, l.keysPath, l.ticketPath) {
+		if err := l.createPersistent(ctx, p, nil); err != nil {
+			return fmt.Errorf("create %s: %w", p, err)
+		}
+	}
+	l.isReady = true
+	return nil
+}
+
+// ancestors returns the proper ancestors of p, outermost first ("/" excluded).
+func ancestors(p string) []string {
+	var out []string
+	for i := 1; i < len(p); i++ {
+		if p[i] == '/' {
+			out = append(out, p[:i])
+		}
+	}
+	return out
+}
+
+// createPersistent creates a persistent node unless it exists.
+func (l *Locker) createPersistent(ctx context.Context, p string, data []byte) error {
+	_, err := rawCall(ctx, l, func(c *zk.Conn) (string, error) {
+		return c.Create(p, data, 0, l.acl)
+	})
+	if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		return err
+	}
+	return nil
+}
+
+// ensureKeyNodes creates the key nodes that are not known to exist.
+func (l *Locker) ensureKeyNodes(ctx context.Context, keys []string) error {
+	var missing []string
+	for _, k := range keys {
+		if _, ok := l.parents.Load(l.keyPath(k)); !ok {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if err := l.ready(ctx); err != nil {
+		return err
+	}
+	errs := parallel(len(missing), func(i int) error {
+		p := l.keyPath(missing[i])
+		if err := l.createPersistent(ctx, p, []byte(missing[i])); err != nil {
+			return err
+		}
+		l.parents.Store(p, struct{}{})
+		return nil
+	})
+	return errors.Join(errs...)
+}
+
+// parallel runs fn(0..n-1) concurrently (the requests share the session's
+// connection, so they are pipelined) and returns the errors by index.
+func parallel(n int, fn func(i int) error) []error {
+	errs := make([]error, n)
+	if n == 1 {
+		errs[0] = fn(0)
+		return errs
+	}
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { errs[i] = fn(i) })
+	}
+	wg.Wait()
+	return errs
+}
+
+// unavailable wraps a failure to talk to ZooKeeper as lock.ErrBackendUnavailable.
+func (l *Locker) unavailable(op string, err error) error {
+	node := l.servers
+	if s := l.conn.Server(); s != "" {
+		node = s
+	}
+	return fmt.Errorf("%w: %s: %w", lock.ErrBackendUnavailable, op, &lock.NodeError{Node: node, Err: err})
+}
+
+// Paths and names. See the package documentation.
+
+func (l *Locker) keyPath(key string) string { return l.keysPath + "/" + encodeKey(key) }
+
+func (l *Locker) holderPath(key string) string { return l.keyPath(key) + "/holder" }
+
+const (
+	holderName   = "holder"
+	keyPrefix    = "k-"
+	waiterPrefix = "w-"
+)
+
+// encodeKey turns a lock key into one znode name: "k-" and the key with
+// every byte outside [A-Za-z0-9._:-] (and '%' itself) written as %XX. The
+// encoding is injective, so two keys never share a node, and the name is
+// never ".", "..", "zookeeper" or anything with '/' or a control character.
+func encodeKey(key string) string {
+	var b strings.Builder
+	b.Grow(len(keyPrefix) + len(key))
+	b.WriteString(keyPrefix)
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-' {
+			b.WriteByte(c)
+			continue
+		}
+		const hexDigits = "0123456789ABCDEF"
+		b.WriteByte('%')
+		b.WriteByte(hexDigits[c>>4])
+		b.WriteByte(hexDigits[c&15])
+	}
+	return b.String()
+}
+
+// decodeKey reverses encodeKey; ok is false for a name encodeKey never makes.
+func decodeKey(name string) (string, bool) {
+	s, ok := strings.CutPrefix(name, keyPrefix)
+	if !ok {
+		return "", false
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c != '%' {
+			b.WriteByte(c)
+			continue
+		}
+		if i+2 >= len(s) {
+			return "", false
+		}
+		v, err := hex.DecodeString(s[i+1 : i+3])
+		if err != nil || strings.ToUpper(s[i+1:i+3]) != s[i+1:i+3] {
+			return "", false
+		}
+		b.WriteByte(v[0])
+		i += 2
+	}
+	if encodeKey(b.String()) != name {
+		return "", false
+	}
+	return b.String(), true
+}
+
+// ownerHash is what the nodes store instead of the owner token: the first
+// 128 bits of its SHA-256, hex encoded.
+func ownerHash(owner string) string {
+	sum := sha256.Sum256([]byte(owner))
+	return hex.EncodeToString(sum[:16])
+}
+
+// waiterName is the name of a waiter node: ticket (zero-padded so names sort
+// by ticket) and owner hash.
+func waiterName(ticket int64, hash string) string {
+	return fmt.Sprintf("%s%019d-%s", waiterPrefix, ticket, hash)
+}
+
+// parseWaiter splits a waiter node name; ok is false for other names.
+func parseWaiter(name string) (ticket int64, hash string, ok bool) {
+	rest, found := strings.CutPrefix(name, waiterPrefix)
+	if !found || len(rest) < 21 || rest[19] != '-' {
+		return 0, "", false
+	}
+	if _, err := fmt.Sscanf(rest[:19], "%d", &ticket); err != nil {
+		return 0, "", false
+	}
+	return ticket, rest[20:], true
+}
+
+// drift is the clock drift allowance on a lease's validity: 1% plus 2ms.
+func drift(d time.Duration) time.Duration { return d/100 + 2*time.Millisecond }
+
+// validity is how long after the start of a successful acquire or renew round
+// trip the holder may rely on the lease: the TTL, but never past when the
+// ensemble may expire the session after its last contact, minus drift.
+func (l *Locker) validity(ttl time.Duration) time.Duration {
+	v := min(ttl, l.SessionTimeout())
+	return v - drift(v)
+}
+
+// cleanupContext outlives the caller's context (best-effort cleanup after a
+// cancelled call) but is bounded by the operation timeout.
+func (l *Locker) cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 2*l.opts.opTimeout)
+}
