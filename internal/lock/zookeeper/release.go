@@ -261,6 +261,9 @@ func (l *Locker) expire(hash string, lt *leaseTimer) {
 		return
 	}
 	defer l.wg.Done()
+	if l.afterExpire != nil {
+		defer l.afterExpire(hash)
+	}
 	giveUp := time.Now().Add(l.SessionTimeout())
 	b := l.opts.backoff
 	for {

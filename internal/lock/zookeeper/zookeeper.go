@@ -94,6 +94,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -134,6 +135,9 @@ type Locker struct {
 
 	timersMu sync.Mutex
 	timers   map[string]*leaseTimer // owner hash -> TTL timer
+
+	// afterExpire, when set (tests only), runs when a TTL timer's work is done.
+	afterExpire func(hash string)
 }
 
 var _ lock.Locker = (*Locker)(nil)
@@ -592,7 +596,8 @@ func parseWaiter(name string) (ticket int64, hash string, ok bool) {
 	if !found || len(rest) < 21 || rest[19] != '-' {
 		return 0, "", false
 	}
-	if _, err := fmt.Sscanf(rest[:19], "%d", &ticket); err != nil {
+	ticket, err := strconv.ParseInt(rest[:19], 10, 64)
+	if err != nil || ticket < 0 {
 		return 0, "", false
 	}
 	return ticket, rest[20:], true
