@@ -391,9 +391,11 @@ func (l *Locker) prune(ctx context.Context, plans []*keyPlan) {
 // the key node at the version read. The key node's new mzxid is the fence.
 func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans []*keyPlan, start time.Time) (*lock.Lease, error) {
 	op := fmt.Sprintf("acquire keys %q", req.Keys)
-	data := mustJSON(holderData{Owner: hash, Holder: req.Holder, TTLMs: req.TTL.Milliseconds()})
+	hd := holderData{Owner: hash, Holder: req.Holder, TTLMs: req.TTL.Milliseconds()}
+	data := mustJSON(hd)
 	var ops []any
 	fenceOp := -1
+	keyOps := make([]int, 0, len(plans)) // index of each key node's write
 	for _, p := range plans {
 		kp := l.keyPath(p.view.key)
 		for _, w := range p.dead {
@@ -406,7 +408,8 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 		if fenceOp < 0 {
 			fenceOp = len(ops)
 		}
-		ops = append(ops, &zk.SetDataRequest{Path: kp, Data: []byte(p.view.key), Version: p.view.kstat.Version})
+		keyOps = append(keyOps, len(ops))
+		ops = append(ops, &zk.SetDataRequest{Path: kp, Data: keyNodeData(p.view.key, 0), Version: p.view.kstat.Version})
 		if p.mine != nil {
 			ops = append(ops, &zk.DeleteRequest{Path: kp + "/" + p.mine.name, Version: -1})
 		}
@@ -418,11 +421,11 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 	if err != nil {
 		// The transaction may have committed without the answer reaching
 		// us: make sure nodes of this owner in this session end at the TTL.
-		l.armTimer(hash, req.Keys, start.Add(req.TTL))
+		l.armTimer(hash, req.Keys, start.Add(req.TTL), nil)
 		return nil, l.unavailable(op, err)
 	}
 	if fenceOp >= len(res) || res[fenceOp].Stat == nil {
-		l.armTimer(hash, req.Keys, start.Add(req.TTL))
+		l.armTimer(hash, req.Keys, start.Add(req.TTL), nil)
 		return nil, l.unavailable(op, fmt.Errorf("multi answered %d results, without the key node's stat", len(res)))
 	}
 	fence := res[fenceOp].Stat.Mzxid
@@ -430,7 +433,16 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 		l.releaseQuietly(ctx, req.Keys, hash)
 		return nil, fmt.Errorf("%s: fencing token (zxid) %d outside (0, %d): the ensemble's epoch is too large for JSON-safe tokens", op, fence, lock.MaxFence)
 	}
-	l.armTimer(hash, req.Keys, start.Add(req.TTL))
+	nodes := make([]written, len(plans))
+	for i, k := range keyOps {
+		st := res[k].Stat
+		if st == nil {
+			nodes = nil
+			break
+		}
+		nodes[i] = written{keyVersion: st.Version, data: hd}
+	}
+	l.armTimer(hash, req.Keys, start.Add(req.TTL), nodes)
 	expires := start.Add(l.validity(req.TTL))
 	if !time.Now().Before(expires) {
 		l.releaseQuietly(ctx, req.Keys, hash)

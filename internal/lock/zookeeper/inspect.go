@@ -2,8 +2,11 @@ package zookeeper
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/go-zookeeper/zk"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
@@ -27,9 +30,28 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 	if err != nil {
 		return nil, l.unavailable(op, err)
 	}
+	// A free key's last token may be in its key node's data (after a move).
+	keyData := make([][]byte, len(keys))
+	errs := parallel(len(keys), func(i int) error {
+		if v := views[i]; v.holder != nil || !v.exists || v.kstat.Version == 0 {
+			return nil
+		}
+		d, err := call(ctx, l, func(c *zk.Conn) ([]byte, error) {
+			d, _, err := c.Get(l.keyPath(keys[i]))
+			return d, err
+		})
+		if errors.Is(err, zk.ErrNoNode) {
+			return nil
+		}
+		keyData[i] = d
+		return err
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, l.unavailable(op, err)
+	}
 	out := make([]lock.KeyState, len(keys))
 	for i, v := range views {
-		st := lock.KeyState{Key: keys[i], Fence: v.lastFence()}
+		st := lock.KeyState{Key: keys[i], Fence: v.lastFence(keyData[i])}
 		if h := v.holder; h != nil {
 			st.Held = true
 			st.Holder = h.data.Holder

@@ -88,6 +88,15 @@ func TestRecoveryByNewLocker(t *testing.T) {
 	if _, err := fresh.Renew(ctx, renewed, 30*time.Second); !errors.Is(err, lock.ErrLost) {
 		t.Fatalf("Renew after the release: %v, want ErrLost", err)
 	}
+	states, err = third.Inspect(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range states {
+		if st.Held || st.Fence != lease.Fence {
+			t.Fatalf("Inspect after the release = %+v, want free with the last fence %d", st, lease.Fence)
+		}
+	}
 	next, err := third.TryAcquire(ctx, lock.Request{Keys: keys, TTL: 30 * time.Second})
 	if err != nil || next.Fence <= lease.Fence {
 		t.Fatalf("TryAcquire after the release: %+v, %v; want a fence above %d", next, err, lease.Fence)
@@ -245,5 +254,47 @@ func TestSessionExpiryLosesLeases(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRenewBackAndForth: two running Lockers renewing the same lease (the
+// owner token) move it between their sessions; each notices that the nodes it
+// wrote were moved and reads again, and the token never changes.
+func TestRenewBackAndForth(t *testing.T) {
+	e := sharedServers(t, 1)
+	cfg := Config{Servers: e.Addrs(), Root: "/recovery"}
+	ctx := ctxT(t, 60*time.Second)
+	keys := []string{testKey("x"), testKey("y")}
+	a, b := newTestLocker(t, cfg), newTestLocker(t, cfg)
+	lease, err := a.TryAcquire(ctx, lock.Request{Keys: keys, TTL: 30 * time.Second, Owner: mustOwner(t), Holder: "job"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := rawConn(t, e.Addrs())
+	for i, l := range []*Locker{b, a, a, b, b, a} {
+		renewed, err := l.Renew(ctx, stored(lease), 30*time.Second)
+		if err != nil || renewed.Fence != lease.Fence {
+			t.Fatalf("renewal %d: %+v, %v; want fence %d", i, renewed, err, lease.Fence)
+		}
+		st, err := l.Inspect(ctx, keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, s := range st {
+			if !s.Held || s.Fence != lease.Fence || s.Holder != "job" {
+				t.Fatalf("renewal %d: Inspect = %+v, want held by job with fence %d", i, s, lease.Fence)
+			}
+			_, hs, err := raw.Exists(l.holderPath(keys[j]))
+			if err != nil || hs.EphemeralOwner != l.conn.SessionID() {
+				t.Fatalf("renewal %d: holder node of %s in session %#x, %v; want the renewing Locker's %#x", i, keys[j], hs.EphemeralOwner, err, l.conn.SessionID())
+			}
+		}
+	}
+	if err := b.Release(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Inspect(ctx, keys)
+	if err != nil || st[0].Held || st[0].Fence != lease.Fence {
+		t.Fatalf("after release: %+v, %v; want free with the last fence %d", st, err, lease.Fence)
 	}
 }

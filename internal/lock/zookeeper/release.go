@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -21,9 +22,28 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 		return err
 	}
 	hash := ownerHash(lease.Owner)
-	l.disarmTimer(hash)
-	n, err := l.releaseOwned(ctx, lease.Keys, hash, 0)
 	op := fmt.Sprintf("release keys %q (fencing token %d)", lease.Keys, lease.Fence)
+	if nodes := l.disarmTimer(hash, lease.Keys...); nodes != nil {
+		// This Locker wrote the nodes last: delete them without reading.
+		ops := make([]any, 0, 2*len(nodes))
+		for i, w := range nodes {
+			ops = append(ops,
+				&zk.CheckVersionRequest{Path: l.keyPath(lease.Keys[i]), Version: w.keyVersion},
+				&zk.DeleteRequest{Path: l.holderPath(lease.Keys[i]), Version: w.holderVersion})
+		}
+		_, err := l.multi(ctx, ops)
+		if err == nil {
+			if v := l.log.V(1); v.Enabled() {
+				v.Info("Released lease", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
+			}
+			return nil
+		}
+		if !isConflict(err) {
+			return l.unavailable(op, err)
+		}
+		// Something changed since (expired, renewed elsewhere): read.
+	}
+	n, err := l.releaseOwned(ctx, lease.Keys, hash, 0)
 	if err != nil {
 		return l.unavailable(op, err)
 	}
@@ -212,16 +232,32 @@ func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error
 	return nil
 }
 
-// leaseTimer ends a lease at its TTL unless it is renewed first.
+// leaseTimer ends a lease at its TTL unless it is renewed first. It also
+// remembers what this Locker last wrote for the lease, so that a renewal or
+// release from this Locker can skip the reads (see written).
 type leaseTimer struct {
 	keys     []string
 	deadline time.Time
 	timer    *time.Timer
+	// nodes is what this Locker last wrote for each key, in keys order; nil
+	// when unknown (an acquisition whose outcome is unknown).
+	nodes []written
+}
+
+// written is what a Locker wrote for one key of a lease it holds: the key
+// node's version after the acquisition (unchanged by renewals), the holder
+// node's version and data. A write that checks both versions needs no read:
+// the key node's version proves that no acquisition happened since, the
+// holder node's version that the node is still the one written.
+type written struct {
+	keyVersion    int32
+	holderVersion int32
+	data          holderData
 }
 
 // armTimer makes the Locker delete the owner's holder nodes of keys that are
 // still in its session at deadline, replacing the owner's previous timer.
-func (l *Locker) armTimer(hash string, keys []string, deadline time.Time) {
+func (l *Locker) armTimer(hash string, keys []string, deadline time.Time, nodes []written) {
 	if l.closed.Load() {
 		return
 	}
@@ -230,19 +266,37 @@ func (l *Locker) armTimer(hash string, keys []string, deadline time.Time) {
 	if old := l.timers[hash]; old != nil {
 		old.timer.Stop()
 	}
-	lt := &leaseTimer{keys: keys, deadline: deadline}
+	lt := &leaseTimer{keys: keys, deadline: deadline, nodes: nodes}
 	lt.timer = time.AfterFunc(time.Until(deadline), func() { l.expire(hash, lt) })
 	l.timers[hash] = lt
 }
 
-// disarmTimer stops the owner's timer (the lease was released).
-func (l *Locker) disarmTimer(hash string) {
+// disarmTimer stops the owner's timer (the lease was released) and returns
+// what this Locker last wrote for keys (nil when unknown, or for other keys).
+func (l *Locker) disarmTimer(hash string, keys ...string) []written {
 	l.timersMu.Lock()
 	defer l.timersMu.Unlock()
-	if t := l.timers[hash]; t != nil {
-		t.timer.Stop()
-		delete(l.timers, hash)
+	t := l.timers[hash]
+	if t == nil {
+		return nil
 	}
+	t.timer.Stop()
+	delete(l.timers, hash)
+	if !slices.Equal(t.keys, keys) {
+		return nil
+	}
+	return t.nodes
+}
+
+// lastWritten returns what this Locker last wrote for the owner's lease on
+// keys (nil when unknown), without disarming its timer.
+func (l *Locker) lastWritten(hash string, keys []string) []written {
+	l.timersMu.Lock()
+	defer l.timersMu.Unlock()
+	if t := l.timers[hash]; t != nil && slices.Equal(t.keys, keys) {
+		return t.nodes
+	}
+	return nil
 }
 
 // expire ends an unrenewed lease: it deletes the owner's holder nodes that

@@ -53,6 +53,35 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
 	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
 	hash := ownerHash(lease.Owner)
+	if nodes := l.lastWritten(hash, lease.Keys); nodes != nil {
+		// This Locker wrote the nodes last: rewrite them without reading.
+		start := time.Now()
+		ops := make([]any, 0, 2*len(nodes))
+		next := make([]written, len(nodes))
+		for i, w := range nodes {
+			w.data.TTLMs = ttl.Milliseconds()
+			next[i] = w
+			ops = append(ops,
+				&zk.CheckVersionRequest{Path: l.keyPath(lease.Keys[i]), Version: w.keyVersion},
+				&zk.SetDataRequest{Path: l.holderPath(lease.Keys[i]), Data: mustJSON(w.data), Version: w.holderVersion})
+		}
+		res, err := l.multi(ctx, ops)
+		switch {
+		case err == nil && len(res) == len(ops):
+			for i := range next {
+				if st := res[2*i+1].Stat; st != nil {
+					next[i].holderVersion = st.Version
+				} else {
+					next = nil
+					break
+				}
+			}
+			return l.renewed(op, lease, hash, ttl, start, next)
+		case err != nil && !isConflict(err):
+			return nil, l.unavailable(op, err)
+		}
+		// Something changed since (moved by another Locker, expired): read.
+	}
 	synced := false
 	for range maxTries {
 		start := time.Now()
@@ -76,21 +105,35 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		}
 		session := l.conn.SessionID()
 		var ops []any
-		for _, o := range owned {
+		next := make([]written, len(owned))
+		holderOps := make([]int, len(owned)) // index of the holder's SetData, -1 for a move
+		keyOps := make([]int, len(owned))    // index of the key node's SetData (a move), -1 for a check
+		for i, o := range owned {
 			d := o.holder.data
 			d.TTLMs = ttl.Milliseconds()
-			ops = append(ops, &zk.CheckVersionRequest{Path: l.keyPath(o.key), Version: o.kstat.Version})
+			next[i] = written{keyVersion: o.kstat.Version}
 			if o.holder.stat.EphemeralOwner == session && session != 0 {
-				ops = append(ops, &zk.SetDataRequest{Path: l.holderPath(o.key), Data: mustJSON(d), Version: o.holder.stat.Version})
+				keyOps[i], holderOps[i] = -1, len(ops)+1
+				ops = append(ops,
+					&zk.CheckVersionRequest{Path: l.keyPath(o.key), Version: o.kstat.Version},
+					&zk.SetDataRequest{Path: l.holderPath(o.key), Data: mustJSON(d), Version: o.holder.stat.Version})
+				next[i].data = d
 				continue
 			}
-			// Move the node into this session, keeping token and acquisition time.
+			// Move the node into this session, keeping token and acquisition
+			// time. The key node is written too (with the token, for
+			// Inspect): its version changes with every move as with every
+			// acquisition, so a Locker that checks the version it knows
+			// notices that the holder node is no longer the one it wrote.
 			d.Fence, d.Acquired = o.holder.fence(), o.holder.acquiredMs()
+			next[i].data = d
+			keyOps[i], holderOps[i] = len(ops), -1
 			ops = append(ops,
+				&zk.SetDataRequest{Path: l.keyPath(o.key), Data: keyNodeData(o.key, d.Fence), Version: o.kstat.Version},
 				&zk.DeleteRequest{Path: l.holderPath(o.key), Version: o.holder.stat.Version},
 				&zk.CreateRequest{Path: l.holderPath(o.key), Data: mustJSON(d), Acl: l.acl, Flags: zk.FlagEphemeral})
 		}
-		_, err = l.multi(ctx, ops)
+		res, err := l.multi(ctx, ops)
 		if isConflict(err) {
 			if err := l.sync(ctx); err != nil {
 				return nil, l.unavailable(op, err)
@@ -101,20 +144,50 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		if err != nil {
 			return nil, l.unavailable(op, err)
 		}
-		l.armTimer(hash, lease.Keys, start.Add(ttl))
-		expires := start.Add(l.validity(ttl))
-		if !time.Now().Before(expires) {
-			return nil, l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL", time.Since(start), ttl))
+		stat := func(k int) *zk.Stat {
+			if k < len(res) {
+				return res[k].Stat
+			}
+			return nil
 		}
-		next := *lease
-		next.TTL = ttl
-		next.Expires = expires
-		if v := l.log.V(4); v.Enabled() {
-			v.Info("Renewed lease", "keys", lease.Keys, "fence", lease.Fence, "validity", expires.Sub(start).String())
+		for i := range owned {
+			if k := holderOps[i]; k >= 0 {
+				if st := stat(k); st != nil {
+					next[i].holderVersion = st.Version
+				} else {
+					next = nil
+					break
+				}
+			}
+			if k := keyOps[i]; k >= 0 {
+				if st := stat(k); st != nil {
+					next[i].keyVersion = st.Version
+				} else {
+					next = nil
+					break
+				}
+			}
 		}
-		return &next, nil
+		return l.renewed(op, lease, hash, ttl, start, next)
 	}
 	return nil, l.unavailable(op, errors.New("the holder nodes kept changing during the renewal"))
+}
+
+// renewed finishes a successful renewal that started at start: it re-arms
+// the TTL timer and returns the renewed lease.
+func (l *Locker) renewed(op string, lease *lock.Lease, hash string, ttl time.Duration, start time.Time, nodes []written) (*lock.Lease, error) {
+	l.armTimer(hash, lease.Keys, start.Add(ttl), nodes)
+	expires := start.Add(l.validity(ttl))
+	if !time.Now().Before(expires) {
+		return nil, l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL", time.Since(start), ttl))
+	}
+	next := *lease
+	next.TTL = ttl
+	next.Expires = expires
+	if v := l.log.V(4); v.Enabled() {
+		v.Info("Renewed lease", "keys", lease.Keys, "fence", lease.Fence, "validity", expires.Sub(start).String())
+	}
+	return &next, nil
 }
 
 func validateRenew(lease *lock.Lease, ttl time.Duration) error {

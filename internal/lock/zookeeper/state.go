@@ -33,6 +33,16 @@ type waiterData struct {
 	Holder string `json:"holder,omitempty"`
 }
 
+// keyNodeData is the data of a key node: the key, and after a recovery
+// move the fencing token of the lease (which the node's mzxid then no longer
+// is). Acquisitions write it without a token.
+type keyNodeInfo struct {
+	Key   string `json:"key"`
+	Fence int64  `json:"fence,omitempty"`
+}
+
+func keyNodeData(key string, fence int64) []byte { return mustJSON(keyNodeInfo{Key: key, Fence: fence}) }
+
 func mustJSON(v any) []byte {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -81,15 +91,20 @@ type keyView struct {
 	waiters []*waiterView // sorted by ticket
 }
 
-// lastFence is the token of the key's last acquisition (0 when none).
-func (v *keyView) lastFence() int64 {
+// lastFence is the token of the key's last acquisition (0 when none), given
+// the key node's data when the key is free.
+func (v *keyView) lastFence(keyData []byte) int64 {
 	if v.holder != nil {
 		return v.holder.fence()
 	}
-	if v.exists && v.kstat.Version > 0 {
-		return v.kstat.Mzxid
+	if !v.exists || v.kstat.Version == 0 {
+		return 0 // never acquired
 	}
-	return 0
+	var info keyNodeInfo
+	if json.Unmarshal(keyData, &info) == nil && info.Fence > 0 {
+		return info.Fence // moved: the mzxid is the move's
+	}
+	return v.kstat.Mzxid
 }
 
 // readKeys reads the key nodes' children (the holder and the queue), then the

@@ -11,9 +11,12 @@
 //
 //	R/ticket                  data unused: its mzxid and mtime are a ticket
 //	                          counter and the ensemble's clock (see below)
-//	R/keys/k-<enc K>          one persistent node per key ever used; data: K.
-//	                          Its mzxid is the fencing token of the key's last
-//	                          acquisition (every acquisition writes it)
+//	R/keys/k-<enc K>          one persistent node per key ever used; data
+//	                          (JSON): K, and after a recovery move the lease's
+//	                          token. Every acquisition and every move writes
+//	                          it, so its version says whether the holder node
+//	                          is still the one a Locker read or wrote, and its
+//	                          mzxid is the token of the last acquisition
 //	R/keys/k-<enc K>/holder   EPHEMERAL: the lease on K. Data (JSON): owner
 //	                          (a hash of the owner token), holder, ttlMs, and
 //	                          after a recovery move fence and acquired
@@ -56,9 +59,9 @@
 // # Recovery
 //
 // A new Locker (a new session) renews a lease an older one acquired by moving
-// its holder nodes into its own session in one multi: check the key node's
-// version, delete the old holder node at the version read, create it again
-// with the same data plus the lease's fence and acquisition time. The lease
+// its holder nodes into its own session in one multi: write the key node at
+// the version read, delete the old holder node at the version read, create it
+// again with the same data plus the lease's fence and acquisition time. The lease
 // keeps its token and its place, and nobody ever sees the key free. Release
 // from any Locker deletes the holder nodes whose owner hash matches.
 //
@@ -76,6 +79,11 @@
 // is at the head of the queue (or not queued), else on the live waiter just
 // ahead of it, so a release wakes one waiter, not the herd; exponential
 // backoff with jitter is the fallback.
+//
+// A Locker remembers the versions it wrote for the leases it holds, so its
+// own renewals and releases are one multi without reads (check the key node's
+// version, write or delete the holder node at its version); when anything
+// changed in between the check fails and it falls back to reading.
 //
 // # Consistency
 //
@@ -480,7 +488,7 @@ func (l *Locker) ensureKeyNodes(ctx context.Context, keys []string) error {
 	}
 	errs := parallel(len(missing), func(i int) error {
 		p := l.keyPath(missing[i])
-		if err := l.createPersistent(ctx, p, []byte(missing[i])); err != nil {
+		if err := l.createPersistent(ctx, p, keyNodeData(missing[i], 0)); err != nil {
 			return err
 		}
 		l.parents.Store(p, struct{}{})
