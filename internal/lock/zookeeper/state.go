@@ -41,7 +41,9 @@ type keyNodeInfo struct {
 	Fence int64  `json:"fence,omitempty"`
 }
 
-func keyNodeData(key string, fence int64) []byte { return mustJSON(keyNodeInfo{Key: key, Fence: fence}) }
+func keyNodeData(key string, fence int64) []byte {
+	return mustJSON(keyNodeInfo{Key: key, Fence: fence})
+}
 
 func mustJSON(v any) []byte {
 	b, err := json.Marshal(v)
