@@ -51,6 +51,9 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 	b := l.opts.backoff
 	heartbeat := l.opts.waiterTTL / 3
 	immediate := 0
+	// The node last watched and the watch's channel, while it has not fired.
+	var watched string
+	var watchCh <-chan zk.Event
 	for ctx.Err() == nil {
 		lease, blocker, err := l.attempt(ctx, req)
 		if err == nil {
@@ -58,7 +61,13 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 		}
 		lastErr = err
 		var wake <-chan zk.Event
-		if blocker != "" && ctx.Err() == nil {
+		if blocker != "" && blocker == watched && ctx.Err() == nil {
+			// The watch set on this node before has not fired: wait on it
+			// rather than register another (the client keeps every one
+			// until the node changes).
+			wake = watchCh
+		} else if blocker != "" && ctx.Err() == nil {
+			watched, watchCh = "", nil
 			type res struct {
 				exists bool
 				ch     <-chan zk.Event
@@ -78,6 +87,7 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 				continue
 			default:
 				wake = r.ch
+				watched, watchCh = blocker, r.ch
 			}
 		}
 		immediate = 0
@@ -98,6 +108,7 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 			timer.Stop()
 			return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, errLockerClosed, lastErr)
 		case <-wake:
+			watched, watchCh = "", nil
 			b = l.opts.backoff
 		case <-timer.C:
 		}
@@ -299,9 +310,6 @@ func (l *Locker) busy(req lock.Request, hash string, plans []*keyPlan) (*lock.He
 		switch {
 		case heldByOther:
 			he.Holder = p.view.holder.data.Holder
-			if he.Holder == "" {
-				he.Holder = "(unnamed holder)"
-			}
 			he.Fence = p.view.holder.fence()
 			if len(p.ahead) == 0 {
 				blocker = l.holderPath(p.view.key)

@@ -2,6 +2,7 @@ package zookeeper
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -43,7 +44,7 @@ func BenchmarkFloor(b *testing.B) {
 	e := sharedServers(b, 1)
 	c := rawConn(b, e.Addrs())
 	for _, p := range []string{"/benchfloor", "/benchfloor/k"} {
-		if _, err := c.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && err != zk.ErrNodeExists {
+		if _, err := c.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
 			b.Fatal(err)
 		}
 	}

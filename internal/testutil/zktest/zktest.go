@@ -229,7 +229,7 @@ func launchOnce(dir string, n int) (*Ensemble, error) {
 
 func (s *Server) writeConfig(all []*Server) error {
 	data := filepath.Join(s.dir, "data")
-	if err := os.MkdirAll(data, 0o755); err != nil {
+	if err := os.MkdirAll(data, 0o750); err != nil {
 		return err
 	}
 	lines := []string{
@@ -255,13 +255,13 @@ func (s *Server) writeConfig(all []*Server) error {
 		for _, o := range all {
 			lines = append(lines, fmt.Sprintf("server.%d=127.0.0.1:%d:%d", o.ID, o.ports[1], o.ports[2]))
 		}
-		if err := os.WriteFile(filepath.Join(data, "myid"), []byte(strconv.Itoa(s.ID)+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(data, "myid"), []byte(strconv.Itoa(s.ID)+"\n"), 0o600); err != nil {
 			return err
 		}
 	}
 	s.conf = filepath.Join(s.dir, "zoo.cfg")
 	s.logPath = filepath.Join(s.dir, "server.log")
-	return os.WriteFile(s.conf, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
+	return os.WriteFile(s.conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
 }
 
 // launch starts the JVM and waits until it serves clients (it reports a
@@ -271,7 +271,7 @@ func (s *Server) launch() error {
 	if err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
