@@ -1,0 +1,501 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// TryAcquire makes one attempt to take every key of req (see lock.Locker).
+//
+// A key is free for req when no lease holds it and its FIFO queue is empty
+// or has req's owner at its head: a request without Queue does not jump a
+// non-empty queue either (it fails with a *lock.HeldError whose Waiters
+// counts the queue). With req.Queue a request that cannot take the keys joins
+// (or refreshes its place in) the queue of every key, and must call again
+// within the waiter TTL to keep it; so req.Owner is required with Queue.
+func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	req, err := l.prepare(req, true)
+	if err != nil {
+		return nil, err
+	}
+	lease, _, err := l.attempt(ctx, req)
+	return lease, err
+}
+
+// Acquire blocks until it holds every key of req or ctx ends (see
+// lock.Locker). After each failed attempt it watches, from the revision the
+// attempt read, the deletion of what blocks it (the busy holder key, or with
+// Queue the waiter key just ahead of it), and tries again when that is
+// deleted, after the next backoff step (WithBackoff) or, with Queue, a third
+// of the waiter TTL, whichever comes first. Errors from etcd are retried too.
+// With Queue it leaves the queues when ctx ends. When ctx ends the error wraps
+// both ctx.Err() and the last attempt's error.
+func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	req, err := l.prepare(req, false)
+	if err != nil {
+		return nil, err
+	}
+	log := l.log.WithValues("keys", req.Keys, "holder", req.Holder)
+	var (
+		lastErr  error
+		watching waitHint
+		events   clientv3.WatchChan
+		stop     = func() {}
+	)
+	defer func() { stop() }()
+	b := l.opts.backoff
+	heartbeat := l.opts.waiterTTL / 3
+	for ctx.Err() == nil {
+		lease, hint, err := l.attempt(ctx, req)
+		if err == nil {
+			return lease, nil
+		}
+		// An attempt cut short by ctx says nothing about the keys: keep
+		// the previous answer (a *lock.HeldError) as the one to report.
+		if ctx.Err() == nil || lastErr == nil || errors.Is(err, lock.ErrNotAcquired) {
+			lastErr = err
+		}
+		if hint.key != "" && (hint != watching || events == nil) {
+			stop()
+			wctx, cancel := context.WithCancel(ctx)
+			stop = cancel
+			opts := []clientv3.OpOption{clientv3.WithRev(hint.rev + 1), clientv3.WithFilterPut()}
+			if hint.prefix {
+				opts = append(opts, clientv3.WithPrefix())
+			}
+			// WithRequireLeader: a member cut off from the leader ends
+			// the watch instead of staying silent.
+			events = l.cli.Watch(clientv3.WithRequireLeader(wctx), hint.key, opts...)
+			watching = hint
+		}
+		d := b.Step()
+		if b.Cap > 0 && d > b.Cap {
+			d = b.Cap
+		}
+		if req.Queue && d > heartbeat {
+			d = heartbeat
+		}
+		if v := log.V(4); v.Enabled() {
+			v.Info("Waiting for lease", "wait", d.String(), "watch", hint.key, "err", err.Error())
+		}
+		timer := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+		case resp, ok := <-events:
+			if !ok || resp.Canceled || resp.Err() != nil {
+				// Re-established on the next round, from that attempt's revision.
+				events, watching = nil, waitHint{}
+			}
+			b = l.opts.backoff
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+	if req.Queue {
+		cctx, cancel := l.cleanupContext(ctx)
+		if err := l.Dequeue(cctx, req.Keys, req.Owner); err != nil {
+			log.V(2).Info("Leaving the queue failed; the place expires with the waiter TTL", "err", err.Error())
+		}
+		cancel()
+	}
+	if lastErr == nil {
+		return nil, fmt.Errorf("acquire keys %q: %w", req.Keys, ctx.Err())
+	}
+	return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, ctx.Err(), lastErr)
+}
+
+// prepare validates req and fills in the owner token.
+func (l *Locker) prepare(req lock.Request, try bool) (lock.Request, error) {
+	if err := lock.ValidateRequest(req); err != nil {
+		return req, err
+	}
+	if try && req.Queue && req.Owner == "" {
+		return req, &lock.InvalidRequestError{Field: "owner", Reason: "required with queue in TryAcquire: the waiter must call again with the same owner token to keep its place, and Dequeue with it to leave"}
+	}
+	req.Keys = slices.Clone(req.Keys)
+	if req.Owner == "" {
+		tok, err := lock.NewOwnerToken()
+		if err != nil {
+			return req, err
+		}
+		req.Owner = tok
+	}
+	return req, nil
+}
+
+// waitHint is what a failed attempt waits for: the deletion of key (or of
+// any key under it, with prefix), watched from rev+1.
+type waitHint struct {
+	key    string
+	prefix bool
+	rev    int64
+}
+
+// keyView is what an attempt read of one key.
+type keyView struct {
+	held      bool
+	holderTag string
+	holder    holderRecord
+	holderRev int64 // CreateRevision of the holder key: its fencing token
+	queue     []string
+	pos       int // index of the caller's waiter key in queue, -1 when absent
+	own       *waiterRecord
+	ownRev    int64
+}
+
+// maxPasses bounds the transactions of one attempt: a queued request that
+// finds itself at the head of every queue tries again with the head check.
+const maxPasses = 3
+
+// attempt is one acquisition. It returns the lease, or what to wait for and
+// the error.
+func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, waitHint, error) {
+	start := time.Now()
+	op := fmt.Sprintf("acquire keys %q", req.Keys)
+	tag := ownerTag(req.Owner)
+	gctx, cancel := l.opCtx(ctx)
+	grant, err := l.cli.Grant(gctx, ttlSeconds(req.TTL))
+	cancel()
+	if err != nil {
+		return nil, waitHint{}, l.unavailable(op, err)
+	}
+	leaseID := grant.ID
+	used := false
+	defer func() {
+		// An unused lease holds nothing; revoking it also undoes a
+		// transaction whose answer was lost.
+		if !used {
+			l.revokeLater(leaseID)
+		}
+	}()
+	var myRevs []int64
+	for range maxPasses {
+		resp, err := l.acquireTxn(ctx, req, tag, leaseID, start, myRevs)
+		if err != nil {
+			return nil, waitHint{}, l.unavailable(op, err)
+		}
+		if resp.Succeeded {
+			lease, err := l.acquired(req, resp, start)
+			if err != nil {
+				return nil, waitHint{}, l.unavailable(op, err)
+			}
+			used = true
+			if req.Queue {
+				l.revokeLater(waiterLeases(resp)...)
+			}
+			return lease, waitHint{}, nil
+		}
+		views, err := l.parseViews(req, tag, resp)
+		if err != nil {
+			return nil, waitHint{}, l.unavailable(op, err)
+		}
+		rev := resp.Header.Revision
+		if fence, ok := ownsAll(views, tag); ok {
+			// The owner already holds every key (a restarted operator
+			// acquiring again): re-put them with the new lease.
+			rec := holderRecord{Holder: req.Holder, Lease: int64(leaseID), TTLMilli: req.TTL.Milliseconds(), Acquired: start.UnixMilli()}
+			ok, err := l.relet(ctx, req.Keys, tag, fence, leaseID, rec)
+			if err != nil {
+				return nil, waitHint{}, l.unavailable(op, err)
+			}
+			if !ok {
+				continue
+			}
+			lease, _, err := l.newLease(req, fence, start)
+			if err != nil {
+				return nil, waitHint{}, l.unavailable(op, err)
+			}
+			used = true
+			return lease, waitHint{}, nil
+		}
+		held, hint := l.firstBusy(req, views, rev)
+		if held == nil {
+			if req.Queue {
+				myRevs = make([]int64, len(views))
+				for i, v := range views {
+					myRevs[i] = v.ownRev
+				}
+			}
+			continue
+		}
+		if req.Queue {
+			if err := l.enqueue(ctx, req, tag, views, held, &hint); err != nil {
+				return nil, waitHint{}, l.unavailable(op, err)
+			}
+		}
+		return nil, hint, held
+	}
+	return nil, waitHint{}, fmt.Errorf("%s: %w: the keys changed under %d attempts in a row", op, lock.ErrNotAcquired, maxPasses)
+}
+
+// acquireTxn takes every key of req when it is free for req, or reads the
+// keys' state. myRevs (Queue only) are the caller's waiter revisions once it
+// knows it heads every queue; nil on the first pass.
+func (l *Locker) acquireTxn(ctx context.Context, req lock.Request, tag string, leaseID clientv3.LeaseID, start time.Time, myRevs []int64) (*clientv3.TxnResponse, error) {
+	value := encodeValue(tag, holderRecord{Holder: req.Holder, Lease: int64(leaseID), TTLMilli: req.TTL.Milliseconds(), Acquired: start.UnixMilli()})
+	var (
+		cmps     []clientv3.Cmp
+		then, el []clientv3.Op
+	)
+	for i, k := range req.Keys {
+		hk, qp := l.holderKey(k), l.queuePrefix(k)
+		qend := clientv3.GetPrefixRangeEnd(qp)
+		own := l.waiterKey(k, tag)
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(hk), "=", 0))
+		switch {
+		case !req.Queue:
+			// An empty range compares as a key with CreateRevision 0.
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(qp).WithRange(qend), "=", 0))
+		case myRevs == nil:
+			// Nobody but the caller queued: everything before and after its key is empty.
+			cmps = append(cmps,
+				clientv3.Compare(clientv3.CreateRevision(qp).WithRange(own), "=", 0),
+				clientv3.Compare(clientv3.CreateRevision(own+"\x00").WithRange(qend), "=", 0))
+		default:
+			// The caller's waiter key is alive and no waiter is older.
+			cmps = append(cmps,
+				clientv3.Compare(clientv3.CreateRevision(own), "=", myRevs[i]),
+				clientv3.Compare(clientv3.CreateRevision(qp).WithRange(qend), ">", myRevs[i]-1))
+		}
+		then = append(then,
+			clientv3.OpPut(hk, value, clientv3.WithLease(leaseID)),
+			clientv3.OpPut(l.fenceKey(k), ""))
+		if req.Queue {
+			then = append(then, clientv3.OpDelete(own, clientv3.WithPrevKV()))
+		}
+		el = append(el,
+			clientv3.OpGet(hk),
+			clientv3.OpGet(qp, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithKeysOnly()))
+		if req.Queue {
+			el = append(el, clientv3.OpGet(own))
+		}
+	}
+	tctx, cancel := l.opCtx(ctx)
+	defer cancel()
+	return l.cli.Txn(tctx).If(cmps...).Then(then...).Else(el...).Commit()
+}
+
+// acquired turns a successful acquire transaction into the lease.
+func (l *Locker) acquired(req lock.Request, resp *clientv3.TxnResponse, start time.Time) (*lock.Lease, error) {
+	fence := resp.Header.Revision
+	if fence <= 0 || fence >= lock.MaxFence {
+		return nil, fmt.Errorf("etcd revision %d is outside the fencing token range (0, %d)", fence, lock.MaxFence)
+	}
+	lease, _, err := l.newLease(req, fence, start)
+	return lease, err
+}
+
+// newLease builds the lease of an acquisition that started at start.
+func (l *Locker) newLease(req lock.Request, fence int64, start time.Time) (*lock.Lease, waitHint, error) {
+	elapsed := time.Since(start)
+	validity := req.TTL - elapsed - drift(req.TTL)
+	if validity <= 0 {
+		// Held in etcd, but the caller could not rely on it for any time:
+		// the deferred revoke in attempt drops it.
+		return nil, waitHint{}, fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, req.TTL, drift(req.TTL))
+	}
+	if v := l.log.V(1); v.Enabled() {
+		v.Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", validity.String())
+	}
+	return &lock.Lease{
+		Keys:     req.Keys,
+		Owner:    req.Owner,
+		Holder:   req.Holder,
+		Fence:    fence,
+		TTL:      req.TTL,
+		Acquired: start,
+		Expires:  start.Add(validity),
+	}, waitHint{}, nil
+}
+
+// waiterLeases returns the etcd leases of the waiter keys an acquisition deleted.
+func waiterLeases(resp *clientv3.TxnResponse) []clientv3.LeaseID {
+	var out []clientv3.LeaseID
+	for _, r := range resp.Responses {
+		d := r.GetResponseDeleteRange()
+		if d == nil {
+			continue
+		}
+		for _, kv := range d.PrevKvs {
+			if kv.Lease != 0 && !slices.Contains(out, clientv3.LeaseID(kv.Lease)) {
+				out = append(out, clientv3.LeaseID(kv.Lease))
+			}
+		}
+	}
+	return out
+}
+
+// parseViews reads the Else branch of acquireTxn.
+func (l *Locker) parseViews(req lock.Request, tag string, resp *clientv3.TxnResponse) ([]keyView, error) {
+	stride := 2
+	if req.Queue {
+		stride = 3
+	}
+	if len(resp.Responses) != stride*len(req.Keys) {
+		return nil, fmt.Errorf("unexpected transaction reply: %d results for %d keys", len(resp.Responses), len(req.Keys))
+	}
+	views := make([]keyView, len(req.Keys))
+	for i, k := range req.Keys {
+		v := &views[i]
+		v.pos = -1
+		rs := resp.Responses[i*stride : (i+1)*stride]
+		if kvs := rs[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+			v.held = true
+			v.holderRev = kvs[0].CreateRevision
+			t, err := decodeValue(kvs[0].Value, &v.holder)
+			if err != nil {
+				return nil, fmt.Errorf("holder of key %q: %w", k, err)
+			}
+			v.holderTag = t
+		}
+		own := l.waiterKey(k, tag)
+		for j, kv := range rs[1].GetResponseRange().GetKvs() {
+			v.queue = append(v.queue, string(kv.Key))
+			if string(kv.Key) == own {
+				v.pos = j
+			}
+		}
+		if req.Queue {
+			if kvs := rs[2].GetResponseRange().GetKvs(); len(kvs) > 0 {
+				var rec waiterRecord
+				if _, err := decodeValue(kvs[0].Value, &rec); err != nil {
+					return nil, fmt.Errorf("waiter of key %q: %w", k, err)
+				}
+				v.own, v.ownRev = &rec, kvs[0].CreateRevision
+			}
+		}
+	}
+	return views, nil
+}
+
+// ownsAll reports whether the owner holds every key from one acquisition,
+// and its fencing token.
+func ownsAll(views []keyView, tag string) (int64, bool) {
+	for _, v := range views {
+		if !v.held || v.holderTag != tag || v.holderRev != views[0].holderRev {
+			return 0, false
+		}
+	}
+	return views[0].holderRev, true
+}
+
+// firstBusy returns the HeldError for the first key that is not free for
+// req (nil when every key is free for it) and what to wait for.
+func (l *Locker) firstBusy(req lock.Request, views []keyView, rev int64) (*lock.HeldError, waitHint) {
+	for i, v := range views {
+		k := req.Keys[i]
+		he := &lock.HeldError{Key: k, Position: v.pos, Waiters: len(v.queue)}
+		switch {
+		case v.held:
+			he.Holder, he.Fence = v.holder.Holder, v.holderRev
+			return he, waitHint{key: l.holderKey(k), rev: rev}
+		case req.Queue && v.pos > 0:
+			return he, waitHint{key: v.queue[v.pos-1], rev: rev}
+		case req.Queue && v.pos < 0 && len(v.queue) > 0:
+			// Not queued yet: enqueue sets the position and the predecessor.
+			return he, waitHint{key: v.queue[len(v.queue)-1], rev: rev}
+		case !req.Queue && len(v.queue) > 0:
+			return he, waitHint{key: l.queuePrefix(k), prefix: true, rev: rev}
+		}
+	}
+	return nil, waitHint{}
+}
+
+// enqueue puts the caller's waiter key into every queue it is missing from
+// (all in one transaction, with one CreateRevision: the same place on every
+// key) and refreshes the waiter lease of the places it has, then fixes the
+// busy key's position in held and the predecessor in hint.
+func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, views []keyView, held *lock.HeldError, hint *waitHint) error {
+	var waiterLease clientv3.LeaseID
+	var missing []int
+	for i, v := range views {
+		if v.own != nil {
+			waiterLease = clientv3.LeaseID(v.own.Lease)
+		} else {
+			missing = append(missing, i)
+		}
+	}
+	if waiterLease != 0 {
+		kctx, cancel := l.opCtx(ctx)
+		_, err := l.cli.KeepAliveOnce(kctx, waiterLease)
+		cancel()
+		switch {
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			// The place just expired; the next call joins again at the back.
+			return nil
+		case err != nil:
+			return fmt.Errorf("refresh waiter lease: %w", err)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	granted := false
+	if waiterLease == 0 {
+		gctx, cancel := l.opCtx(ctx)
+		g, err := l.cli.Grant(gctx, ttlSeconds(l.opts.waiterTTL))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("grant waiter lease: %w", err)
+		}
+		waiterLease, granted = g.ID, true
+	}
+	value := encodeValue(tag, waiterRecord{Holder: req.Holder, Lease: int64(waiterLease), Since: time.Now().UnixMilli()})
+	busy := slices.Index(req.Keys, held.Key)
+	var cmps []clientv3.Cmp
+	var puts []clientv3.Op
+	for _, i := range missing {
+		own := l.waiterKey(req.Keys[i], tag)
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(own), "=", 0))
+		puts = append(puts, clientv3.OpPut(own, value, clientv3.WithLease(waiterLease)))
+	}
+	qp := l.queuePrefix(held.Key)
+	puts = append(puts, clientv3.OpGet(qp, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithKeysOnly()))
+	tctx, cancel := l.opCtx(ctx)
+	resp, err := l.cli.Txn(tctx).If(cmps...).Then(puts...).Commit()
+	cancel()
+	if err != nil {
+		if granted {
+			l.revokeLater(waiterLease)
+		}
+		return fmt.Errorf("join queue: %w", err)
+	}
+	if !resp.Succeeded {
+		// A concurrent call with the same owner joined first: its place counts.
+		if granted {
+			l.revokeLater(waiterLease)
+		}
+		return nil
+	}
+	own := l.waiterKey(held.Key, tag)
+	kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().GetKvs()
+	held.Waiters = len(kvs)
+	for j, kv := range kvs {
+		if string(kv.Key) != own {
+			continue
+		}
+		held.Position = j
+		if !views[busy].held {
+			if j == 0 {
+				// Head of a free key's queue: another key of the request
+				// is what blocks it; the next call finds it.
+				*hint = waitHint{}
+			} else {
+				*hint = waitHint{key: string(kvs[j-1].Key), rev: resp.Header.Revision}
+			}
+		}
+	}
+	return nil
+}
+
+// isDelete reports whether a watch event deleted a key.
+func isDelete(ev *clientv3.Event) bool { return ev.Type == mvccpb.DELETE }

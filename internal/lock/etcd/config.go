@@ -1,0 +1,189 @@
+package etcd
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// DefaultPrefix is the key prefix when Config.Prefix is empty.
+const DefaultPrefix = "/lockwarden/"
+
+// ErrInvalidConfig is matched (errors.Is) by every *ConfigError.
+var ErrInvalidConfig = errors.New("invalid etcd lock configuration")
+
+// ConfigError names the Config field or option that is wrong and what would be valid.
+type ConfigError struct {
+	// Field is the Config field or option, for example "endpoints[1]" or "WithWaiterTTL".
+	Field string
+	// Reason says what is wrong and what is accepted.
+	Reason string
+}
+
+// Error names the field and says what is valid.
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("invalid etcd lock configuration: %s: %s", e.Field, e.Reason)
+}
+
+// Is makes a ConfigError match ErrInvalidConfig.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// Config says which etcd cluster a Locker uses and how it connects.
+type Config struct {
+	// Endpoints are the client addresses of the cluster's members, host:port
+	// without a scheme (the scheme follows TLS). At least one; the client
+	// balances over them and fails over between them.
+	Endpoints []string
+	// Prefix is prepended to every etcd key the Locker uses, so lockers with
+	// different prefixes never see each other's leases. It must end with "/"
+	// so that no prefix is a prefix of another's keys. Default: DefaultPrefix.
+	Prefix string
+	// Username and Password authenticate to etcd (etcd auth). Optional; both
+	// or neither.
+	Username string
+	// Password is the etcd user's password.
+	Password string
+	// TLS, when set, makes every gRPC connection use TLS with this
+	// configuration. nil: plain TCP.
+	TLS *tls.Config
+	// Dial, when set, opens every network connection the client makes (the
+	// operator passes a dialer that enforces its network policy); gRPC runs
+	// TLS on top of the connection it returns. nil: net.Dialer.
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+// Validate checks the configuration and names the field that is wrong.
+func (c Config) Validate() error {
+	if len(c.Endpoints) == 0 {
+		return &ConfigError{Field: "endpoints", Reason: "at least one etcd client address (host:port) is required"}
+	}
+	seen := map[string]bool{}
+	for i, ep := range c.Endpoints {
+		field := fmt.Sprintf("endpoints[%d]", i)
+		if strings.Contains(ep, "://") {
+			return &ConfigError{Field: field, Reason: fmt.Sprintf("%q has a scheme: give host:port (TLS is chosen by the tls setting)", ep)}
+		}
+		host, port, err := net.SplitHostPort(ep)
+		if err != nil || host == "" || port == "" || strings.ContainsAny(ep, " \t\r\n/") {
+			return &ConfigError{Field: field, Reason: fmt.Sprintf("%q is not host:port", ep)}
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return &ConfigError{Field: field, Reason: fmt.Sprintf("%q: port %q is not a number in 1-65535", ep, port)}
+		}
+		if seen[ep] {
+			return &ConfigError{Field: field, Reason: fmt.Sprintf("duplicate endpoint %q: list every member once", ep)}
+		}
+		seen[ep] = true
+	}
+	if c.Prefix != "" {
+		if strings.ContainsAny(c.Prefix, " \t\r\n") {
+			return &ConfigError{Field: "prefix", Reason: fmt.Sprintf("%q must not contain whitespace", c.Prefix)}
+		}
+		if !strings.HasSuffix(c.Prefix, "/") {
+			return &ConfigError{Field: "prefix", Reason: fmt.Sprintf("%q must end with \"/\" (for example %q), so that it is never a prefix of another locker's keys", c.Prefix, c.Prefix+"/")}
+		}
+	}
+	if (c.Username == "") != (c.Password == "") {
+		return &ConfigError{Field: "username", Reason: "etcd auth needs both username and password, or neither"}
+	}
+	return nil
+}
+
+func (c Config) prefix() string {
+	if c.Prefix == "" {
+		return DefaultPrefix
+	}
+	return c.Prefix
+}
+
+// Defaults of the options.
+const (
+	// DefaultOpTimeout bounds one etcd call (see WithOpTimeout).
+	DefaultOpTimeout = 5 * time.Second
+	// DefaultWaiterTTL is how long a queued waiter keeps its place without
+	// calling TryAcquire again.
+	DefaultWaiterTTL = 10 * time.Second
+	// MinWaiterTTL is the shortest WithWaiterTTL accepted.
+	MinWaiterTTL = 100 * time.Millisecond
+	// DefaultDialTimeout bounds establishing a connection to one endpoint.
+	DefaultDialTimeout = 5 * time.Second
+)
+
+// DefaultBackoff is Acquire's fallback polling when no watch event comes:
+// 20ms doubling to at most 1s, each step with up to 50% jitter.
+var DefaultBackoff = wait.Backoff{Duration: 20 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: time.Second}
+
+type options struct {
+	log         logr.Logger
+	opTimeout   time.Duration
+	dialTimeout time.Duration
+	backoff     wait.Backoff
+	waiterTTL   time.Duration
+}
+
+// Option configures a Locker.
+type Option func(*options)
+
+// WithLogger sets the logger. Acquisitions and releases are logged at V(1),
+// etcd failures at V(2), renewals at V(4). Default: logr.Discard().
+func WithLogger(l logr.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithOpTimeout bounds each etcd call the Locker makes (a Grant, a Txn, a
+// KeepAlive), on top of the caller's context; during a leader election a call
+// waits up to this long for the new leader. Default: DefaultOpTimeout (5s).
+func WithOpTimeout(d time.Duration) Option { return func(o *options) { o.opTimeout = d } }
+
+// WithDialTimeout bounds establishing the connection to an endpoint.
+// Default: DefaultDialTimeout (5s).
+func WithDialTimeout(d time.Duration) Option { return func(o *options) { o.dialTimeout = d } }
+
+// WithBackoff sets Acquire's fallback polling between attempts when no watch
+// event arrives (exponential with jitter; Cap bounds the wait; Steps is
+// ignored). An event resets it. Default: DefaultBackoff.
+func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.backoff = b } }
+
+// WithWaiterTTL sets how long a queued waiter keeps its place in a key's FIFO
+// queue without calling TryAcquire again; its waiter key then expires with
+// its etcd lease (granted for the TTL rounded up to whole seconds, and at
+// least etcd's minimum lease TTL). Acquire refreshes its place at least every
+// third of it. Default: DefaultWaiterTTL (10s); at least MinWaiterTTL.
+func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.waiterTTL = d } }
+
+func buildOptions(opts []Option) (options, error) {
+	o := options{
+		log:         logr.Discard(),
+		opTimeout:   DefaultOpTimeout,
+		dialTimeout: DefaultDialTimeout,
+		backoff:     DefaultBackoff,
+		waiterTTL:   DefaultWaiterTTL,
+	}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	switch {
+	case o.opTimeout <= 0:
+		return o, &ConfigError{Field: "WithOpTimeout", Reason: fmt.Sprintf("%v: the per-call timeout must be positive", o.opTimeout)}
+	case o.dialTimeout <= 0:
+		return o, &ConfigError{Field: "WithDialTimeout", Reason: fmt.Sprintf("%v: the dial timeout must be positive", o.dialTimeout)}
+	case o.waiterTTL < MinWaiterTTL:
+		return o, &ConfigError{Field: "WithWaiterTTL", Reason: fmt.Sprintf("%v is below the minimum of %v", o.waiterTTL, MinWaiterTTL)}
+	case o.backoff.Duration <= 0:
+		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Duration %v must be positive", o.backoff.Duration)}
+	case o.backoff.Factor != 0 && o.backoff.Factor < 1:
+		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Factor %v must be 0 (constant) or at least 1", o.backoff.Factor)}
+	}
+	if o.backoff.Steps <= 0 {
+		o.backoff.Steps = 1 << 30
+	}
+	return o, nil
+}

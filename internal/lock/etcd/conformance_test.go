@@ -1,0 +1,21 @@
+package etcd
+
+import (
+	"testing"
+	"time"
+
+	"github.com/lockwarden/lockwarden/internal/lock/locktest"
+	"github.com/lockwarden/lockwarden/internal/testutil/etcdtest"
+)
+
+func TestConformanceSingle(t *testing.T) {
+	m := etcdtest.Start(t)
+	locktest.Run(t, lockerFactory(Config{Endpoints: []string{m.Addr}}), locktest.WithWaiterTTL(time.Second))
+}
+
+func TestConformanceCluster3Auth(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3, etcdtest.WithRootPassword("s3cret"))
+	cfg := configFor(c)
+	cfg.Prefix = "/conformance/auth/"
+	locktest.Run(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
+}

@@ -1,0 +1,368 @@
+// Package etcd implements lock.Locker on an etcd v3 cluster.
+//
+// # Key layout
+//
+// Under Config.Prefix (P, default "/lockwarden/") every lock key K is stored
+// under its encoding E = escape(K): bytes outside [A-Za-z0-9._:-] become %XX
+// (so '%' and '/' are always escaped). E never contains '/', so no key's
+// sub-keys are a prefix range of another key's (the queue of "a" is "P q/a/",
+// and "a/b" is "a%2Fb"), and the escape is injective: different keys never
+// collide.
+//
+//	P h/E          holder key: exists while a lease holds K; attached to the
+//	               acquisition's etcd lease.
+//	P f/E          fence record: written (empty) by every acquisition of K and
+//	               never attached to a lease, so its ModRevision is the last
+//	               fencing token issued for K, also when K is free.
+//	P q/E/T        waiter key of the owner whose tag is T, attached to that
+//	               waiter's own short etcd lease.
+//
+// The owner token is secret; etcd only ever stores its tag T, the first 128
+// bits of its SHA-256 in hex. Holder and waiter values are "T {json}", the
+// JSON recording holder identity, etcd lease ID, TTL and the client time of
+// the acquisition (or of joining the queue). Owner checks are made inside
+// transactions by comparing the value with the range ["T ", "T!"), which
+// holds exactly the values that start with "T ".
+//
+// # Acquisition and fencing
+//
+// One etcd lease per acquisition: TryAcquire grants a lease with the TTL
+// rounded up to whole seconds (etcd raises it further to its minimum lease
+// TTL, 1.5 election timeouts, when smaller: the keys may then stay held
+// longer than asked, never shorter), then runs one transaction that compares
+// every holder key absent (CreateRevision 0) and the queue condition, and on
+// success puts every holder key with the lease and touches every fence
+// record. Taking all keys in one transaction makes multi-key leases
+// all-or-nothing without a lock order, so two requests for the same keys in
+// different orders cannot deadlock. A failed attempt revokes the unused
+// lease in the background.
+//
+// The fencing token is the revision of the acquiring transaction (the holder
+// keys' CreateRevision). etcd revisions are global, strictly increasing and
+// replicated by raft, so a token is larger than every token issued before for
+// any key, across leader changes and restarts of members. Tokens past
+// lock.MaxFence are refused (the acquisition is undone).
+//
+// # Recovery
+//
+// Renew and Release need only Keys, Owner and Fence: the transaction compares
+// each holder key's value with the owner's tag and its CreateRevision with
+// the fence, and reads the etcd lease ID from the value. So a new Locker (a
+// new process) renews and releases a lease an older one acquired, with the
+// same token. Renew with the TTL the lease was granted with is one
+// KeepAliveOnce on that lease; with a different TTL (in whole seconds) it
+// grants a new lease and re-puts the holder keys with it in a transaction
+// that checks the owner again (a put keeps CreateRevision, so the token is
+// unchanged), then revokes the old lease. Release deletes the holder keys in
+// a transaction that checks the owner and revokes the lease. A TryAcquire by
+// an owner that already holds all the keys (from one acquisition) re-puts
+// them with a fresh lease and returns the same token.
+//
+// # TTL and server failures
+//
+// etcd expires the lease on its leader, which deletes the holder keys (and
+// sends the watch events that wake waiters), whether or not the acquiring
+// process is alive. Lease.Expires is the start of the acquire or renew round
+// trip plus the TTL minus a drift allowance (1% + 2ms), never later than the
+// leader may free the keys. A new leader extends every lease by an election
+// timeout: after a leader change the keys may stay held a little longer than
+// their TTL, which delays others but never gives two holders. While no
+// quorum is available nothing can be acquired, renewed or released (errors
+// match lock.ErrBackendUnavailable) and no lease expires either; a held
+// lease is only lost through its TTL, as usual, once a leader is back.
+//
+// # Queues
+//
+// A request with Queue that cannot take its keys joins the queue of every
+// key with one transaction that puts all its waiter keys together, so they
+// share one CreateRevision and the waiter has the same global order on every
+// key: queues are FIFO by CreateRevision. Its waiter keys carry one etcd
+// lease of the waiter TTL; calling TryAcquire again refreshes it
+// (KeepAliveOnce), and a waiter that stops calling loses its place when the
+// lease expires (etcd prunes dead waiters by itself). A queued request takes
+// the keys when it is the oldest waiter of each (its transaction compares
+// every waiter key of the queue to have a CreateRevision at least its own);
+// a request without Queue takes them only when the queues are empty.
+//
+// # Wake-ups
+//
+// Watch is an etcd watch for DELETE events on the holder keys (a release and
+// a lease expiry both delete them), re-established after errors, leader loss
+// and compaction. Acquire waits for the deletion of exactly what blocks it,
+// watched from the revision its attempt read (so nothing between the read
+// and the watch is missed): a queued waiter watches the waiter key just
+// ahead of it (as the concurrency package's waitDeletes does), the head
+// watches the busy holder key. It also retries with exponential backoff and
+// jitter as a fallback, and at least every third of the waiter TTL with Queue.
+package etcd
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// Locker is a lock.Locker on an etcd cluster. It is safe for concurrent use.
+type Locker struct {
+	cfg    Config
+	opts   options
+	log    logr.Logger
+	cli    *clientv3.Client
+	prefix string
+	node   string
+
+	// ctx ends with Close: it stops Watch goroutines and background revokes.
+	ctx    context.Context
+	cancel context.CancelFunc
+	bg     sync.WaitGroup
+}
+
+var _ lock.Locker = (*Locker)(nil)
+
+// New returns a Locker on the cluster cfg names. It does no blocking network
+// I/O: the client connects in the background and on first use.
+func New(cfg Config, opts ...Option) (*Locker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	o, err := buildOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	ccfg := clientv3.Config{
+		Endpoints:   cfg.Endpoints,
+		DialTimeout: o.dialTimeout,
+		Username:    cfg.Username,
+		Password:    cfg.Password,
+		TLS:         cfg.TLS,
+		// The client's own logging would print every failed dial of a
+		// member that is down; the Locker's errors carry the causes.
+		Logger: zap.NewNop(),
+		// Detect a dead connection (a member that was killed or cut off)
+		// within seconds rather than the kernel's TCP timeout.
+		DialKeepAliveTime:    5 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+	}
+	if dial := cfg.Dial; dial != nil {
+		// Every gRPC connection (to every endpoint, on every reconnect) is
+		// opened by the caller's dialer; gRPC runs TLS over it itself.
+		ccfg.DialOptions = append(ccfg.DialOptions, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return dial(ctx, "tcp", addr)
+		}))
+	}
+	cli, err := clientv3.New(ccfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: create etcd client: %w", lock.ErrBackendUnavailable, &lock.NodeError{Node: strings.Join(cfg.Endpoints, ","), Err: err})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Locker{
+		cfg:    cfg,
+		opts:   o,
+		log:    o.log,
+		cli:    cli,
+		prefix: cfg.prefix(),
+		node:   strings.Join(cfg.Endpoints, ","),
+		ctx:    ctx,
+		cancel: cancel,
+	}, nil
+}
+
+// Close stops the Locker's watches and closes its connections. Held leases
+// stay in etcd until released or expired.
+func (l *Locker) Close() error {
+	l.cancel()
+	l.bg.Wait()
+	if err := l.cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("close etcd client: %w", err)
+	}
+	return nil
+}
+
+// Ping makes one linearizable read (it needs a quorum, like every lease
+// operation) and returns nil when etcd answers.
+func (l *Locker) Ping(ctx context.Context) error {
+	ctx, cancel := l.opCtx(ctx)
+	defer cancel()
+	if _, err := l.cli.Get(ctx, l.prefix+"ping", clientv3.WithCountOnly()); err != nil {
+		return l.unavailable("ping", err)
+	}
+	return nil
+}
+
+// opCtx bounds one etcd call by the op timeout.
+func (l *Locker) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, l.opts.opTimeout)
+}
+
+// cleanupContext is for undoing and best-effort work that must run even when
+// the caller's context has ended.
+func (l *Locker) cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), l.opts.opTimeout)
+}
+
+// unavailable wraps an etcd or transport failure.
+func (l *Locker) unavailable(op string, err error) error {
+	return fmt.Errorf("%w: %s: %w", lock.ErrBackendUnavailable, op, &lock.NodeError{Node: l.node, Err: err})
+}
+
+// revokeLater revokes leases in the background (an unused grant, the lease
+// of a released acquisition): they would expire by themselves, so a failure
+// is only logged.
+func (l *Locker) revokeLater(ids ...clientv3.LeaseID) {
+	if len(ids) == 0 {
+		return
+	}
+	l.bg.Go(func() {
+		for _, id := range ids {
+			ctx, cancel := context.WithTimeout(l.ctx, l.opts.opTimeout)
+			if _, err := l.cli.Revoke(ctx, id); err != nil && l.ctx.Err() == nil {
+				l.log.V(2).Info("Revoking an etcd lease failed; it expires with its TTL", "lease", int64(id), "err", err.Error())
+			}
+			cancel()
+		}
+	})
+}
+
+// drift is the clock drift allowance of a lease's validity: 1% of the TTL plus 2ms.
+func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
+
+// ttlSeconds is the etcd lease TTL for a lease TTL: rounded up to whole
+// seconds, so the backend never frees the keys before the TTL.
+func ttlSeconds(d time.Duration) int64 {
+	s := int64((d + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+// Key layout. See the package documentation.
+
+// escapeKey encodes a lock key for etcd: bytes outside [A-Za-z0-9._:-]
+// become %XX. The result never contains '/' and is injective.
+func escapeKey(k string) string {
+	const hexdig = "0123456789ABCDEF"
+	var b strings.Builder
+	b.Grow(len(k))
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == ':', c == '-':
+			b.WriteByte(c)
+		default:
+			b.WriteByte('%')
+			b.WriteByte(hexdig[c>>4])
+			b.WriteByte(hexdig[c&15])
+		}
+	}
+	return b.String()
+}
+
+// unescapeKey reverses escapeKey.
+func unescapeKey(e string) (string, error) {
+	var b strings.Builder
+	for i := 0; i < len(e); i++ {
+		if e[i] != '%' {
+			b.WriteByte(e[i])
+			continue
+		}
+		if i+2 >= len(e) {
+			return "", fmt.Errorf("truncated escape in %q", e)
+		}
+		v, err := hex.DecodeString(e[i+1 : i+3])
+		if err != nil {
+			return "", fmt.Errorf("bad escape in %q: %w", e, err)
+		}
+		b.WriteByte(v[0])
+		i += 2
+	}
+	return b.String(), nil
+}
+
+func (l *Locker) holderPrefix() string        { return l.prefix + "h/" }
+func (l *Locker) holderKey(k string) string   { return l.holderPrefix() + escapeKey(k) }
+func (l *Locker) fenceKey(k string) string    { return l.prefix + "f/" + escapeKey(k) }
+func (l *Locker) queuePrefix(k string) string { return l.prefix + "q/" + escapeKey(k) + "/" }
+func (l *Locker) waiterKey(k, tag string) string {
+	return l.queuePrefix(k) + tag
+}
+
+// ownerTag is what etcd stores of an owner token: 128 bits of its SHA-256.
+func ownerTag(owner string) string {
+	sum := sha256.Sum256([]byte(owner))
+	return hex.EncodeToString(sum[:16])
+}
+
+// ownerCmps compares key's value to start with the owner's tag: the values
+// in ["T ", "T!") are exactly those that start with "T " (' ' < '!').
+func ownerCmps(key, tag string) []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(key), ">", tag+" "),
+		clientv3.Compare(clientv3.Value(key), "<", tag+"!"),
+	}
+}
+
+// holderRecord is the JSON part of a holder key's value.
+type holderRecord struct {
+	Holder   string `json:"holder,omitempty"`
+	Lease    int64  `json:"lease"`
+	TTLMilli int64  `json:"ttlMs"`
+	// Acquired is the acquiring client's clock (unix ms): etcd has no clock of its own to offer.
+	Acquired int64 `json:"acquiredMs"`
+}
+
+// waiterRecord is the JSON part of a waiter key's value.
+type waiterRecord struct {
+	Holder string `json:"holder,omitempty"`
+	Lease  int64  `json:"lease"`
+	// Since is the joining client's clock (unix ms).
+	Since int64 `json:"sinceMs"`
+}
+
+func encodeValue(tag string, rec any) string {
+	b, _ := json.Marshal(rec) // plain structs: cannot fail
+	return tag + " " + string(b)
+}
+
+// decodeValue splits a stored value into the owner tag and its record.
+func decodeValue(v []byte, rec any) (tag string, err error) {
+	tag, rest, ok := strings.Cut(string(v), " ")
+	if !ok {
+		return "", fmt.Errorf("malformed value %q", v)
+	}
+	if err := json.Unmarshal([]byte(rest), rec); err != nil {
+		return "", fmt.Errorf("malformed value %q: %w", v, err)
+	}
+	return tag, nil
+}
+
+// validateLease checks a lease given to Renew or Release.
+func validateLease(lease *lock.Lease) error {
+	if lease == nil {
+		return &lock.InvalidRequestError{Field: "lease", Reason: "a lease is required"}
+	}
+	if len(lease.Keys) == 0 || len(lease.Keys) > lock.MaxKeys {
+		return &lock.InvalidRequestError{Field: "keys", Reason: fmt.Sprintf("%d keys given, want 1 to %d", len(lease.Keys), lock.MaxKeys)}
+	}
+	if err := lock.ValidateKeys(lease.Keys); err != nil {
+		return err
+	}
+	if lease.Owner == "" {
+		return &lock.InvalidRequestError{Field: "owner", Reason: "the owner token of the lease is required"}
+	}
+	if lease.Fence <= 0 || lease.Fence >= lock.MaxFence {
+		return &lock.InvalidRequestError{Field: "fence", Reason: fmt.Sprintf("%d: the fencing token the acquisition returned is required, in (0, %d)", lease.Fence, lock.MaxFence)}
+	}
+	return nil
+}

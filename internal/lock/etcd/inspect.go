@@ -1,0 +1,108 @@
+package etcd
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// maxInspectWaiters bounds KeyState.Waiters.
+const maxInspectWaiters = 10
+
+// inspectChunk is how many keys one read transaction covers: three reads a
+// key stay well below etcd's default limit of 128 operations a transaction.
+const inspectChunk = 32
+
+// Inspect reports what etcd holds for each key, in order (see lock.Locker):
+// the holder and its fencing token (the last token issued, from the fence
+// record, when the key is free), Acquired as the acquiring client's clock
+// recorded it (etcd has no clock to offer), Expires from the etcd lease's
+// remaining TTL, and the oldest waiters with the time they joined, on the
+// joining client's clock.
+func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, error) {
+	if len(keys) == 0 {
+		return nil, &lock.InvalidRequestError{Field: "keys", Reason: "at least one key is required"}
+	}
+	if err := lock.ValidateKeys(keys); err != nil {
+		return nil, err
+	}
+	op := fmt.Sprintf("inspect keys %q", keys)
+	out := make([]lock.KeyState, 0, len(keys))
+	ttls := map[int64]time.Time{}
+	for lo := 0; lo < len(keys); lo += inspectChunk {
+		chunk := keys[lo:min(lo+inspectChunk, len(keys))]
+		var gets []clientv3.Op
+		for _, k := range chunk {
+			gets = append(gets,
+				clientv3.OpGet(l.holderKey(k)),
+				clientv3.OpGet(l.fenceKey(k)),
+				clientv3.OpGet(l.queuePrefix(k), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(maxInspectWaiters)))
+		}
+		tctx, cancel := l.opCtx(ctx)
+		resp, err := l.cli.Txn(tctx).Then(gets...).Commit()
+		cancel()
+		if err != nil {
+			return nil, l.unavailable(op, err)
+		}
+		if len(resp.Responses) != 3*len(chunk) {
+			return nil, l.unavailable(op, fmt.Errorf("unexpected transaction reply: %d results for %d keys", len(resp.Responses), len(chunk)))
+		}
+		for i, k := range chunk {
+			st := lock.KeyState{Key: k}
+			rs := resp.Responses[3*i : 3*i+3]
+			if kvs := rs[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+				var rec holderRecord
+				if _, err := decodeValue(kvs[0].Value, &rec); err != nil {
+					return nil, l.unavailable(op, fmt.Errorf("holder of key %q: %w", k, err))
+				}
+				st.Held, st.Holder, st.Fence = true, rec.Holder, kvs[0].CreateRevision
+				if rec.Acquired > 0 {
+					st.Acquired = time.UnixMilli(rec.Acquired)
+				}
+				if id := kvs[0].Lease; id != 0 {
+					exp, ok := ttls[id]
+					if !ok {
+						exp, err = l.leaseExpiry(ctx, clientv3.LeaseID(id))
+						if err != nil {
+							return nil, l.unavailable(op, err)
+						}
+						ttls[id] = exp
+					}
+					st.Expires = exp
+				}
+			} else if kvs := rs[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
+				st.Fence = kvs[0].ModRevision
+			}
+			for _, kv := range rs[2].GetResponseRange().GetKvs() {
+				var rec waiterRecord
+				if _, err := decodeValue(kv.Value, &rec); err != nil {
+					return nil, l.unavailable(op, fmt.Errorf("waiter of key %q: %w", k, err))
+				}
+				w := lock.Waiter{Holder: rec.Holder}
+				if rec.Since > 0 {
+					w.Since = time.UnixMilli(rec.Since)
+				}
+				st.Waiters = append(st.Waiters, w)
+			}
+			out = append(out, st)
+		}
+	}
+	return out, nil
+}
+
+// leaseExpiry asks etcd how long the lease has left.
+func (l *Locker) leaseExpiry(ctx context.Context, id clientv3.LeaseID) (time.Time, error) {
+	tctx, cancel := l.opCtx(ctx)
+	defer cancel()
+	now := time.Now()
+	r, err := l.cli.TimeToLive(tctx, id)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("lease time to live: %w", err)
+	}
+	// -1: expired, its keys are about to be deleted.
+	return now.Add(time.Duration(max(r.TTL, 0)) * time.Second), nil
+}

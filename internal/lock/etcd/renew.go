@@ -1,0 +1,295 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// Renew extends the lease to ttl from now when its owner token still holds
+// every key with its fencing token (see lock.Locker); it needs only the
+// lease's Keys, Owner and Fence, so a new Locker renews a lease another one
+// acquired. When the keys are gone or held by another acquisition the error
+// matches lock.ErrLost. When etcd could not be reached the error matches
+// lock.ErrBackendUnavailable: the lease may still be held until its Expires,
+// so the caller may try again before then.
+//
+// With the TTL the lease was granted with (in whole seconds) it is one
+// transaction (the owner check, reading the etcd lease ID) and one
+// KeepAliveOnce; with another TTL the holder keys move to a new etcd lease of
+// that TTL (see the package documentation).
+func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
+	if err := validateRenew(lease, ttl); err != nil {
+		return nil, err
+	}
+	return l.renew(ctx, lease, ttl)
+}
+
+// RenewAll renews many leases concurrently over the client's one connection
+// (see lock.Locker). Results and errors are by index, with the meaning of
+// Renew. etcd has no batch keepalive that checks owners, so each lease is
+// its own transaction and keepalive; they are pipelined on the shared gRPC
+// connection rather than sent one after the other.
+func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
+	out := make([]*lock.Lease, len(leases))
+	errs := make([]error, len(leases))
+	// Bounded so that thousands of leases do not open thousands of streams at once.
+	sem := make(chan struct{}, 32)
+	var wg sync.WaitGroup
+	for i, le := range leases {
+		if err := validateRenew(le, ttl); err != nil {
+			errs[i] = fmt.Errorf("leases[%d]: %w", i, err)
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			out[i], errs[i] = l.renew(ctx, le, ttl)
+		})
+	}
+	wg.Wait()
+	return out, errs
+}
+
+func validateRenew(lease *lock.Lease, ttl time.Duration) error {
+	if err := validateLease(lease); err != nil {
+		return err
+	}
+	if ttl < lock.MinTTL {
+		return &lock.InvalidRequestError{Field: "ttl", Reason: fmt.Sprintf("%v is below the minimum of %v", ttl, lock.MinTTL)}
+	}
+	return nil
+}
+
+// heldCmps checks that every key is held by the owner's acquisition with
+// this fencing token.
+func (l *Locker) heldCmps(keys []string, tag string, fence int64) []clientv3.Cmp {
+	var cmps []clientv3.Cmp
+	for _, k := range keys {
+		hk := l.holderKey(k)
+		cmps = append(cmps, ownerCmps(hk, tag)...)
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(hk), "=", fence))
+	}
+	return cmps
+}
+
+func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
+	start := time.Now()
+	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
+	tag := ownerTag(lease.Owner)
+	var gets []clientv3.Op
+	for _, k := range lease.Keys {
+		gets = append(gets, clientv3.OpGet(l.holderKey(k)))
+	}
+	tctx, cancel := l.opCtx(ctx)
+	resp, err := l.cli.Txn(tctx).If(l.heldCmps(lease.Keys, tag, lease.Fence)...).Then(gets...).Else(gets...).Commit()
+	cancel()
+	if err != nil {
+		return nil, l.unavailable(op, err)
+	}
+	if !resp.Succeeded {
+		return nil, l.lost(op, lease, tag, resp)
+	}
+	var (
+		recs []holderRecord
+		ids  []clientv3.LeaseID
+	)
+	for i, r := range resp.Responses {
+		kvs := r.GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			return nil, fmt.Errorf("%s: %w: key %q vanished", op, lock.ErrLost, lease.Keys[i])
+		}
+		var rec holderRecord
+		if _, err := decodeValue(kvs[0].Value, &rec); err != nil {
+			return nil, l.unavailable(op, err)
+		}
+		recs = append(recs, rec)
+		if id := clientv3.LeaseID(kvs[0].Lease); !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 1 && ttlSeconds(ttl) == ttlSeconds(time.Duration(recs[0].TTLMilli)*time.Millisecond) {
+		kctx, cancel := l.opCtx(ctx)
+		_, err := l.cli.KeepAliveOnce(kctx, ids[0])
+		cancel()
+		switch {
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			return nil, fmt.Errorf("%s: %w: the etcd lease expired", op, lock.ErrLost)
+		case err != nil:
+			return nil, l.unavailable(op, err)
+		}
+	} else {
+		gctx, cancel := l.opCtx(ctx)
+		g, err := l.cli.Grant(gctx, ttlSeconds(ttl))
+		cancel()
+		if err != nil {
+			return nil, l.unavailable(op, err)
+		}
+		rec := recs[0]
+		rec.Holder, rec.Lease, rec.TTLMilli = firstNonEmpty(lease.Holder, rec.Holder), int64(g.ID), ttl.Milliseconds()
+		ok, err := l.relet(ctx, lease.Keys, tag, lease.Fence, g.ID, rec)
+		if err != nil || !ok {
+			l.revokeLater(g.ID)
+		}
+		if err != nil {
+			return nil, l.unavailable(op, err)
+		}
+		if !ok {
+			return nil, fmt.Errorf("%s: %w: the keys were released or taken while moving them to a lease of the new TTL", op, lock.ErrLost)
+		}
+	}
+	elapsed := time.Since(start)
+	validity := ttl - elapsed - drift(ttl)
+	if validity <= 0 {
+		return nil, l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, ttl, drift(ttl)))
+	}
+	next := *lease
+	next.Keys = slices.Clone(lease.Keys)
+	next.TTL = ttl
+	next.Expires = start.Add(validity)
+	if next.Acquired.IsZero() {
+		next.Acquired = start
+	}
+	if v := l.log.V(4); v.Enabled() {
+		v.Info("Renewed lease", "keys", lease.Keys, "fence", lease.Fence, "validity", validity.String())
+	}
+	return &next, nil
+}
+
+func firstNonEmpty(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// lost explains a failed owner check from the transaction's Else reads (the
+// holder keys, one per key).
+func (l *Locker) lost(op string, lease *lock.Lease, tag string, resp *clientv3.TxnResponse) error {
+	l.log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
+	return fmt.Errorf("%s: %w: %s", op, lock.ErrLost, l.whyNotHeld(lease, tag, resp))
+}
+
+func (l *Locker) whyNotHeld(lease *lock.Lease, tag string, resp *clientv3.TxnResponse) string {
+	for i, r := range resp.Responses {
+		if i >= len(lease.Keys) {
+			break
+		}
+		kvs := r.GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			return fmt.Sprintf("key %q is free (released or expired)", lease.Keys[i])
+		}
+		var rec holderRecord
+		t, _ := decodeValue(kvs[0].Value, &rec)
+		if t != tag || kvs[0].CreateRevision != lease.Fence {
+			return fmt.Sprintf("key %q is held by %q with fencing token %d", lease.Keys[i], rec.Holder, kvs[0].CreateRevision)
+		}
+	}
+	return "the keys are no longer held by this owner"
+}
+
+// relet moves the holder keys of the owner's acquisition with this fence to
+// the etcd lease newLease with the record rec, in one transaction that
+// checks the owner; a put keeps CreateRevision, so the fencing token stays.
+// On success the old etcd leases are revoked (no key is attached to them any
+// more). It reports false when the owner no longer holds the keys.
+func (l *Locker) relet(ctx context.Context, keys []string, tag string, fence int64, newLease clientv3.LeaseID, rec holderRecord) (bool, error) {
+	value := encodeValue(tag, rec)
+	var puts []clientv3.Op
+	for _, k := range keys {
+		puts = append(puts, clientv3.OpPut(l.holderKey(k), value, clientv3.WithLease(newLease), clientv3.WithPrevKV()))
+	}
+	tctx, cancel := l.opCtx(ctx)
+	resp, err := l.cli.Txn(tctx).If(l.heldCmps(keys, tag, fence)...).Then(puts...).Commit()
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	if !resp.Succeeded {
+		return false, nil
+	}
+	var old []clientv3.LeaseID
+	for _, r := range resp.Responses {
+		if p := r.GetResponsePut().GetPrevKv(); p != nil && p.Lease != 0 && clientv3.LeaseID(p.Lease) != newLease && !slices.Contains(old, clientv3.LeaseID(p.Lease)) {
+			old = append(old, clientv3.LeaseID(p.Lease))
+		}
+	}
+	l.revokeLater(old...)
+	return true, nil
+}
+
+// Release deletes the holder keys when the owner token still holds them with
+// the lease's fencing token, in one transaction, and revokes the etcd lease
+// (see lock.Locker); like Renew it needs only Keys, Owner and Fence. The
+// deletion wakes the waiters watching the keys. It returns an error matching
+// lock.ErrNotHeld when the owner holds none of the keys.
+func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
+	if err := validateLease(lease); err != nil {
+		return err
+	}
+	op := fmt.Sprintf("release keys %q (fencing token %d)", lease.Keys, lease.Fence)
+	tag := ownerTag(lease.Owner)
+	var dels, gets []clientv3.Op
+	for _, k := range lease.Keys {
+		dels = append(dels, clientv3.OpDelete(l.holderKey(k), clientv3.WithPrevKV()))
+		gets = append(gets, clientv3.OpGet(l.holderKey(k)))
+	}
+	tctx, cancel := l.opCtx(ctx)
+	resp, err := l.cli.Txn(tctx).If(l.heldCmps(lease.Keys, tag, lease.Fence)...).Then(dels...).Else(gets...).Commit()
+	cancel()
+	if err != nil {
+		return l.unavailable(op, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("%s: %w: %s", op, lock.ErrNotHeld, l.whyNotHeld(lease, tag, resp))
+	}
+	var ids []clientv3.LeaseID
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseDeleteRange().GetPrevKvs() {
+			if kv.Lease != 0 && !slices.Contains(ids, clientv3.LeaseID(kv.Lease)) {
+				ids = append(ids, clientv3.LeaseID(kv.Lease))
+			}
+		}
+	}
+	l.revokeLater(ids...)
+	if v := l.log.V(1); v.Enabled() {
+		v.Info("Released lease", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
+	}
+	return nil
+}
+
+// Dequeue removes the owner's waiter keys from the keys' queues and revokes
+// their waiter lease (see lock.Locker). Leaving a queue it is not in is not
+// an error.
+func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error {
+	if len(keys) == 0 || len(keys) > lock.MaxKeys {
+		return &lock.InvalidRequestError{Field: "keys", Reason: fmt.Sprintf("%d keys given, want 1 to %d", len(keys), lock.MaxKeys)}
+	}
+	if err := lock.ValidateKeys(keys); err != nil {
+		return err
+	}
+	if owner == "" {
+		return &lock.InvalidRequestError{Field: "owner", Reason: "the waiter's owner token is required"}
+	}
+	tag := ownerTag(owner)
+	var dels []clientv3.Op
+	for _, k := range keys {
+		dels = append(dels, clientv3.OpDelete(l.waiterKey(k, tag), clientv3.WithPrevKV()))
+	}
+	tctx, cancel := l.opCtx(ctx)
+	resp, err := l.cli.Txn(tctx).Then(dels...).Commit()
+	cancel()
+	if err != nil {
+		return l.unavailable(fmt.Sprintf("dequeue from keys %q", keys), err)
+	}
+	l.revokeLater(waiterLeases(resp)...)
+	return nil
+}
