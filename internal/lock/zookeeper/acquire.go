@@ -165,7 +165,6 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 	}
 	synced := false
 	var lastHeld *lock.HeldError
-	var lastBlocker string
 	for range maxTries {
 		start := time.Now()
 		views, err := l.readKeys(ctx, req.Keys)
@@ -274,10 +273,12 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 		}
 		synced = true
 		lastHeld = &lock.HeldError{Key: req.Keys[0], Position: -1}
-		lastBlocker = ""
 	}
-	// The keys kept changing under every attempt: report them busy.
-	return nil, lastBlocker, lastHeld
+	if lastHeld == nil {
+		return nil, "", l.unavailable(op, fmt.Errorf("the key nodes kept changing during %d attempts", maxTries))
+	}
+	// Other acquisitions kept winning the race to the write: report the keys busy.
+	return nil, "", lastHeld
 }
 
 // forgetMissing drops key nodes that are gone (deleted by an administrator)
@@ -438,6 +439,7 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 	}
 	fence := res[fenceOp].Stat.Mzxid
 	if fence <= 0 || fence >= lock.MaxFence {
+		l.armTimer(hash, req.Keys, start.Add(req.TTL), nil) // in case the release fails
 		l.releaseQuietly(ctx, req.Keys, hash)
 		return nil, fmt.Errorf("%s: fencing token (zxid) %d outside (0, %d): the ensemble's epoch is too large for JSON-safe tokens", op, fence, lock.MaxFence)
 	}
@@ -474,8 +476,9 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 func (l *Locker) releaseQuietly(ctx context.Context, keys []string, hash string) {
 	cctx, cancel := l.cleanupContext(ctx)
 	defer cancel()
-	l.disarmTimer(hash)
 	if _, err := l.releaseOwned(cctx, keys, hash, 0); err != nil {
 		l.log.V(2).Info("Best-effort release failed; the nodes end at the TTL or with the session", "keys", keys, "err", err.Error())
+		return
 	}
+	l.disarmTimer(hash)
 }

@@ -23,7 +23,9 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	}
 	hash := ownerHash(lease.Owner)
 	op := fmt.Sprintf("release keys %q (fencing token %d)", lease.Keys, lease.Fence)
-	if nodes := l.disarmTimer(hash, lease.Keys...); nodes != nil {
+	// The TTL timer stays armed until the release is done: a release that
+	// fails leaves the lease to end at its TTL, not to live with the session.
+	if nodes := l.lastWritten(hash, lease.Keys); nodes != nil {
 		// This Locker wrote the nodes last: delete them without reading.
 		ops := make([]any, 0, 2*len(nodes))
 		for i, w := range nodes {
@@ -33,6 +35,7 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 		}
 		_, err := l.multi(ctx, ops)
 		if err == nil {
+			l.disarmTimer(hash)
 			if v := l.log.V(1); v.Enabled() {
 				v.Info("Released lease", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 			}
@@ -47,6 +50,7 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	if err != nil {
 		return l.unavailable(op, err)
 	}
+	l.disarmTimer(hash)
 	if n == 0 {
 		return fmt.Errorf("%s: %w: the lease expired or another owner took it", op, lock.ErrNotHeld)
 	}
@@ -271,21 +275,14 @@ func (l *Locker) armTimer(hash string, keys []string, deadline time.Time, nodes 
 	l.timers[hash] = lt
 }
 
-// disarmTimer stops the owner's timer (the lease was released) and returns
-// what this Locker last wrote for keys (nil when unknown, or for other keys).
-func (l *Locker) disarmTimer(hash string, keys ...string) []written {
+// disarmTimer stops the owner's timer (the lease was released).
+func (l *Locker) disarmTimer(hash string) {
 	l.timersMu.Lock()
 	defer l.timersMu.Unlock()
-	t := l.timers[hash]
-	if t == nil {
-		return nil
+	if t := l.timers[hash]; t != nil {
+		t.timer.Stop()
+		delete(l.timers, hash)
 	}
-	t.timer.Stop()
-	delete(l.timers, hash)
-	if !slices.Equal(t.keys, keys) {
-		return nil
-	}
-	return t.nodes
 }
 
 // lastWritten returns what this Locker last wrote for the owner's lease on

@@ -255,7 +255,9 @@ func (l *Locker) onEvent(ev zk.Event) {
 	case zk.StateExpired:
 		l.log.V(2).Info("ZooKeeper session expired: every lease held on it is lost", "server", ev.Server)
 	case zk.StateHasSession:
-		l.log.V(2).Info("ZooKeeper session established", "server", ev.Server, "session", fmt.Sprintf("%#x", l.conn.SessionID()))
+		// l.conn is not read here: the client reports its first session
+		// before zk.Connect has returned it to New.
+		l.log.V(2).Info("ZooKeeper session established", "server", ev.Server)
 	case zk.StateDisconnected:
 		l.log.V(2).Info("Disconnected from ZooKeeper", "server", ev.Server)
 	}
