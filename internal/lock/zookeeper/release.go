@@ -74,8 +74,8 @@ type ownedKey struct {
 // The key nodes are read first, on purpose: a write that checks the key
 // node's version as read proves that no acquisition happened since, and every
 // acquisition before that read had already replaced the holder node the
-// second read sees. So a holder node read as the owner's is still the owner's
-// when the check passes (or was moved by a recovery, which keeps the owner).
+// second read sees. So a holder node read as the owner's is still the one
+// read when the check passes (a recovery move writes the key node too).
 func (l *Locker) readOwned(ctx context.Context, keys []string, hash string) ([]*ownedKey, int, error) {
 	kstats := make([]*zk.Stat, len(keys))
 	errs := parallel(len(keys), func(i int) error {

@@ -205,7 +205,8 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 // Close stops the Locker's timers and goroutines and drops its connection
 // without closing the ZooKeeper session: held leases stay until they are
 // released or renewed by another Locker, or the session times out. Leases are
-// no longer ended at their TTL by this Locker after Close.
+// no longer ended at their TTL by this Locker after Close. It may take up to
+// a second: the client waits that long for an answer to its own shutdown.
 func (l *Locker) Close() error {
 	if !l.closed.CompareAndSwap(false, true) {
 		return nil
