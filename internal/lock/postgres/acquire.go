@@ -1,0 +1,219 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// TryAcquire makes one attempt to take every key of req (see lock.Locker).
+//
+// A key is free for req when no live lease of another owner holds it and its
+// FIFO queue is empty or has req's owner at its head: a request without
+// Queue does not jump a non-empty queue either (it fails with a
+// *lock.HeldError whose Waiters counts the queue). With req.Queue a request
+// that cannot take the keys joins (or refreshes its place in) the queue of
+// every key, and must call again within the waiter TTL to keep it; so
+// req.Owner is required with Queue.
+//
+// When the call fails on the way (the database or the connection), the keys
+// are released best-effort in case the transaction committed before the
+// reply was lost, and the error matches lock.ErrBackendUnavailable.
+func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	req, err := l.prepare(req, true)
+	if err != nil {
+		return nil, err
+	}
+	lease, _, err := l.attempt(ctx, req)
+	return lease, err
+}
+
+// Acquire blocks until it holds every key of req or ctx ends (see lock.Locker).
+// It tries once; when the keys are busy it starts watching their releases
+// (LISTEN on the Locker's listening connection) and tries again at once (so
+// a release between the first try and the watch is not missed), then after
+// each failed try waits for a notification, the holder's remaining TTL or the
+// next backoff step (WithBackoff), whichever comes first. With req.Queue it
+// waits in the keys' FIFO queues, calling again at least every third of the
+// waiter TTL, and leaves the queues when ctx ends. Database errors are
+// retried too; when ctx ends the error wraps both ctx.Err() and the last
+// attempt's error.
+func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	req, err := l.prepare(req, false)
+	if err != nil {
+		return nil, err
+	}
+	var lastErr error
+	if ctx.Err() == nil {
+		lease, _, err := l.attempt(ctx, req)
+		if err == nil {
+			return lease, nil
+		}
+		lastErr = err
+	}
+	log := l.log.WithValues("keys", req.Keys, "holder", req.Holder)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var released <-chan string
+	if ctx.Err() == nil {
+		released, err = l.Watch(wctx, req.Keys...)
+		if err != nil {
+			log.V(2).Info("Watching releases failed; polling only", "err", err.Error())
+			released = nil
+		}
+	}
+	b := l.opts.backoff
+	heartbeat := l.opts.waiterTTL / 3
+	// The first attempt of the loop comes right after the watch started: a
+	// release notified before it was active is seen by this attempt.
+	for ctx.Err() == nil {
+		lease, hint, err := l.attempt(ctx, req)
+		if err == nil {
+			return lease, nil
+		}
+		lastErr = err
+		d := b.Step()
+		if b.Cap > 0 && d > b.Cap {
+			d = b.Cap
+		}
+		// The holder's lease ends without a notification when it expires.
+		if hint > 0 && hint+time.Millisecond < d {
+			d = hint + time.Millisecond
+		}
+		if req.Queue && d > heartbeat {
+			d = heartbeat
+		}
+		if v := log.V(4); v.Enabled() {
+			v.Info("Waiting for lease", "wait", d.String(), "err", err.Error())
+		}
+		timer := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+		case _, ok := <-released:
+			if !ok {
+				released = nil
+			}
+			b = l.opts.backoff
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+	if req.Queue {
+		cctx, ccancel := l.cleanupContext(ctx)
+		if err := l.Dequeue(cctx, req.Keys, req.Owner); err != nil {
+			log.V(2).Info("Leaving the queue failed; the place expires with the waiter TTL", "err", err.Error())
+		}
+		ccancel()
+	}
+	if lastErr == nil {
+		return nil, fmt.Errorf("acquire keys %q: %w", req.Keys, ctx.Err())
+	}
+	return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, ctx.Err(), lastErr)
+}
+
+// prepare validates req and fills in the owner token.
+func (l *Locker) prepare(req lock.Request, try bool) (lock.Request, error) {
+	if err := lock.ValidateRequest(req); err != nil {
+		return req, err
+	}
+	if err := validateKeyLengths("keys", req.Keys); err != nil {
+		return req, err
+	}
+	if try && req.Queue && req.Owner == "" {
+		return req, &lock.InvalidRequestError{Field: "owner", Reason: "required with queue in TryAcquire: the waiter must call again with the same owner token to keep its place, and Dequeue with it to leave"}
+	}
+	if err := validateText("owner", req.Owner); err != nil {
+		return req, err
+	}
+	if err := validateText("holder", req.Holder); err != nil {
+		return req, err
+	}
+	req.Keys = slices.Clone(req.Keys)
+	if req.Owner == "" {
+		tok, err := lock.NewOwnerToken()
+		if err != nil {
+			return req, err
+		}
+		req.Owner = tok
+	}
+	return req, nil
+}
+
+// attempt is one call of the acquire function. It returns the lease, or a
+// hint of when the busy holder's lease ends (0 when unknown) and the error.
+func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, time.Duration, error) {
+	var start time.Time
+	octx, cancel := l.opContext(ctx, req.TTL)
+	defer cancel()
+	var (
+		ok                      bool
+		fence, busyFence, ttlMs int64
+		busy, position, queued  int32
+		busyHolder              string
+	)
+	err := l.call(octx, fmt.Sprintf("acquire keys %q", req.Keys), func(ctx context.Context, c *pgx.Conn) error {
+		// The validity runs from when the statement goes out, after the
+		// connection (and the schema check) is ready.
+		start = time.Now()
+		return c.QueryRow(ctx, l.sql.acquire,
+			encodeKeys(req.Keys), req.Owner, req.Holder, req.TTL.Milliseconds(),
+			req.Queue, l.opts.waiterTTL.Milliseconds(), lock.MaxFence-1,
+		).Scan(&ok, &fence, &busy, &busyHolder, &busyFence, &position, &queued, &ttlMs)
+	})
+	if err != nil {
+		l.log.V(2).Info("Acquire failed", "keys", req.Keys, "err", err.Error())
+		// The transaction may have committed before the reply was lost.
+		l.releaseQuietly(ctx, req.Keys, req.Owner)
+		return nil, 0, err
+	}
+	if !ok {
+		if busy < 1 || int(busy) > len(req.Keys) {
+			return nil, 0, l.unavailable("acquire", fmt.Errorf("busy key index %d out of range [1, %d]", busy, len(req.Keys)))
+		}
+		return nil, time.Duration(ttlMs) * time.Millisecond, &lock.HeldError{
+			Key:      req.Keys[busy-1],
+			Holder:   busyHolder,
+			Fence:    busyFence,
+			Position: int(position),
+			Waiters:  int(queued),
+		}
+	}
+	if fence <= 0 || fence >= lock.MaxFence {
+		return nil, 0, l.unavailable("acquire", fmt.Errorf("fencing token %d out of range (0, %d)", fence, lock.MaxFence))
+	}
+	elapsed := time.Since(start)
+	validity := req.TTL - drift(req.TTL)
+	if elapsed >= validity {
+		// The database holds the lease until start+TTL at the earliest, but
+		// the caller would get it with nothing left: give it back.
+		l.releaseQuietly(ctx, req.Keys, req.Owner)
+		return nil, 0, l.unavailable("acquire", fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, req.TTL, drift(req.TTL)))
+	}
+	lease := &lock.Lease{
+		Keys:     req.Keys,
+		Owner:    req.Owner,
+		Holder:   req.Holder,
+		Fence:    fence,
+		TTL:      req.TTL,
+		Acquired: start,
+		Expires:  start.Add(validity),
+	}
+	if v := l.log.V(1); v.Enabled() {
+		v.Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", validity.String())
+	}
+	return lease, 0, nil
+}
+
+// releaseQuietly releases the owner's keys, best effort, even when ctx has ended.
+func (l *Locker) releaseQuietly(ctx context.Context, keys []string, owner string) {
+	cctx, cancel := l.cleanupContext(ctx)
+	defer cancel()
+	if _, err := l.release(cctx, keys, owner); err != nil {
+		l.log.V(2).Info("Best-effort release failed", "keys", keys, "err", err.Error())
+	}
+}

@@ -1,0 +1,240 @@
+package postgres
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// ErrSchemaTooNew is matched by the error of every call on a database whose
+// schema was migrated by a newer version of this code than the running one.
+// The error matches lock.ErrBackendUnavailable too: the backend cannot be used.
+var ErrSchemaTooNew = errors.New("lock schema is newer than this code")
+
+// migrationFiles are the migrations, sql/NNNN_name.sql, applied in NNNN order.
+// A released migration is never edited: a change is a new file.
+//
+//go:embed sql/*.sql
+var migrationFiles embed.FS
+
+// advisoryClass is the first key of the advisory lock that serializes the
+// migrations of one schema ("lwmg"); the second is hashtext(schema).
+const advisoryClass = 0x6c776d67
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// migrations returns the embedded migrations in version order.
+func migrations() ([]migration, error) {
+	ents, err := migrationFiles.ReadDir("sql")
+	if err != nil {
+		return nil, err
+	}
+	var out []migration
+	for _, e := range ents {
+		base := strings.TrimSuffix(e.Name(), ".sql")
+		num, name, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v < 1 {
+			return nil, fmt.Errorf("migration file %s: want sql/NNNN_name.sql", e.Name())
+		}
+		b, err := migrationFiles.ReadFile(path.Join("sql", e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, migration{version: v, name: name, sql: string(b)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	for i, m := range out {
+		if m.version != i+1 {
+			return nil, fmt.Errorf("migration versions must be 1, 2, 3, ... without gaps: found %d at position %d", m.version, i+1)
+		}
+	}
+	return out, nil
+}
+
+// LatestSchemaVersion is the schema version this code migrates to.
+func LatestSchemaVersion() int {
+	ms, err := migrations()
+	if err != nil || len(ms) == 0 {
+		return 0
+	}
+	return ms[len(ms)-1].version
+}
+
+// render substitutes the schema (a quoted identifier) and the NOTIFY channel
+// (a string literal) into a migration. Both come from a schema name that
+// Config.Validate restricted to [a-z0-9_], so neither can break out.
+func render(sql, schema, channel string) string {
+	return strings.NewReplacer(
+		"{{schema}}", pgx.Identifier{schema}.Sanitize(),
+		"{{channel}}", "'"+channel+"'",
+	).Replace(sql)
+}
+
+// migrationRun is one migration attempt; err is set before done is closed.
+type migrationRun struct {
+	done chan struct{}
+	err  error
+}
+
+// ensureSchema makes sure the schema is current, once per Locker. The first
+// call starts the migration in the background, bounded by migrationTimeout
+// rather than by the caller's (maybe short) deadline, and every call waits
+// for it or for its own context; a failed migration is retried by the next call.
+func (l *Locker) ensureSchema(ctx context.Context) error {
+	l.migrateMu.Lock()
+	if l.migrateDone {
+		l.migrateMu.Unlock()
+		return nil
+	}
+	run := l.migrateRun
+	if run == nil {
+		run = &migrationRun{done: make(chan struct{})}
+		l.migrateRun = run
+		go func() {
+			mctx, cancel := context.WithTimeout(l.ctx, migrationTimeout)
+			defer cancel()
+			err := l.migrate(mctx)
+			l.migrateMu.Lock()
+			l.migrateDone = err == nil
+			l.migrateRun = nil
+			l.migrateMu.Unlock()
+			run.err = err
+			close(run.done)
+		}()
+	}
+	l.migrateMu.Unlock()
+	select {
+	case <-run.done:
+	case <-ctx.Done():
+		return l.unavailable("migrate the lock schema", ctx.Err())
+	}
+	switch {
+	case run.err == nil:
+		return nil
+	case errors.Is(run.err, ErrSchemaTooNew):
+		return fmt.Errorf("%w: %w", lock.ErrBackendUnavailable, run.err)
+	default:
+		return l.unavailable("migrate the lock schema", run.err)
+	}
+}
+
+// migrate brings the schema to LatestSchemaVersion in one transaction.
+func (l *Locker) migrate(ctx context.Context) error {
+	ms, err := migrations()
+	if err != nil {
+		return err
+	}
+	return l.withConn(ctx, func(ctx context.Context, c *pgx.Conn) error { return l.migrateOn(ctx, c, ms) })
+}
+
+// migrateOn runs the migration transaction on c.
+func (l *Locker) migrateOn(ctx context.Context, c *pgx.Conn, ms []migration) error {
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// Two replicas starting together: the second waits here, then finds the
+	// schema current.
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", int32(advisoryClass), l.schema); err != nil {
+		return fmt.Errorf("take the migration lock: %w", err)
+	}
+	ident := pgx.Identifier{l.schema}.Sanitize()
+	var haveSchema, haveTable bool
+	err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1),
+		to_regclass($2) IS NOT NULL`, l.schema, ident+".schema_migrations").Scan(&haveSchema, &haveTable)
+	if err != nil {
+		return fmt.Errorf("look for the schema: %w", err)
+	}
+	// CREATE SCHEMA IF NOT EXISTS would need CREATE on the database even
+	// when the schema exists (an administrator may have created it).
+	if !haveSchema {
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA "+ident); err != nil {
+			return fmt.Errorf("create schema %s (the role needs CREATE on the database, or an administrator creates the schema): %w", l.schema, err)
+		}
+	}
+	if !haveTable {
+		if _, err := tx.Exec(ctx, "CREATE TABLE "+ident+`.schema_migrations (
+			version    int PRIMARY KEY,
+			name       text NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return fmt.Errorf("create %s.schema_migrations: %w", l.schema, err)
+		}
+	}
+	var current int
+	if err := tx.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+ident+".schema_migrations").Scan(&current); err != nil {
+		return fmt.Errorf("read the schema version: %w", err)
+	}
+	latest := ms[len(ms)-1].version
+	if current > latest {
+		return fmt.Errorf("%w: schema %q of database %q is at version %d, this code knows versions up to %d: upgrade lockwarden (or point it at another schema)",
+			ErrSchemaTooNew, l.schema, l.cfg.Database, current, latest)
+	}
+	for _, m := range ms[current:] {
+		if _, err := tx.Exec(ctx, render(m.sql, l.schema, l.channel)); err != nil {
+			return fmt.Errorf("apply migration %d (%s): %w", m.version, m.name, err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO "+ident+".schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name); err != nil {
+			return fmt.Errorf("record migration %d: %w", m.version, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit the migrations: %w", err)
+	}
+	if current < latest {
+		l.log.Info("Migrated the lock schema", "from", current, "to", latest)
+	}
+	return nil
+}
+
+// migrationTimeout bounds the migration transaction: it may wait for
+// another replica's migration.
+const migrationTimeout = 30 * time.Second
+
+// statements are the SQL texts of the operations, for one schema.
+type statements struct {
+	acquire, renew, release, dequeue, inspect string
+}
+
+func newStatements(schema string) statements {
+	s := pgx.Identifier{schema}.Sanitize()
+	return statements{
+		acquire: "SELECT o_ok, o_fence, o_busy, o_busy_holder, o_busy_fence, o_position, o_waiters, o_holder_ttl_ms FROM " +
+			s + ".acquire($1, $2, $3, $4, $5, $6, $7)",
+		renew:   "SELECT o_lease, o_lost FROM " + s + ".renew($1, $2, $3, $4)",
+		release: "SELECT " + s + ".release($1, $2)",
+		dequeue: "SELECT " + s + ".dequeue($1, $2)",
+		// One row per requested key, in request order: the lease (when live)
+		// or the last fence, and the head of the queue (live waiters only).
+		inspect: `WITH t AS (SELECT clock_timestamp() AS now)
+SELECT l.owner IS NOT NULL AND l.expires > t.now AS held,
+       coalesce(l.holder, ''), coalesce(l.fence, 0), l.acquired, l.expires,
+       coalesce(w.holders, '{}'), coalesce(w.sinces, '{}')
+FROM unnest($1::bytea[]) WITH ORDINALITY AS u(key, ord)
+CROSS JOIN t
+LEFT JOIN ` + s + `.locks l ON l.key = u.key
+LEFT JOIN LATERAL (
+	SELECT array_agg(q.holder ORDER BY q.ticket, q.owner) AS holders,
+	       array_agg(q.since ORDER BY q.ticket, q.owner) AS sinces
+	FROM (SELECT x.holder, x.since, x.ticket, x.owner FROM ` + s + `.waiters x
+	      WHERE x.key = u.key AND x.deadline >= t.now
+	      ORDER BY x.ticket, x.owner LIMIT $2) q
+) w ON true
+ORDER BY u.ord`,
+	}
+}

@@ -1,0 +1,389 @@
+// Package postgres implements lock.Locker on one PostgreSQL database.
+//
+// # Design
+//
+// Leases are rows in a table, not session advisory locks: an advisory lock
+// dies with the connection that took it (and the operator recycles
+// connections, and fails over to another replica), while a lease row lives
+// until it is released or expires, and any process that knows the owner
+// token renews or releases it, keeping its fencing token. Every operation is
+// one call of a PL/pgSQL function (installed by the migrations, see
+// sql/0001_leases.sql) in its own transaction: one round trip, like the Redis
+// backend's Lua scripts.
+//
+// Times are the database's: a lease expires at the database's
+// clock_timestamp() + TTL, read once the rows are locked. A lease is held
+// while its row names an owner and that time has not passed; nothing has to
+// delete an expired lease, the next writer overwrites it. The client's
+// Lease.Expires is the start of its acquire or renew call + TTL - (TTL/100 +
+// 2ms), which is never later than the database's expiry while the two clocks
+// run at the same rate.
+//
+// # Tables (in Config.Schema, default "lockwarden")
+//
+//	locks(key bytea PK, fence, owner, holder, version, acquired, expires)
+//	    one row per key ever used; owner NULL when released
+//	waiters(key, owner, ticket, holder, since, deadline), PK (key, owner)
+//	    the FIFO queues, ordered by ticket
+//	tickets                       sequence of queue tickets, shared by all keys
+//	schema_migrations(version, name, applied_at)
+//
+// Keys are stored as bytea, the key's exact bytes: no escaping, no encoding
+// error for any Go string, no collision between two different keys, and a
+// byte-wise order (no collation, which a libc upgrade can change under a text
+// index) for the sorted row locking below. Keys are at most MaxKeyBytes.
+//
+// # Fencing tokens
+//
+// locks.fence is a durable per-key counter, written in the same transaction
+// as the lease: a new lease gets the largest fence of its keys plus one, so
+// its token is larger than every token issued before for any of them. Rows
+// are never deleted (one small row per key ever used, as the Redis backend
+// keeps its counters), and a committed transaction survives a server crash
+// (WAL), so tokens never go backwards across restarts. Across a failover the
+// standby must have every commit: use synchronous replication
+// (synchronous_commit on with a synchronous standby); an asynchronous standby
+// can lose the last commits, and with them leases and tokens already handed
+// out.
+//
+// # All-or-nothing and deadlock freedom
+//
+// A lease on several keys is taken in one transaction. Every function first
+// creates the missing rows (INSERT ... ON CONFLICT DO NOTHING, in key order)
+// and then locks all the keys' rows with SELECT ... ORDER BY key FOR UPDATE,
+// so two requests whose keys overlap take the rows in the same order and
+// never deadlock. (Should the server still report a deadlock or a
+// serialization failure, the call is retried.)
+//
+// # Queue and wake-ups
+//
+// A Request with Queue that finds a key busy inserts (or refreshes) a waiters
+// row per key with the same ticket from the tickets sequence, so multi-key
+// waiters keep one order on every key, and a deadline of the database's now +
+// the waiter TTL; a waiter whose deadline passed is pruned by the next
+// acquisition of the key. Release, a renewal that finds its lease lost, and a
+// Dequeue of the head of a free key's queue send NOTIFY on the channel
+// "<schema>_released" with the key, hex-encoded, as payload; the notification
+// is delivered when the transaction commits. Each Locker keeps one dedicated
+// listening connection (opened on the first Watch or waiting Acquire,
+// reconnected with backoff, checked with a round trip when idle) that
+// dispatches notifications to Watch channels and waiting Acquire calls. A
+// lease that expires without a release sends nothing: Acquire then wakes by a
+// timer at the holder's expiry (the database returns its remaining TTL), and
+// polls with exponential backoff and jitter as a fallback.
+//
+// # Recovery and server failures
+//
+// A new Locker (a new process) renews and releases a lease an earlier one
+// acquired from its Keys and Owner alone: the rows, not the connections, hold
+// it. When the server crashes, held leases survive in the table with their
+// tokens and keep expiring by the database clock: a holder that renews
+// before its TTL runs out (once the server is back) keeps its lease; one that
+// could not is lost (ErrLost), never duplicated, since a new holder needs the
+// old lease to have expired by the database's clock. While the server is
+// unreachable every call fails with an error matching
+// lock.ErrBackendUnavailable that wraps a *lock.NodeError naming Host:Port.
+//
+// # Schema migrations and privileges
+//
+// The Locker creates and migrates its schema on first use: in one
+// transaction under pg_advisory_xact_lock (so operator replicas starting
+// together do not race), it creates the schema when missing, then applies the
+// migrations newer than the highest version in schema_migrations. A database
+// whose schema_migrations holds a version newer than this code knows is
+// refused with an error matching ErrSchemaTooNew (an older operator must not
+// run against tables a newer one changed).
+//
+// The role needs CONNECT on the database and CREATE on it (to create the
+// schema), nothing else; for example, as an administrator:
+//
+//	CREATE ROLE lockwarden LOGIN PASSWORD '...';
+//	GRANT CONNECT, CREATE ON DATABASE locks TO lockwarden;
+//
+// Or the administrator creates the schema and lets the role own it, and the
+// role needs only CONNECT:
+//
+//	CREATE SCHEMA lockwarden AUTHORIZATION lockwarden;
+//	GRANT CONNECT ON DATABASE locks TO lockwarden;
+package postgres
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// maxInspectWaiters bounds the waiters Inspect reports per key.
+const maxInspectWaiters = 10
+
+// Locker is a lock.Locker on PostgreSQL. It is safe for concurrent use.
+type Locker struct {
+	cfg      Config
+	opts     options
+	log      logr.Logger
+	pool     *pool
+	connCfg  *pgx.ConnConfig // for the listening connection
+	endpoint string
+	schema   string // the schema name, unquoted
+	channel  string // the NOTIFY channel, unquoted
+	sql      statements
+
+	// ctx ends when the Locker is closed: it bounds background work (the
+	// migration, the listener).
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	migrateMu   sync.Mutex
+	migrateDone bool          // the schema is current
+	migrateRun  *migrationRun // the migration under way, if any
+
+	lis *listener
+
+	closeOnce sync.Once
+}
+
+var _ lock.Locker = (*Locker)(nil)
+
+// New builds a Locker. It validates cfg and the options and prepares the
+// connection pool, but does not contact the database: connections are made
+// on first use, and the schema is created or migrated then. Use Ping to check
+// reachability.
+func New(cfg Config, opts ...Option) (*Locker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	o, err := buildOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	cc, err := connConfig(cfg, o)
+	if err != nil {
+		return nil, err
+	}
+	schema := cfg.schema()
+	l := &Locker{
+		cfg:      cfg,
+		opts:     o,
+		log:      o.log.WithValues("backend", "postgres", "endpoint", cfg.endpoint(), "schema", schema),
+		pool:     newPool(cc.Copy(), o.maxConns),
+		connCfg:  cc,
+		endpoint: cfg.endpoint(),
+		schema:   schema,
+		channel:  schema + "_released",
+		sql:      newStatements(schema),
+	}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	l.lis = newListener(l)
+	return l, nil
+}
+
+// connConfig builds the pgx configuration from cfg field by field. It starts
+// from ParseConfig("") (pgx requires configurations to come from it) and
+// overwrites everything that the environment (PGHOST, PGOPTIONS, ...) could
+// have set, so only cfg decides where and how the Locker connects.
+func connConfig(cfg Config, o options) (*pgx.ConnConfig, error) {
+	cc, err := pgx.ParseConfig("")
+	if err != nil {
+		return nil, fmt.Errorf("postgres lock backend: pgx defaults: %w", err)
+	}
+	cc.Host = cfg.Host
+	cc.Port = uint16(cfg.port())
+	cc.Database = cfg.Database
+	cc.User = cfg.User
+	cc.Password = cfg.Password
+	cc.Fallbacks = nil
+	cc.TLSConfig = nil
+	if cfg.TLS != nil {
+		t := cfg.TLS.Clone()
+		// sslmode=verify-full: the certificate must name the host we meant.
+		if t.ServerName == "" {
+			t.ServerName = cfg.Host
+		}
+		if t.MinVersion == 0 {
+			t.MinVersion = tls.VersionTLS12
+		}
+		cc.TLSConfig = t
+	}
+	cc.SSLNegotiation = "postgres"
+	cc.RequireAuth = ""
+	cc.KerberosSrvName, cc.KerberosSpn = "", ""
+	cc.ValidateConnect, cc.AfterConnect = nil, nil
+	cc.RuntimeParams = map[string]string{"application_name": "lockwarden"}
+	cc.ConnectTimeout = o.opTimeout
+	// Dial receives the host as written: the lookup hands it over unresolved
+	// (the dialer resolves it, after the operator's policy has seen the name).
+	cc.LookupFunc = func(_ context.Context, host string) ([]string, error) { return []string{host}, nil }
+	dial := cfg.Dial
+	if dial == nil {
+		d := &net.Dialer{KeepAlive: 30 * time.Second}
+		dial = d.DialContext
+	}
+	cc.DialFunc = pgconn.DialFunc(dial)
+	// A cancelled call interrupts its connection with a deadline (pgx then
+	// closes it) instead of sending a cancel request, which pgx would send
+	// on a new connection to the resolved IP address: past Dial's host check.
+	cc.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
+	return cc, nil
+}
+
+// withConn runs f on a pooled pgx connection. A connection that f left
+// closed (an error, a cancelled call) is dropped by the pool.
+func (l *Locker) withConn(ctx context.Context, f func(ctx context.Context, c *pgx.Conn) error) error {
+	c, err := l.pool.get(ctx)
+	if err != nil {
+		return err
+	}
+	defer l.pool.put(c)
+	return f(ctx, c)
+}
+
+// Close closes the pool and the listening connection, and ends every Watch.
+// Leases stay in the database until released or expired.
+func (l *Locker) Close() error {
+	l.closeOnce.Do(func() {
+		l.cancel()
+		l.lis.close()
+		l.pool.close()
+	})
+	return nil
+}
+
+// Ping checks that the database answers a round trip. The error matches
+// lock.ErrBackendUnavailable and names the endpoint.
+func (l *Locker) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, l.opts.opTimeout)
+	defer cancel()
+	err := l.withConn(ctx, func(ctx context.Context, c *pgx.Conn) error { return c.Ping(ctx) })
+	if err != nil {
+		return l.unavailable("ping", err)
+	}
+	return nil
+}
+
+// unavailable wraps a database failure so that it matches
+// lock.ErrBackendUnavailable and names the endpoint.
+func (l *Locker) unavailable(op string, err error) error {
+	return fmt.Errorf("%w: %s: %w", lock.ErrBackendUnavailable, op, &lock.NodeError{Node: l.endpoint, Err: err})
+}
+
+// opContext bounds one operation; for a lease of the given TTL (0: none) at
+// most half of it, so that a slow database cannot eat the lease's validity.
+func (l *Locker) opContext(ctx context.Context, ttl time.Duration) (context.Context, context.CancelFunc) {
+	d := l.opts.opTimeout
+	if ttl > 0 {
+		d = min(d, ttl/2)
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+// cleanupContext outlives the caller's context (best-effort cleanup after a
+// cancelled call) but is bounded by the operation timeout.
+func (l *Locker) cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), l.opts.opTimeout)
+}
+
+// drift is the clock drift allowance of a lease's validity: 1% of the TTL plus 2ms.
+func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
+
+// retryable reports whether the server aborted the transaction for a reason
+// that a new attempt does not meet again: a deadlock (which the sorted row
+// locking should prevent) or a serialization failure.
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001")
+}
+
+// call runs f (one statement), after making sure the schema is current,
+// retrying it when the server aborted it for a deadlock or a serialization
+// failure. Errors are wrapped as unavailable.
+func (l *Locker) call(ctx context.Context, op string, f func(ctx context.Context, c *pgx.Conn) error) error {
+	if err := l.ensureSchema(ctx); err != nil {
+		return err
+	}
+	var err error
+	for range 3 {
+		if err = l.withConn(ctx, f); err == nil || !retryable(err) || ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
+		return l.unavailable(op, err)
+	}
+	return nil
+}
+
+// encodeKeys returns the keys as the database stores them: their bytes.
+func encodeKeys(keys []string) [][]byte {
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		out[i] = []byte(k)
+	}
+	return out
+}
+
+// validateKeys checks a key list given outside a Request, and every key
+// against MaxKeyBytes.
+func validateKeys(field string, keys []string) error {
+	if len(keys) == 0 {
+		return &lock.InvalidRequestError{Field: field, Reason: fmt.Sprintf("at least one key is required (at most %d)", lock.MaxKeys)}
+	}
+	if len(keys) > lock.MaxKeys {
+		return &lock.InvalidRequestError{Field: field, Reason: fmt.Sprintf("%d keys given, at most %d allowed", len(keys), lock.MaxKeys)}
+	}
+	if err := lock.ValidateKeys(keys); err != nil {
+		return err
+	}
+	return validateKeyLengths(field, keys)
+}
+
+func validateKeyLengths(field string, keys []string) error {
+	for i, k := range keys {
+		if len(k) > MaxKeyBytes {
+			return &lock.InvalidRequestError{Field: fmt.Sprintf("%s[%d]", field, i), Reason: fmt.Sprintf("key of %d bytes is longer than the %d bytes this backend stores", len(k), MaxKeyBytes)}
+		}
+	}
+	return nil
+}
+
+// validateText checks a string stored in a text column: PostgreSQL refuses
+// NUL bytes and invalid UTF-8, and the request must fail as invalid before
+// any I/O rather than as a database error.
+func validateText(field, s string) error {
+	if !utf8.ValidString(s) {
+		return &lock.InvalidRequestError{Field: field, Reason: "must be valid UTF-8"}
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return &lock.InvalidRequestError{Field: field, Reason: "must not contain a NUL byte"}
+		}
+	}
+	return nil
+}
+
+// validateLease checks a lease given to Renew or Release.
+func validateLease(lease *lock.Lease) error {
+	if lease == nil {
+		return &lock.InvalidRequestError{Field: "lease", Reason: "a lease is required, got nil"}
+	}
+	if lease.Owner == "" {
+		return &lock.InvalidRequestError{Field: "lease.owner", Reason: "the owner token is required: only the owner may renew or release a lease"}
+	}
+	if err := validateText("lease.owner", lease.Owner); err != nil {
+		return err
+	}
+	return validateKeys("lease.keys", lease.Keys)
+}

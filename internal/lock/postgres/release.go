@@ -1,0 +1,63 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// Release frees the keys the lease's owner token still holds with a live
+// lease and notifies their release (see lock.Locker). The lease may come from
+// another Locker or process: only Keys and Owner are needed. It returns an
+// error matching lock.ErrNotHeld when the owner held none of them.
+func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
+	if err := validateLease(lease); err != nil {
+		return err
+	}
+	octx, cancel := l.opContext(ctx, 0)
+	defer cancel()
+	n, err := l.release(octx, lease.Keys, lease.Owner)
+	if err != nil {
+		return fmt.Errorf("release keys %q (fencing token %d): %w", lease.Keys, lease.Fence, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("release keys %q (fencing token %d): %w: the lease expired or another owner took it", lease.Keys, lease.Fence, lock.ErrNotHeld)
+	}
+	if v := l.log.V(1); v.Enabled() {
+		v.Info("Released lease", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
+	}
+	return nil
+}
+
+// release calls the release function and returns how many keys it freed.
+func (l *Locker) release(ctx context.Context, keys []string, owner string) (int32, error) {
+	var n int32
+	err := l.call(ctx, "release", func(ctx context.Context, c *pgx.Conn) error {
+		return c.QueryRow(ctx, l.sql.release, encodeKeys(keys), owner).Scan(&n)
+	})
+	return n, err
+}
+
+// Dequeue removes owner from the FIFO queues of keys (a waiter giving up) and,
+// when it was at the head of a free key's queue, wakes the next waiter. It is
+// not an error to dequeue an owner that is not queued.
+func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error {
+	if err := validateKeys("keys", keys); err != nil {
+		return err
+	}
+	if owner == "" {
+		return &lock.InvalidRequestError{Field: "owner", Reason: "the owner token of the waiter is required"}
+	}
+	if err := validateText("owner", owner); err != nil {
+		return err
+	}
+	octx, cancel := l.opContext(ctx, 0)
+	defer cancel()
+	var left int32
+	return l.call(octx, fmt.Sprintf("dequeue from keys %q", keys), func(ctx context.Context, c *pgx.Conn) error {
+		return c.QueryRow(ctx, l.sql.dequeue, encodeKeys(keys), owner).Scan(&left)
+	})
+}
