@@ -80,8 +80,17 @@ func Runtime() (java, classpath string, err error) {
 			return "", "", fmt.Errorf("java not found on PATH: %s", InstallHint)
 		}
 	}
+	if st, err := os.Stat(java); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return "", "", fmt.Errorf("java %q is not an executable file: %s", java, InstallHint)
+	}
 	classpath = os.Getenv("LOCKWARDEN_ZOOKEEPER_CLASSPATH")
-	if classpath == "" {
+	if classpath != "" {
+		for _, entry := range strings.Split(classpath, ":") {
+			if _, err := os.Stat(entry); err != nil {
+				return "", "", fmt.Errorf("LOCKWARDEN_ZOOKEEPER_CLASSPATH entry %q: %w; %s", entry, err, InstallHint)
+			}
+		}
+	} else {
 		// zookeeper.jar's manifest names its dependencies; slf4j-simple
 		// makes the server log (to stderr, which goes to the log file).
 		jar := "/usr/share/java/zookeeper.jar"
