@@ -298,3 +298,43 @@ func TestRenewBackAndForth(t *testing.T) {
 		t.Fatalf("after release: %+v, %v; want free with the last fence %d", st, err, lease.Fence)
 	}
 }
+
+// TestRecoveryAfterTTLIsLost: a lease whose Locker went away (and its TTL
+// timer with it) ends at its TTL for a new Locker too, even while the old
+// session has not timed out yet: the recovery renewal reports ErrLost and
+// frees the keys instead of reviving the lease.
+func TestRecoveryAfterTTLIsLost(t *testing.T) {
+	e := sharedServers(t, 1)
+	cfg := Config{Servers: e.Addrs(), Root: "/recovery"}
+	ctx := ctxT(t, 60*time.Second)
+	key := testKey("late")
+	old := newTestLocker(t, cfg)
+	lease, err := old.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: 300 * time.Millisecond, Owner: mustOwner(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fresh := newTestLocker(t, cfg)
+	st, err := fresh.Inspect(ctx, []string{key})
+	if err != nil || !st[0].Held {
+		t.Fatalf("Inspect after the old Locker closed: %+v, %v; want still held (the session lives)", st, err)
+	}
+	// Wait until the ensemble's clock is past the lease's end.
+	raw := rawConn(t, e.Addrs())
+	err = wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(context.Context) (bool, error) {
+		s, err := raw.Set(fresh.ticketPath, nil, -1)
+		return err == nil && time.UnixMilli(s.Mtime).After(st[0].Expires), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fresh.Renew(ctx, stored(lease), 30*time.Second); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("Renew after the TTL: %v, want ErrLost", err)
+	}
+	st, err = fresh.Inspect(ctx, []string{key})
+	if err != nil || st[0].Held {
+		t.Fatalf("Inspect after the late renewal: %+v, %v; want free", st, err)
+	}
+}

@@ -104,6 +104,15 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 			return nil, fmt.Errorf("%s: %w: %w", op, lock.ErrLost, &errLostKey{lease.Keys[first]})
 		}
 		session := l.conn.SessionID()
+		if expired, err := l.foreignExpired(ctx, owned, session); err != nil {
+			return nil, l.unavailable(op, err)
+		} else if expired {
+			// Its Locker is gone (its timer with it) and the session not
+			// timed out yet: the lease ended at its TTL all the same.
+			l.releaseQuietly(ctx, lease.Keys, hash)
+			l.log.Info("Lease lost: its TTL passed without a renewal", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
+			return nil, fmt.Errorf("%s: %w: its TTL passed without a renewal (on the ensemble's clock)", op, lock.ErrLost)
+		}
 		var ops []any
 		next := make([]written, len(owned))
 		holderOps := make([]int, len(owned)) // index of the holder's SetData, -1 for a move
@@ -171,6 +180,33 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		return l.renewed(op, lease, hash, ttl, start, next)
 	}
 	return nil, l.unavailable(op, errors.New("the holder nodes kept changing during the renewal"))
+}
+
+// foreignExpired tells whether a holder node of another session (a lease
+// acquired or last renewed by another Locker, which is expected to end it at
+// its TTL but may be gone) outlived its TTL on the ensemble's clock: its last
+// write (mtime) plus the TTL it was written with is before the mtime of a
+// node written now. Such a lease must not be revived by a recovery renewal.
+func (l *Locker) foreignExpired(ctx context.Context, owned []*ownedKey, session int64) (bool, error) {
+	foreign := false
+	for _, o := range owned {
+		if o.holder.stat.EphemeralOwner != session || session == 0 {
+			foreign = true
+		}
+	}
+	if !foreign {
+		return false, nil
+	}
+	_, nowMs, err := l.serverNow(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, o := range owned {
+		if (o.holder.stat.EphemeralOwner != session || session == 0) && o.holder.stat.Mtime+o.holder.data.TTLMs < nowMs {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // renewed finishes a successful renewal that started at start: it re-arms

@@ -62,7 +62,11 @@
 // its holder nodes into its own session in one multi: write the key node at
 // the version read, delete the old holder node at the version read, create it
 // again with the same data plus the lease's fence and acquisition time. The lease
-// keeps its token and its place, and nobody ever sees the key free. Release
+// keeps its token and its place, and nobody ever sees the key free. A lease
+// whose TTL passed on the ensemble's clock (its holder node's mtime plus the
+// TTL it was written with is before the mtime of a node written now) is not
+// moved but released, and Renew reports lock.ErrLost: the Locker that would
+// have ended it at its TTL is gone, its session not timed out yet. Release
 // from any Locker deletes the holder nodes whose owner hash matches.
 //
 // # Queue
