@@ -15,9 +15,12 @@ import (
 // against a 3-member cluster while the leader is killed (SIGKILL) and
 // restarted with its data, or a member is paused and resumed.
 //
-// The clients' TTL is 1s, etcd's lease granularity: with a shorter one etcd
-// would keep the keys for a whole second anyway and a client stalling past
-// its Expires would never be overtaken, so stale writes would not happen.
+// The clients' TTL is 2s: etcd grants leases in whole seconds and its
+// leader checks for expired leases every 500ms, so a lease ends up to half a
+// second after its TTL. A client that stalls past its Expires + TTL/2 (what
+// the fault test does) is then reliably overtaken by another, and its stale
+// write must be rejected; with a 1s TTL it often wakes before etcd frees the
+// key, and the runs exercise fencing less.
 func TestFaultsFencedRegister(t *testing.T) {
 	c := etcdtest.StartCluster(t, 3)
 	cfg := configFor(c)
@@ -29,7 +32,7 @@ func TestFaultsFencedRegister(t *testing.T) {
 				return newTestLocker(t, cfg, WithOpTimeout(2*time.Second))
 			},
 			Inject: func(ctx context.Context, rng *rand.Rand) {
-				if rng.IntN(3) > 0 {
+				if rng.IntN(2) == 0 {
 					leader, err := c.Leader()
 					if err != nil {
 						// Mid-election: the next fault finds one.
@@ -52,10 +55,13 @@ func TestFaultsFencedRegister(t *testing.T) {
 					t.Errorf("resume %s: %v", m.Name, err)
 				}
 			},
-			TTL:            time.Second,
-			Duration:       8 * time.Second,
-			AcquireTimeout: 3 * time.Second,
-			FaultGap:       time.Second,
+			TTL:            2 * time.Second,
+			Duration:       12 * time.Second,
+			AcquireTimeout: 4 * time.Second,
+			// A leader change resets every etcd lease to its full TTL
+			// (plus an election timeout): with faults every second no
+			// lease would ever expire under a stalled client.
+			FaultGap: 3 * time.Second,
 		})
 		// The next run starts with every member up and one leader.
 		if _, err := c.WaitLeader(time.Minute); err != nil {
