@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
+	"github.com/lockwarden/lockwarden/internal/testutil/zktest"
 )
 
 // TestDialUsedForEveryConnection: with Config.Dial set, the first connection
@@ -106,5 +107,26 @@ func TestDigestKeepsOthersOut(t *testing.T) {
 	}
 	if err := l.Release(ctx, lease); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestNegotiatedSessionTimeout: the Locker learns the session timeout the
+// ensemble granted (zktest's servers grant at most MaxSessionTimeout), and
+// lease validity never exceeds it.
+func TestNegotiatedSessionTimeout(t *testing.T) {
+	e := sharedServers(t, 1)
+	l := newTestLocker(t, Config{Servers: e.Addrs(), Root: "/negotiated", SessionTimeout: 10 * time.Minute})
+	if err := l.Ping(ctxT(t, 30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.SessionTimeout(); got != zktest.MaxSessionTimeout {
+		t.Fatalf("SessionTimeout() = %v after asking for 10m, want the granted %v", got, zktest.MaxSessionTimeout)
+	}
+	lease, err := l.TryAcquire(ctxT(t, 30*time.Second), lock.Request{Keys: []string{testKey("negotiated")}, TTL: 5 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := lease.Expires.Sub(lease.Acquired); d > zktest.MaxSessionTimeout {
+		t.Fatalf("lease valid for %v: want at most the granted session timeout %v", d, zktest.MaxSessionTimeout)
 	}
 }

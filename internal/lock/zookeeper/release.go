@@ -328,7 +328,7 @@ func (l *Locker) expire(hash string, lt *leaseTimer) {
 			return
 		}
 		if l.ctx.Err() != nil || time.Now().After(giveUp) {
-			l.log.V(2).Info("Ending an expired lease failed; the session timeout ends it", "keys", lt.keys, "err", err.Error())
+			l.log.V(2).Info("Ending an expired lease failed; the session timeout ends it", "keys", lt.keys, "ttlEnded", lt.deadline, "err", err.Error())
 			return
 		}
 		select {

@@ -104,7 +104,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
@@ -361,8 +360,8 @@ type staticHosts struct {
 func (h *staticHosts) Init(servers []string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	// zk.Connect has shuffled them already, so clients spread over the members.
 	h.servers = append([]string(nil), servers...)
-	rand.Shuffle(len(h.servers), func(i, j int) { h.servers[i], h.servers[j] = h.servers[j], h.servers[i] })
 	return nil
 }
 

@@ -58,6 +58,9 @@ const (
 	InstallHint = "run hack/ensure-zookeeper.sh (or: sudo apt-get install zookeeper), or set LOCKWARDEN_JAVA and LOCKWARDEN_ZOOKEEPER_CLASSPATH"
 )
 
+// logName is the server's log file in its directory (stdout and stderr of the JVM).
+const logName = "server.log"
+
 // Mode is a server's role as "srvr" reports it.
 type Mode string
 
@@ -129,7 +132,6 @@ type Server struct {
 
 	dir      string
 	conf     string
-	logPath  string
 	ports    []int // client, quorum, election (quorum ports only in an ensemble)
 	ensemble bool
 
@@ -269,7 +271,6 @@ func (s *Server) writeConfig(all []*Server) error {
 		}
 	}
 	s.conf = filepath.Join(s.dir, "zoo.cfg")
-	s.logPath = filepath.Join(s.dir, "server.log")
 	return os.WriteFile(s.conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
 }
 
@@ -280,7 +281,7 @@ func (s *Server) launch() error {
 	if err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logf, err := os.OpenFile(filepath.Join(s.dir, logName), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
@@ -462,7 +463,7 @@ func (s *Server) signal(sig syscall.Signal, paused bool) error {
 
 // LogTail returns the last n lines of the server's log.
 func (s *Server) LogTail(n int) string {
-	b, _ := os.ReadFile(s.logPath)
+	b, _ := os.ReadFile(filepath.Join(s.dir, logName))
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
