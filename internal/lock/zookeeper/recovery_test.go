@@ -219,7 +219,7 @@ func TestSessionExpiryLosesLeases(t *testing.T) {
 	e := sharedServers(t, 1)
 	ctx := ctxT(t, 90*time.Second)
 	g := &gateDial{}
-	cfg := Config{Servers: e.Addrs(), Root: "/expiry", SessionTimeout: time.Second, Dial: g.dial}
+	cfg := Config{Servers: e.Addrs(), Root: "/expiry", SessionTimeout: 2 * time.Second, Dial: g.dial}
 	l := newTestLocker(t, cfg)
 	key := testKey("expiry")
 	lease, err := l.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: time.Minute})
