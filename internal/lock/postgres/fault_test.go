@@ -41,9 +41,11 @@ func TestFaultsFencedRegister(t *testing.T) {
 				if rng.IntN(3) > 0 {
 					s.Kill()
 					time.Sleep(time.Duration(20+rng.IntN(100)) * time.Millisecond)
+					began := time.Now()
 					if err := s.Restart(); err != nil {
 						t.Errorf("restart: %v", err)
 					}
+					t.Logf("killed and restarted; crash recovery took %v", time.Since(began).Round(time.Millisecond))
 					return
 				}
 				if err := s.Pause(); err != nil {
