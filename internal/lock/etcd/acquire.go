@@ -64,6 +64,9 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 		if ctx.Err() == nil || lastErr == nil || errors.Is(err, lock.ErrNotAcquired) {
 			lastErr = err
 		}
+		if hint.retry {
+			continue
+		}
 		if hint.key != "" && (hint != watching || events == nil) {
 			stop()
 			wctx, cancel := context.WithCancel(ctx)
@@ -138,6 +141,8 @@ type waitHint struct {
 	key    string
 	prefix bool
 	rev    int64
+	// retry: what blocked the attempt is already gone; try again at once.
+	retry bool
 }
 
 // keyView is what an attempt read of one key.
@@ -459,7 +464,10 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 		puts = append(puts, clientv3.OpPut(own, value, clientv3.WithLease(waiterLease)))
 	}
 	qp := l.queuePrefix(held.Key)
-	puts = append(puts, clientv3.OpGet(qp, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithKeysOnly()))
+	qIndex := len(puts)
+	puts = append(puts,
+		clientv3.OpGet(qp, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithKeysOnly()),
+		clientv3.OpGet(l.holderKey(held.Key), clientv3.WithKeysOnly()))
 	tctx, cancel := l.opCtx(ctx)
 	resp, err := l.cli.Txn(tctx).If(cmps...).Then(puts...).Commit()
 	cancel()
@@ -476,8 +484,19 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 		}
 		return nil
 	}
+	// Watch from the join's revision rather than the earlier read: etcd
+	// serves a watch that starts at its current revision at once, while one
+	// that starts in the past waits for its catch-up loop (every 100ms)
+	// before it sees new events. The join read the queue and the holder key
+	// at that revision, so nothing to wait for was deleted unnoticed; a
+	// holder that left in between means: try again at once.
+	rev := resp.Header.Revision
+	holderGone := views[busy].held && len(resp.Responses[qIndex+1].GetResponseRange().GetKvs()) == 0
+	if views[busy].held {
+		*hint = waitHint{key: l.holderKey(held.Key), rev: rev, retry: holderGone}
+	}
 	own := l.waiterKey(held.Key, tag)
-	kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().GetKvs()
+	kvs := resp.Responses[qIndex].GetResponseRange().GetKvs()
 	held.Waiters = len(kvs)
 	for j, kv := range kvs {
 		if string(kv.Key) != own {
@@ -486,11 +505,10 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 		held.Position = j
 		if !views[busy].held {
 			if j == 0 {
-				// Head of a free key's queue: another key of the request
-				// is what blocks it; the next call finds it.
-				*hint = waitHint{}
+				// The waiters ahead left in between: try again at once.
+				*hint = waitHint{retry: true}
 			} else {
-				*hint = waitHint{key: string(kvs[j-1].Key), rev: resp.Header.Revision}
+				*hint = waitHint{key: string(kvs[j-1].Key), rev: rev}
 			}
 		}
 	}
