@@ -36,7 +36,8 @@ func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease,
 // Acquire blocks until it holds every key of req or ctx ends (see lock.Locker).
 // It tries once; when the keys are busy it starts watching their releases
 // (LISTEN on the Locker's listening connection) and tries again at once (so
-// a release between the first try and the watch is not missed), then after
+// a release between the first try and the watch is not missed; while the
+// listening connection is still coming up, it is told when it does), then after
 // each failed try waits for a notification, the holder's remaining TTL or the
 // next backoff step (WithBackoff), whichever comes first. With req.Queue it
 // waits in the keys' FIFO queues, calling again at least every third of the
@@ -61,7 +62,7 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 	defer cancel()
 	var released <-chan string
 	if ctx.Err() == nil {
-		released, err = l.Watch(wctx, req.Keys...)
+		released, err = l.watchForAcquire(wctx, req.Keys)
 		if err != nil {
 			log.V(2).Info("Watching releases failed; polling only", "err", err.Error())
 			released = nil

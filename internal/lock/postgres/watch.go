@@ -45,9 +45,31 @@ func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, erro
 			sub.keys[k] = struct{}{}
 		}
 	}
-	if err := l.lis.subscribe(ctx, sub); err != nil {
+	if err := l.lis.subscribe(ctx, sub, true); err != nil {
 		return nil, err
 	}
+	l.unsubscribeWhenDone(ctx, sub)
+	return sub.ch, nil
+}
+
+// watchForAcquire is Watch for a waiting Acquire: it does not wait for the
+// listening connection. When that connection is not up yet (or is
+// reconnecting), every key is delivered once as soon as it listens, so the
+// waiter tries again then and misses no release notified before.
+func (l *Locker) watchForAcquire(ctx context.Context, keys []string) (<-chan string, error) {
+	sub := &subscription{ch: make(chan string, watchBuffer), done: make(chan struct{}), keys: make(map[string]struct{}, len(keys))}
+	for _, k := range keys {
+		sub.keys[k] = struct{}{}
+	}
+	if err := l.lis.subscribe(ctx, sub, false); err != nil {
+		return nil, err
+	}
+	l.unsubscribeWhenDone(ctx, sub)
+	return sub.ch, nil
+}
+
+// unsubscribeWhenDone ends sub when ctx ends (or the Locker closes it).
+func (l *Locker) unsubscribeWhenDone(ctx context.Context, sub *subscription) {
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -55,7 +77,6 @@ func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, erro
 		}
 		l.lis.unsubscribe(sub)
 	}()
-	return sub.ch, nil
 }
 
 // subscription is one Watch.
@@ -63,6 +84,9 @@ type subscription struct {
 	keys map[string]struct{} // nil: every key
 	ch   chan string
 	done chan struct{} // closed by unsubscribe, with ch
+	// early: subscribed while the connection was not listening; its keys
+	// are delivered once when it is (guarded by listener.mu).
+	early bool
 }
 
 // listener is a Locker's listening connection and the Watch subscriptions it feeds.
@@ -82,9 +106,10 @@ func newListener(l *Locker) *listener {
 	return &listener{l: l, upCh: make(chan struct{}), subs: map[*subscription]struct{}{}, done: make(chan struct{})}
 }
 
-// subscribe registers sub, starts the connection if needed, and waits until
-// it listens (bounded by the operation timeout).
-func (s *listener) subscribe(ctx context.Context, sub *subscription) error {
+// subscribe registers sub and starts the connection if needed. With waitUp
+// it waits until the connection listens (bounded by the operation timeout)
+// and fails otherwise; without, it returns at once.
+func (s *listener) subscribe(ctx context.Context, sub *subscription, waitUp bool) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -96,8 +121,9 @@ func (s *listener) subscribe(ctx context.Context, sub *subscription) error {
 		go s.run()
 	}
 	up, upCh := s.up, s.upCh
+	sub.early = !up
 	s.mu.Unlock()
-	if up {
+	if up || !waitUp {
 		return nil
 	}
 	if err := s.l.ensureSchema(ctx); err != nil {
@@ -148,12 +174,19 @@ func (s *listener) dispatch(key string) {
 	}
 }
 
-// wakeAll delivers every watched key once, after a reconnect: releases
-// notified while the connection was down are lost.
-func (s *listener) wakeAll() {
+// wake delivers every watched key once to the subscriptions that may have
+// missed releases: all of them after a reconnect (releases notified while
+// the connection was down are lost), else those subscribed before the
+// connection first listened.
+func (s *listener) wake(reconnected bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for sub := range s.subs {
+		early := sub.early
+		sub.early = false
+		if !early && !reconnected {
+			continue
+		}
 		for k := range sub.keys {
 			select {
 			case sub.ch <- k:
@@ -205,9 +238,7 @@ func (s *listener) run() {
 		err := s.listen(ctx, func() {
 			s.setUp(true)
 			b = reconnectBackoff
-			if connectedBefore {
-				s.wakeAll()
-			}
+			s.wake(connectedBefore)
 			connectedBefore = true
 		})
 		s.setUp(false)
