@@ -19,3 +19,16 @@ func TestConformanceCluster3Auth(t *testing.T) {
 	cfg.Prefix = "/conformance/auth/"
 	locktest.Run(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
 }
+
+// TestConformanceTLSDial runs the suite over TLS with every connection
+// opened by Config.Dial (gRPC runs TLS over the dialer's connections).
+func TestConformanceTLSDial(t *testing.T) {
+	m := etcdtest.Start(t, etcdtest.WithTLS())
+	var d countingDialer
+	cfg := configFor(m.Cluster())
+	cfg.Dial = d.dial
+	locktest.Run(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
+	if d.calls.Load() == 0 {
+		t.Fatal("no connection went through Config.Dial")
+	}
+}

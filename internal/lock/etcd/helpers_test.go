@@ -27,6 +27,7 @@ func lockerFactory(cfg Config, opts ...Option) func(t *testing.T) lock.Locker {
 	return func(t *testing.T) lock.Locker { return newTestLocker(t, cfg, opts...) }
 }
 
+// configFor connects to the cluster with its credentials and CA.
 func configFor(c *etcdtest.Cluster) Config {
-	return Config{Endpoints: c.Endpoints(), Username: c.Username, Password: c.Password}
+	return Config{Endpoints: c.Endpoints(), Username: c.Username, Password: c.Password, TLS: c.ClientTLS()}
 }

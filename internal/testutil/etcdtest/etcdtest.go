@@ -122,6 +122,7 @@ func Require(t testing.TB) {
 
 type options struct {
 	rootPassword string
+	tls          bool
 }
 
 // Option configures Start and StartCluster.
@@ -131,6 +132,11 @@ type Option func(*options)
 // user RootUser with this password and the root role. Clients then need
 // Username RootUser and the password.
 func WithRootPassword(pw string) Option { return func(o *options) { o.rootPassword = pw } }
+
+// WithTLS makes the members serve clients with TLS only (a certificate for
+// 127.0.0.1 from a throw-away CA); Cluster.ClientTLS trusts it. Peers talk
+// plain HTTP among themselves.
+func WithTLS() Option { return func(o *options) { o.tls = true } }
 
 // Member is one etcd server process.
 type Member struct {
@@ -157,8 +163,12 @@ type Cluster struct {
 	// Username and Password are the root credentials when the cluster was
 	// started WithRootPassword; empty otherwise.
 	Username, Password string
+	// CAPEM is the CA that signed the members' certificate when the cluster
+	// was started WithTLS; nil otherwise.
+	CAPEM []byte
 
-	token string
+	token             string
+	certFile, keyFile string
 }
 
 // Start starts one member and returns when it serves clients; it is killed
@@ -204,7 +214,7 @@ func Launch(dir string, n int, opts ...Option) (*Cluster, error) {
 	}
 	var errs []error
 	for attempt := range startAttempts {
-		c, err := launchOnce(dir, n, attempt)
+		c, err := launchOnce(dir, n, attempt, o)
 		if err == nil {
 			if o.rootPassword != "" {
 				if err := c.enableAuth(o.rootPassword); err != nil {
@@ -219,12 +229,21 @@ func Launch(dir string, n int, opts ...Option) (*Cluster, error) {
 	return nil, fmt.Errorf("no set of ports worked in %d attempts: %w", startAttempts, errors.Join(errs...))
 }
 
-func launchOnce(dir string, n, attempt int) (*Cluster, error) {
+func launchOnce(dir string, n, attempt int, o options) (*Cluster, error) {
 	ports, err := freeport.TakeN(2 * n)
 	if err != nil {
 		return nil, err
 	}
 	c := &Cluster{token: fmt.Sprintf("etcdtest-%d-%d", os.Getpid(), time.Now().UnixNano())}
+	if o.tls {
+		certDir, err := os.MkdirTemp(dir, "certs-")
+		if err != nil {
+			return c, err
+		}
+		if c.CAPEM, c.certFile, c.keyFile, err = serverCerts(certDir); err != nil {
+			return c, fmt.Errorf("make certificates: %w", err)
+		}
+	}
 	for i := range n {
 		m := &Member{Name: fmt.Sprintf("m%d", i+1), ports: ports[2*i : 2*i+2], cluster: c}
 		m.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(m.ports[0]))
@@ -256,14 +275,23 @@ func (m *Member) peerURL() string {
 	return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(m.ports[1]))
 }
 
-func (m *Member) clientURL() string { return "http://" + m.Addr }
+func (m *Member) clientURL() string {
+	if m.cluster.CAPEM != nil {
+		return "https://" + m.Addr
+	}
+	return "http://" + m.Addr
+}
 
 func (m *Member) args() []string {
 	var initial []string
 	for _, o := range m.cluster.Members {
 		initial = append(initial, o.Name+"="+o.peerURL())
 	}
-	return []string{
+	var tlsArgs []string
+	if m.cluster.certFile != "" {
+		tlsArgs = []string{"--cert-file", m.cluster.certFile, "--key-file", m.cluster.keyFile}
+	}
+	return append(tlsArgs,
 		"--name", m.Name,
 		"--data-dir", filepath.Join(m.dir, "data"),
 		"--listen-client-urls", m.clientURL(),
@@ -283,7 +311,7 @@ func (m *Member) args() []string {
 		// the page cache), which a loaded test machine cannot afford; only
 		// a machine crash would lose it, and tests do not crash machines.
 		"--unsafe-no-fsync",
-	}
+	)
 }
 
 // launch starts the process and waits until it answers Status; on failure
@@ -360,6 +388,7 @@ func (m *Member) client() (*clientv3.Client, error) {
 		Logger:      zap.NewNop(),
 		Username:    m.cluster.Username,
 		Password:    m.cluster.Password,
+		TLS:         m.cluster.ClientTLS(),
 	})
 }
 

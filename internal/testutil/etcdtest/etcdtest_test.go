@@ -64,3 +64,21 @@ func TestClusterLeaderKillRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestStartWithTLS(t *testing.T) {
+	m := Start(t, WithTLS())
+	c := m.Cluster()
+	if c.ClientTLS() == nil {
+		t.Fatal("ClientTLS() = nil for a TLS cluster")
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: c.ClientTLS()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := cli.Put(ctx, "k", "v"); err != nil {
+		t.Fatalf("put over TLS: %v", err)
+	}
+}
