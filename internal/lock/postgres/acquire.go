@@ -168,8 +168,11 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	})
 	if err != nil {
 		l.log.V(2).Info("Acquire failed", "keys", req.Keys, "err", err.Error())
-		// The transaction may have committed before the reply was lost.
-		l.releaseQuietly(ctx, req.Keys, req.Owner)
+		// Once the statement went out, the transaction may have committed
+		// before the reply was lost.
+		if !start.IsZero() {
+			l.releaseQuietly(ctx, req.Keys, req.Owner)
+		}
 		return nil, 0, err
 	}
 	if !ok {

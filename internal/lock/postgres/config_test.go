@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"strings"
@@ -207,5 +208,53 @@ func TestMigrationsEmbedded(t *testing.T) {
 	sql := render(ms[0].sql, "locks_x", "locks_x_released")
 	if strings.Contains(sql, "{{") || !strings.Contains(sql, `"locks_x".locks`) || !strings.Contains(sql, `'locks_x_released'`) {
 		t.Fatalf("rendered migration has placeholders left or misses the schema/channel")
+	}
+}
+
+// TestConnConfigIgnoresEnvironment: the pgx configuration comes from Config
+// alone; PG* environment variables (which pgx's defaults read) change nothing.
+func TestConnConfigIgnoresEnvironment(t *testing.T) {
+	for k, v := range map[string]string{
+		"PGHOST": "evil.example", "PGPORT": "1", "PGDATABASE": "evil", "PGUSER": "evil",
+		"PGPASSWORD": "evil", "PGOPTIONS": "-c search_path=evil", "PGAPPNAME": "evil",
+		"PGSSLMODE": "disable", "PGTARGETSESSIONATTRS": "read-write",
+	} {
+		t.Setenv(k, v)
+	}
+	cfg := validConfig()
+	cfg.Password = "pw"
+	cc, err := connConfig(cfg, options{opTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cc.Host != cfg.Host || cc.Port != DefaultPort || cc.Database != cfg.Database || cc.User != cfg.User || cc.Password != "pw" {
+		t.Fatalf("connection target %s:%d/%s as %s: want the Config's", cc.Host, cc.Port, cc.Database, cc.User)
+	}
+	if len(cc.Fallbacks) != 0 || cc.TLSConfig != nil || cc.ValidateConnect != nil {
+		t.Fatalf("fallbacks %v, TLS %v, validate %v: want none (no TLS in Config)", cc.Fallbacks, cc.TLSConfig, cc.ValidateConnect != nil)
+	}
+	if len(cc.RuntimeParams) != 1 || cc.RuntimeParams["application_name"] != "lockwarden" {
+		t.Fatalf("runtime parameters %v: want only application_name", cc.RuntimeParams)
+	}
+	addrs, err := cc.LookupFunc(context.Background(), cfg.Host)
+	if err != nil || len(addrs) != 1 || addrs[0] != cfg.Host {
+		t.Fatalf("lookup = %v, %v: want the host as written", addrs, err)
+	}
+}
+
+// TestConnConfigTLS: with TLS set, TLS is required (no plain fallback) and
+// the certificate is checked against Host unless ServerName says otherwise.
+func TestConnConfigTLS(t *testing.T) {
+	cfg := validConfig()
+	cfg.TLS = &tls.Config{MinVersion: tls.VersionTLS13}
+	cc, err := connConfig(cfg, options{opTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cc.TLSConfig == nil || cc.TLSConfig.ServerName != cfg.Host || cc.TLSConfig.InsecureSkipVerify || len(cc.Fallbacks) != 0 {
+		t.Fatalf("TLS %+v, fallbacks %v: want verify-full against %s and no fallback", cc.TLSConfig, cc.Fallbacks, cfg.Host)
+	}
+	if cfg.TLS.ServerName != "" {
+		t.Fatal("the caller's tls.Config was modified")
 	}
 }
