@@ -14,6 +14,7 @@ import (
 // errLostKey says which key a lease no longer holds.
 type errLostKey struct{ key string }
 
+// Error names the key.
 func (e *errLostKey) Error() string {
 	return fmt.Sprintf("key %q is no longer held by this owner", e.key)
 }

@@ -276,6 +276,7 @@ type zkLogger struct{ l *Locker }
 // (github.com/go-zookeeper/zk v1.0.4, conn.go).
 const authenticatedFormat = "authenticated: id=%d, timeout=%d"
 
+// Printf implements zk.Logger.
 func (z zkLogger) Printf(format string, args ...any) {
 	if format == authenticatedFormat && len(args) == 2 {
 		if ms, ok := args[1].(int32); ok && ms > 0 {
@@ -339,6 +340,7 @@ type trackedConn struct {
 	once sync.Once
 }
 
+// Close closes the connection and forgets it.
 func (c *trackedConn) Close() error {
 	c.once.Do(func() {
 		c.d.mu.Lock()
@@ -357,6 +359,7 @@ type staticHosts struct {
 	tried   int // servers tried since the last successful connection
 }
 
+// Init takes the configured servers (zk.HostProvider).
 func (h *staticHosts) Init(servers []string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -365,6 +368,7 @@ func (h *staticHosts) Init(servers []string) error {
 	return nil
 }
 
+// Len returns the number of servers (zk.HostProvider).
 func (h *staticHosts) Len() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -386,6 +390,7 @@ func (h *staticHosts) Next() (string, bool) {
 	return s, retry
 }
 
+// Connected records a successful connection (zk.HostProvider).
 func (h *staticHosts) Connected() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
