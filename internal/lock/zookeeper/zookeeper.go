@@ -39,7 +39,8 @@
 // czxid): zxids are the ensemble's total order of writes, strictly increasing
 // across leader elections (a new epoch in the high 32 bits), so a token is
 // larger than every token issued before for any key, by anyone. The last
-// token of a free key is its key node's mzxid, which releases do not change.
+// token of a free key is its key node's mzxid, which releases do not change
+// (after a recovery move: the token in its data).
 //
 // # TTL and sessions
 //
@@ -52,9 +53,11 @@
 // minus a drift margin: after a partition the ensemble may expire the session
 // that long after the last contact. When the session expires every lease held
 // on it is gone: Renew reports lock.ErrLost (the nodes are gone, or another
-// owner's). Close drops the connection without closing the session, so the
-// leases stay (as the lock.Locker contract says) until a new Locker renews
-// them or the session times out.
+// owner's). So the lease of a crashed holder ends after the session timeout,
+// not at its TTL (Inspect's Expires, the TTL on the ensemble's clock, may then
+// be past while the key is still held). Close drops the connection without
+// closing the session, so the leases stay (as the lock.Locker contract says)
+// until a new Locker renews or releases them or the session times out.
 //
 // # Recovery
 //
@@ -80,9 +83,10 @@
 // whose mtime is older than WaiterTTL before the mtime of a node it just
 // wrote, so dead waiters are pruned by the ensemble's clock, never the
 // client's. Acquire waits on a ZooKeeper watch: on the holder node while it
-// is at the head of the queue (or not queued), else on the live waiter just
-// ahead of it, so a release wakes one waiter, not the herd; exponential
-// backoff with jitter is the fallback.
+// is at the head of the queue, else on the live waiter just ahead of it, so a
+// release wakes one waiter, not the herd (a request without Queue watches the
+// holder node, or the head of the queue that blocks it); exponential backoff
+// with jitter is the fallback.
 //
 // A Locker remembers the versions it wrote for the leases it holds, so its
 // own renewals and releases are one multi without reads (check the key node's
