@@ -29,6 +29,7 @@ package pgtest
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -326,42 +327,91 @@ var (
 	templateErr  error
 )
 
-// template runs initdb once per test process into a directory under
-// os.TempDir() and returns its data directory. It is left behind when the
-// process ends (a few tens of MB, under a pgtest-template- prefix), since
-// the last test that copies it is not known.
+// template returns the data directory of a cluster made by initdb, which
+// every server copies. It is made once per machine, user and PostgreSQL
+// installation, in a directory under os.TempDir() that later test processes
+// reuse (initdb takes seconds on a loaded machine, and a template per process
+// would leave tens of MB behind each time): made in a private directory and
+// renamed into place, so concurrent test processes never see half of one.
 func template(bin string, cred *syscall.Credential) (string, error) {
 	templateOnce.Do(func() {
-		root, err := os.MkdirTemp("", "pgtest-template-")
+		sum := sha256.Sum256([]byte(bin))
+		shared := filepath.Join(os.TempDir(), fmt.Sprintf("lockwarden-pgtest-template-%d-%x", os.Geteuid(), sum[:6]))
+		if usableTemplate(shared) {
+			templateDir = filepath.Join(shared, "data")
+			return
+		}
+		tmp, err := makeTemplate(bin, cred)
 		if err != nil {
 			templateErr = err
 			return
 		}
-		if err := os.Chmod(root, 0o755); err != nil {
-			templateErr = err
-			return
-		}
-		if cred != nil {
-			if err := os.Chown(root, int(cred.Uid), int(cred.Gid)); err != nil {
-				templateErr = err
+		if err := os.Rename(tmp, shared); err != nil {
+			if !usableTemplate(shared) {
+				// Someone else's directory is in the way: use ours for this
+				// process only (left behind, like any template).
+				templateDir = filepath.Join(tmp, "data")
 				return
 			}
+			_ = os.RemoveAll(tmp) // another process won the race
 		}
-		dir := filepath.Join(root, "data")
-		cmd := exec.Command(filepath.Join(bin, "initdb"),
-			"-D", dir, "-U", "postgres", "-E", "UTF8", "--no-locale",
-			"--auth-local=trust", "--auth-host=scram-sha-256",
-			// No fsync: a test cluster lives no longer than the test process.
-			"--no-sync")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			templateErr = fmt.Errorf("initdb: %w: %s", err, out)
-			return
-		}
-		templateDir = dir
+		templateDir = filepath.Join(shared, "data")
 	})
 	return templateDir, templateErr
+}
+
+// usableTemplate reports whether dir is a finished template this user made:
+// a real directory (not a symlink) owned by the effective user, holding a
+// cluster.
+func usableTemplate(dir string) bool {
+	fi, err := os.Lstat(dir)
+	if err != nil || !fi.IsDir() {
+		return false
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Geteuid() {
+		return false
+	}
+	_, err = os.Stat(filepath.Join(dir, "data", "PG_VERSION"))
+	return err == nil
+}
+
+// makeTemplate runs initdb into a new directory under os.TempDir() and
+// returns that directory (the cluster is in its data subdirectory).
+func makeTemplate(bin string, cred *syscall.Credential) (string, error) {
+	root, err := os.MkdirTemp("", "lockwarden-pgtest-template-tmp-")
+	if err != nil {
+		return "", err
+	}
+	fail := func(err error) (string, error) {
+		_ = os.RemoveAll(root)
+		return "", err
+	}
+	// The postgres user must traverse it when the tests run as root.
+	if err := os.Chmod(root, 0o755); err != nil { //nolint:gosec // G302: a directory, traversable on purpose
+		return fail(err)
+	}
+	if cred != nil {
+		if err := os.Chown(root, int(cred.Uid), int(cred.Gid)); err != nil {
+			return fail(err)
+		}
+	}
+	cmd := exec.Command(filepath.Join(bin, "initdb"),
+		"-D", filepath.Join(root, "data"), "-U", "postgres", "-E", "UTF8", "--no-locale",
+		"--auth-local=trust", "--auth-host=scram-sha-256",
+		// No fsync: the template is copied, never run.
+		"--no-sync")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fail(fmt.Errorf("initdb: %w: %s", err, out))
+	}
+	// Owned by the effective user again, so usableTemplate accepts it.
+	if cred != nil {
+		if err := os.Chown(root, os.Geteuid(), os.Getegid()); err != nil {
+			return fail(err)
+		}
+	}
+	return root, nil
 }
 
 // launch starts the postmaster on s.Port and waits until it accepts
