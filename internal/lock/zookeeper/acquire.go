@@ -476,7 +476,7 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 func (l *Locker) releaseQuietly(ctx context.Context, keys []string, hash string) {
 	cctx, cancel := l.cleanupContext(ctx)
 	defer cancel()
-	if _, err := l.releaseOwned(cctx, keys, hash, 0); err != nil {
+	if _, _, err := l.releaseOwned(cctx, keys, hash, 0); err != nil {
 		l.log.V(2).Info("Best-effort release failed; the nodes end at the TTL or with the session", "keys", keys, "err", err.Error())
 		return
 	}

@@ -337,4 +337,34 @@ func TestRecoveryAfterTTLIsLost(t *testing.T) {
 	if err != nil || st[0].Held {
 		t.Fatalf("Inspect after the late renewal: %+v, %v; want free", st, err)
 	}
+
+	// The same for a Release after the TTL: the keys are freed, and the
+	// caller learns that the lease had ended.
+	key2 := testKey("late-release")
+	old2 := newTestLocker(t, cfg)
+	lease2, err := old2.TryAcquire(ctx, lock.Request{Keys: []string{key2}, TTL: 300 * time.Millisecond, Owner: mustOwner(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st, err = fresh.Inspect(ctx, []string{key2})
+	if err != nil || !st[0].Held {
+		t.Fatalf("Inspect after the old Locker closed: %+v, %v; want still held", st, err)
+	}
+	err = wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(context.Context) (bool, error) {
+		s, err := raw.Set(fresh.ticketPath, nil, -1)
+		return err == nil && time.UnixMilli(s.Mtime).After(st[0].Expires), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fresh.Release(ctx, stored(lease2)); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("Release after the TTL: %v, want ErrNotHeld", err)
+	}
+	st, err = fresh.Inspect(ctx, []string{key2})
+	if err != nil || st[0].Held {
+		t.Fatalf("Inspect after the late release: %+v, %v; want free", st, err)
+	}
 }

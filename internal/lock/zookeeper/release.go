@@ -46,12 +46,14 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 		}
 		// Something changed since (expired, renewed elsewhere): read.
 	}
-	n, err := l.releaseOwned(ctx, lease.Keys, hash, 0)
+	_, live, err := l.releaseOwned(ctx, lease.Keys, hash, 0)
 	if err != nil {
 		return l.unavailable(op, err)
 	}
 	l.disarmTimer(hash)
-	if n == 0 {
+	if live == 0 {
+		// Nothing, or only nodes that outlived the lease's TTL because their
+		// Locker is gone (deleted now, as its timer would have).
 		return fmt.Errorf("%s: %w: the lease expired or another owner took it", op, lock.ErrNotHeld)
 	}
 	if v := l.log.V(1); v.Enabled() {
@@ -138,14 +140,17 @@ func (l *Locker) readOwned(ctx context.Context, keys []string, hash string) ([]*
 
 // releaseOwned deletes the holder nodes of keys that the owner hash holds
 // (only those in session session when it is not 0), each checked against the
-// key node's version read after it, so a node that another acquisition
-// replaced is never deleted. It returns how many it deleted.
-func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, session int64) (int, error) {
+// key node's version read before it, so a node that another acquisition
+// replaced is never deleted. It returns how many it deleted, and how many of
+// those were live: not the nodes of a lease whose TTL had passed on the
+// ensemble's clock while its Locker was gone (counted only when session is 0,
+// for Release; see foreignExpired).
+func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, session int64) (deleted, live int, err error) {
 	synced := false
 	for range maxTries {
 		owned, _, err := l.readOwned(ctx, keys, hash)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if session != 0 {
 			kept := owned[:0]
@@ -158,14 +163,20 @@ func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, s
 		}
 		if len(owned) == 0 {
 			if synced || session != 0 {
-				return 0, nil
+				return 0, 0, nil
 			}
 			// Not held, says this server: make sure it is not lagging.
 			if err := l.sync(ctx); err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 			synced = true
 			continue
+		}
+		live = len(owned)
+		if session == 0 {
+			if live, err = l.liveCount(ctx, owned); err != nil {
+				return 0, 0, err
+			}
 		}
 		ops := make([]any, 0, 2*len(owned))
 		for _, o := range owned {
@@ -175,17 +186,43 @@ func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, s
 		}
 		_, err = l.multi(ctx, ops)
 		if err == nil {
-			return len(owned), nil
+			return len(owned), live, nil
 		}
 		if !isConflict(err) {
-			return 0, fmt.Errorf("delete holder nodes: %w", err)
+			return 0, 0, fmt.Errorf("delete holder nodes: %w", err)
 		}
 		if err := l.sync(ctx); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		synced = true
 	}
-	return 0, fmt.Errorf("the holder nodes of keys %q kept changing during %d attempts", keys, maxTries)
+	return 0, 0, fmt.Errorf("the holder nodes of keys %q kept changing during %d attempts", keys, maxTries)
+}
+
+// liveCount returns how many of the owned holder nodes are live: in this
+// Locker's session (its timer ends them at their TTL), or in another session
+// with their TTL not yet passed on the ensemble's clock (mtime plus the TTL
+// written, against the mtime of a node written now; only read when needed).
+func (l *Locker) liveCount(ctx context.Context, owned []*ownedKey) (int, error) {
+	session := l.conn.SessionID()
+	var nowMs int64
+	live := 0
+	for _, o := range owned {
+		if o.holder.stat.EphemeralOwner == session && session != 0 {
+			live++
+			continue
+		}
+		if nowMs == 0 {
+			var err error
+			if _, nowMs, err = l.serverNow(ctx); err != nil {
+				return 0, err
+			}
+		}
+		if o.holder.stat.Mtime+o.holder.data.TTLMs >= nowMs {
+			live++
+		}
+	}
+	return live, nil
 }
 
 // Dequeue removes owner from the FIFO queues of keys (a waiter giving up);
@@ -319,7 +356,7 @@ func (l *Locker) expire(hash string, lt *leaseTimer) {
 	b := l.opts.backoff
 	for {
 		ctx, cancel := context.WithTimeout(l.ctx, 2*l.opts.opTimeout)
-		n, err := l.releaseOwned(ctx, lt.keys, hash, l.conn.SessionID())
+		n, _, err := l.releaseOwned(ctx, lt.keys, hash, l.conn.SessionID())
 		cancel()
 		if err == nil {
 			if n > 0 {

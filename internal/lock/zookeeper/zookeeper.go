@@ -70,7 +70,9 @@
 // TTL it was written with is before the mtime of a node written now) is not
 // moved but released, and Renew reports lock.ErrLost: the Locker that would
 // have ended it at its TTL is gone, its session not timed out yet. Release
-// from any Locker deletes the holder nodes whose owner hash matches.
+// from any Locker deletes the holder nodes whose owner hash matches; when all
+// it found were such expired nodes it reports lock.ErrNotHeld, as for a lease
+// that is gone.
 //
 // # Queue
 //
