@@ -215,7 +215,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 			if !ok {
 				continue
 			}
-			lease, _, err := l.newLease(req, fence, start)
+			lease, err := l.newLease(req, fence, start)
 			if err != nil {
 				return nil, waitHint{}, l.unavailable(op, err)
 			}
@@ -295,18 +295,17 @@ func (l *Locker) acquired(req lock.Request, resp *clientv3.TxnResponse, start ti
 	if fence <= 0 || fence >= lock.MaxFence {
 		return nil, fmt.Errorf("etcd revision %d is outside the fencing token range (0, %d)", fence, lock.MaxFence)
 	}
-	lease, _, err := l.newLease(req, fence, start)
-	return lease, err
+	return l.newLease(req, fence, start)
 }
 
 // newLease builds the lease of an acquisition that started at start.
-func (l *Locker) newLease(req lock.Request, fence int64, start time.Time) (*lock.Lease, waitHint, error) {
+func (l *Locker) newLease(req lock.Request, fence int64, start time.Time) (*lock.Lease, error) {
 	elapsed := time.Since(start)
 	validity := req.TTL - elapsed - drift(req.TTL)
 	if validity <= 0 {
 		// Held in etcd, but the caller could not rely on it for any time:
 		// the deferred revoke in attempt drops it.
-		return nil, waitHint{}, fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, req.TTL, drift(req.TTL))
+		return nil, fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, req.TTL, drift(req.TTL))
 	}
 	if v := l.log.V(1); v.Enabled() {
 		v.Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", validity.String())
@@ -319,7 +318,7 @@ func (l *Locker) newLease(req lock.Request, fence int64, start time.Time) (*lock
 		TTL:      req.TTL,
 		Acquired: start,
 		Expires:  start.Add(validity),
-	}, waitHint{}, nil
+	}, nil
 }
 
 // waiterLeases returns the etcd leases of the waiter keys an acquisition deleted.
