@@ -64,6 +64,9 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 		if ctx.Err() == nil || lastErr == nil || errors.Is(err, lock.ErrNotAcquired) {
 			lastErr = err
 		}
+		if l.ctx.Err() != nil {
+			return nil, fmt.Errorf("acquire keys %q: the Locker is closed; last attempt: %w", req.Keys, err)
+		}
 		if hint.retry {
 			continue
 		}
@@ -399,6 +402,12 @@ func (l *Locker) firstBusy(req lock.Request, views []keyView, rev int64) (*lock.
 		k := req.Keys[i]
 		he := &lock.HeldError{Key: k, Position: v.pos, Waiters: len(v.queue)}
 		switch {
+		case v.held && req.Queue && v.pos > 0:
+			// Only the head watches the holder: the others wait for the
+			// waiter just ahead of them to leave (one wake-up per
+			// handover, not a herd).
+			he.Holder, he.Fence = v.holder.Holder, v.holderRev
+			return he, waitHint{key: v.queue[v.pos-1], rev: rev}
 		case v.held:
 			he.Holder, he.Fence = v.holder.Holder, v.holderRev
 			return he, waitHint{key: l.holderKey(k), rev: rev}
@@ -490,26 +499,24 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 	// at that revision, so nothing to wait for was deleted unnoticed; a
 	// holder that left in between means: try again at once.
 	rev := resp.Header.Revision
-	holderGone := views[busy].held && len(resp.Responses[qIndex+1].GetResponseRange().GetKvs()) == 0
-	if views[busy].held {
-		*hint = waitHint{key: l.holderKey(held.Key), rev: rev, retry: holderGone}
-	}
 	own := l.waiterKey(held.Key, tag)
 	kvs := resp.Responses[qIndex].GetResponseRange().GetKvs()
 	held.Waiters = len(kvs)
-	for j, kv := range kvs {
-		if string(kv.Key) != own {
-			continue
-		}
-		held.Position = j
-		if !views[busy].held {
-			if j == 0 {
-				// The waiters ahead left in between: try again at once.
-				*hint = waitHint{retry: true}
-			} else {
-				*hint = waitHint{key: string(kvs[j-1].Key), rev: rev}
-			}
-		}
+	pos := slices.IndexFunc(kvs, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == own })
+	if pos < 0 {
+		// Not in this queue after all (a concurrent Dequeue): keep the read's answer.
+		return nil
+	}
+	held.Position = pos
+	switch {
+	case pos > 0:
+		*hint = waitHint{key: string(kvs[pos-1].Key), rev: rev}
+	case views[busy].held:
+		gone := len(resp.Responses[qIndex+1].GetResponseRange().GetKvs()) == 0
+		*hint = waitHint{key: l.holderKey(held.Key), rev: rev, retry: gone}
+	default:
+		// The waiters ahead left in between: try again at once.
+		*hint = waitHint{retry: true}
 	}
 	return nil
 }
