@@ -59,6 +59,11 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 		if err == nil {
 			return lease, nil
 		}
+		if ctx.Err() != nil && lastErr != nil {
+			// Cut short by ctx: the attempt before says why the lease was
+			// not acquired (the caller learns both).
+			break
+		}
 		lastErr = err
 		var wake <-chan zk.Event
 		if blocker != "" && blocker == watched && ctx.Err() == nil {

@@ -147,7 +147,7 @@ type Locker struct {
 	closed atomic.Bool
 
 	readyMu sync.Mutex
-	isReady bool
+	isReady atomic.Bool
 	parents sync.Map // key node path -> struct{}: known to exist
 
 	timersMu sync.Mutex
@@ -446,9 +446,12 @@ func rawCall[T any](ctx context.Context, l *Locker, fn func(c *zk.Conn) (T, erro
 // ready authenticates the session (once: the client re-sends the credentials
 // on every reconnect) and creates the Root, keys and ticket nodes.
 func (l *Locker) ready(ctx context.Context) error {
+	if l.isReady.Load() {
+		return nil // every call passes here: no lock once ready
+	}
 	l.readyMu.Lock()
 	defer l.readyMu.Unlock()
-	if l.isReady {
+	if l.isReady.Load() {
 		return nil
 	}
 	if l.cfg.Digest != "" {
@@ -463,7 +466,7 @@ func (l *Locker) ready(ctx context.Context) error {
 			return fmt.Errorf("create %s: %w", p, err)
 		}
 	}
-	l.isReady = true
+	l.isReady.Store(true)
 	return nil
 }
 
