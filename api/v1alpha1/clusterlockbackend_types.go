@@ -6,7 +6,8 @@ import (
 
 // ClusterLockBackendSpec says where locks that name this backend live and
 // which namespaces may use it.
-// +kubebuilder:validation:XValidation:rule="[has(self.redis)].filter(x, x).size() == 1",message="spec: set exactly one backend member (redis)"
+// +kubebuilder:validation:XValidation:rule="[has(self.redis), has(self.postgres), has(self.zookeeper), has(self.etcd)].filter(x, x).size() == 1",message="spec: set exactly one backend member: redis, postgres, zookeeper or etcd"
+// +kubebuilder:validation:XValidation:rule="!has(self.etcd) || has(self.etcd.username) == has(self.etcd.passwordSecretRef)",message="spec.etcd: set username and passwordSecretRef together"
 type ClusterLockBackendSpec struct {
 	// redis holds the locks in Redis: one server, a Sentinel-managed master,
 	// or 3, 5 or 7 independent masters (Redlock). The Secrets it names are
@@ -15,6 +16,22 @@ type ClusterLockBackendSpec struct {
 	// read its credentials, and cannot send them anywhere else.
 	// +optional
 	Redis *RedisBackend `json:"redis,omitempty"`
+
+	// postgres holds the locks in a PostgreSQL database (a lease table the
+	// operator creates and migrates). Its password Secret is read from the
+	// operator's namespace.
+	// +optional
+	Postgres *PostgresBackend `json:"postgres,omitempty"`
+
+	// zookeeper holds the locks in a ZooKeeper ensemble. Its digest Secret is
+	// read from the operator's namespace.
+	// +optional
+	ZooKeeper *ZooKeeperBackend `json:"zookeeper,omitempty"`
+
+	// etcd holds the locks in an etcd cluster. Its Secrets are read from the
+	// operator's namespace.
+	// +optional
+	Etcd *EtcdBackend `json:"etcd,omitempty"`
 
 	// namespaceSelector selects the namespaces whose DistributedLocks (and
 	// gated Jobs) may use this backend. {} selects every namespace. Locks in
@@ -32,6 +49,15 @@ type ClusterLockBackendSpec struct {
 // BackendStatus is how a ClusterLockBackend or LockBackend is used and
 // whether it answers.
 type BackendStatus struct {
+	// type is the kind of store the backend names: Redis, PostgreSQL,
+	// ZooKeeper or etcd.
+	// +optional
+	Type string `json:"type,omitempty"`
+
+	// endpoints lists where the operator connects, for display.
+	// +optional
+	Endpoints string `json:"endpoints,omitempty"`
+
 	// locks is how many DistributedLocks name this backend.
 	// +optional
 	Locks int32 `json:"locks"`
@@ -48,7 +74,8 @@ type BackendStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=clb,categories=lockwarden
-// +kubebuilder:printcolumn:name="Endpoints",type=string,JSONPath=`.spec.redis.endpoints`
+// +kubebuilder:printcolumn:name="Type",type=string,JSONPath=`.status.type`
+// +kubebuilder:printcolumn:name="Endpoints",type=string,JSONPath=`.status.endpoints`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Locks",type=integer,JSONPath=`.status.locks`
 // +kubebuilder:printcolumn:name="Sentinel",type=string,JSONPath=`.spec.redis.sentinel.masterName`,priority=1

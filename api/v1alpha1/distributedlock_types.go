@@ -190,7 +190,7 @@ type RedisBackend struct {
 
 	// tls, when set, connects over TLS. Default: plain TCP.
 	// +optional
-	TLS *RedisTLS `json:"tls,omitempty"`
+	TLS *BackendTLS `json:"tls,omitempty"`
 }
 
 // RedisSentinel names the master that Sentinels monitor.
@@ -207,8 +207,8 @@ type RedisSentinel struct {
 	PasswordSecretRef *SecretKeyRef `json:"passwordSecretRef,omitempty"`
 }
 
-// RedisTLS configures TLS to Redis.
-type RedisTLS struct {
+// BackendTLS configures TLS to a backend's servers.
+type BackendTLS struct {
 	// caSecretRef names the key of a Secret (in the same namespace as the
 	// password's) that holds the PEM CA bundle to verify the servers with.
 	// Default: the system roots.

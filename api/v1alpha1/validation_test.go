@@ -140,7 +140,7 @@ func TestValidSpecsAreAccepted(t *testing.T) {
 		},
 		"ipv6 endpoint, tls, password and a manual holder": func(s *locksv1alpha1.DistributedLockSpec) {
 			s.Backend.Redis.Endpoints = []string{"[::1]:6379"}
-			s.Backend.Redis.TLS = &locksv1alpha1.RedisTLS{CASecretRef: &locksv1alpha1.SecretKeyRef{Name: "ca", Key: "ca.crt"}}
+			s.Backend.Redis.TLS = &locksv1alpha1.BackendTLS{CASecretRef: &locksv1alpha1.SecretKeyRef{Name: "ca", Key: "ca.crt"}}
 			s.Backend.Redis.PasswordSecretRef = &locksv1alpha1.SecretKeyRef{Name: "redis", Key: "password"}
 			s.Holder = &locksv1alpha1.ManualHolder{Identity: "maintenance window 2026-12-01"}
 			s.Keys = []string{"billing/ledger", "ledger:compaction", "a.b_c-d"}

@@ -86,7 +86,7 @@ func TestID(t *testing.T) {
 			b: &locksv1alpha1.RedisBackend{
 				Endpoints:         []string{"redis:6379"},
 				PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis", Key: "password"},
-				TLS:               &locksv1alpha1.RedisTLS{ServerName: "redis.internal", CASecretRef: &locksv1alpha1.SecretKeyRef{Name: "ca", Key: "ca.crt"}},
+				TLS:               &locksv1alpha1.BackendTLS{ServerName: "redis.internal", CASecretRef: &locksv1alpha1.SecretKeyRef{Name: "ca", Key: "ca.crt"}},
 			},
 			same: true,
 		},
@@ -226,12 +226,12 @@ func TestResolve(t *testing.T) {
 			want: resolved{Addrs: []string{"s1:26379", "s2:26379"}, MasterName: "billing", Password: "s3cret", SentinelPassword: "sentinel-s3cret", Prefix: KeyPrefix},
 		},
 		"TLS with the system roots": {
-			backend: &locksv1alpha1.RedisBackend{Endpoints: []string{"redis.infra:6380"}, TLS: &locksv1alpha1.RedisTLS{}},
+			backend: &locksv1alpha1.RedisBackend{Endpoints: []string{"redis.infra:6380"}, TLS: &locksv1alpha1.BackendTLS{}},
 			want:    resolved{Addrs: []string{"redis.infra:6380"}, Prefix: KeyPrefix, TLS: true, MinTLSVersion: tls.VersionTLS12, RootCAs: "system"},
 		},
 		"TLS with a CA and a server name": {
 			backend: &locksv1alpha1.RedisBackend{Endpoints: []string{"10.0.0.7:6380"},
-				TLS: &locksv1alpha1.RedisTLS{ServerName: "redis.internal", CASecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis-ca", Key: "ca.crt"}}},
+				TLS: &locksv1alpha1.BackendTLS{ServerName: "redis.internal", CASecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis-ca", Key: "ca.crt"}}},
 			want: resolved{Addrs: []string{"10.0.0.7:6380"}, Prefix: KeyPrefix, TLS: true, ServerName: "redis.internal", MinTLSVersion: tls.VersionTLS12,
 				RootCAs: "redis-ca"},
 		},
@@ -292,13 +292,13 @@ func TestResolveRefusals(t *testing.T) {
 			wantText: []string{"team-a/sentinel-auth was not found"},
 		},
 		"CA Secret missing": {
-			backend:  &locksv1alpha1.RedisBackend{Endpoints: []string{"redis:6380"}, TLS: &locksv1alpha1.RedisTLS{CASecretRef: ca}},
+			backend:  &locksv1alpha1.RedisBackend{Endpoints: []string{"redis:6380"}, TLS: &locksv1alpha1.BackendTLS{CASecretRef: ca}},
 			wantType: "secret", wantField: "spec.backend.redis.tls.caSecretRef",
 			wantText: []string{"team-a/redis-ca was not found"},
 		},
 		"CA that is no PEM certificate": {
 			secrets:  []client.Object{secret("team-a", "redis-ca", map[string]string{"ca.crt": "not a certificate"})},
-			backend:  &locksv1alpha1.RedisBackend{Endpoints: []string{"redis:6380"}, TLS: &locksv1alpha1.RedisTLS{CASecretRef: ca}},
+			backend:  &locksv1alpha1.RedisBackend{Endpoints: []string{"redis:6380"}, TLS: &locksv1alpha1.BackendTLS{CASecretRef: ca}},
 			wantType: "config", wantField: "spec.backend.redis.tls.caSecretRef",
 			wantText: []string{`team-a/redis-ca key "ca.crt" holds no PEM certificate`},
 		},
@@ -349,7 +349,7 @@ func TestCredentialsChangeTheClientNotTheKeys(t *testing.T) {
 		dl := lockWith(&locksv1alpha1.RedisBackend{
 			Endpoints:         []string{"a:6379", "b:6379", "c:6379"},
 			PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis", Key: "password"},
-			TLS:               &locksv1alpha1.RedisTLS{ServerName: "redis.internal", CASecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis", Key: "ca.crt"}},
+			TLS:               &locksv1alpha1.BackendTLS{ServerName: "redis.internal", CASecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis", Key: "ca.crt"}},
 		})
 		return dl, map[string]string{"password": "s3cret", "ca.crt": string(caA)}
 	}

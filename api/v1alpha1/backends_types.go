@@ -1,0 +1,132 @@
+package v1alpha1
+
+// This file holds the backend members that sit beside redis in a
+// ClusterLockBackend or LockBackend: PostgreSQL, ZooKeeper and etcd. A
+// DistributedLock reaches them only through those objects (inline
+// spec.backend is Redis only), so their credentials and endpoints are set up
+// once per namespace or cluster.
+
+// PostgresBackend holds locks in a PostgreSQL database: a lease table whose
+// expiry follows the database's clock, fencing tokens from a per-key counter
+// committed with the lease, the FIFO queue in a table, and LISTEN/NOTIFY for
+// prompt handover. The operator creates and migrates its schema.
+type PostgresBackend struct {
+	// host is the server's DNS name or IP address (a Service name, say).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|[0-9A-Fa-f:.]+)$`
+	Host string `json:"host"`
+
+	// port is the server's TCP port. Default 5432.
+	// +optional
+	// +kubebuilder:default=5432
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port,omitempty"`
+
+	// database is the database to connect to.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Database string `json:"database"`
+
+	// user is the role to connect as. It needs CONNECT on the database and
+	// CREATE on it (to create the schema) or USAGE and CREATE on a schema an
+	// administrator created; see docs/operations.md.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	User string `json:"user"`
+
+	// passwordSecretRef names the key of a Secret that holds the role's
+	// password: in the LockBackend's namespace, or the operator's namespace
+	// for a ClusterLockBackend. Default: no password.
+	// +optional
+	PasswordSecretRef *SecretKeyRef `json:"passwordSecretRef,omitempty"`
+
+	// schema is the schema the operator keeps its tables in. Default lockwarden.
+	// +optional
+	// +kubebuilder:default=lockwarden
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z_][a-z0-9_]*$`
+	Schema string `json:"schema,omitempty"`
+
+	// tls, when set, requires TLS and verifies the server's certificate
+	// (sslmode verify-full). Default: plain TCP.
+	// +optional
+	TLS *BackendTLS `json:"tls,omitempty"`
+}
+
+// ZooKeeperBackend holds locks in a ZooKeeper ensemble: ephemeral nodes
+// that vanish with their holder's session, a FIFO queue in which each
+// waiter watches only its predecessor, and fencing tokens from the
+// ensemble's own transaction ids (zxid).
+type ZooKeeperBackend struct {
+	// servers are the ensemble's host:port client addresses, 1 to 7.
+	// +required
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=7
+	// +listType=set
+	// +kubebuilder:validation:items:MaxLength=261
+	// +kubebuilder:validation:items:Pattern=`^([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$`
+	Servers []string `json:"servers"`
+
+	// root is the znode under which the operator keeps its nodes. Default /lockwarden.
+	// +optional
+	// +kubebuilder:default=/lockwarden
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^(/[A-Za-z0-9_.-]+)+$`
+	Root string `json:"root,omitempty"`
+
+	// sessionTimeoutSeconds is the ZooKeeper session timeout: how long the
+	// ensemble keeps the leases of an operator it no longer hears from. The
+	// server bounds it (by default 2 to 20 times its tickTime). Default 30.
+	// +optional
+	// +kubebuilder:default=30
+	// +kubebuilder:validation:Minimum=2
+	// +kubebuilder:validation:Maximum=300
+	SessionTimeoutSeconds int32 `json:"sessionTimeoutSeconds,omitempty"`
+
+	// digestSecretRef names the key of a Secret that holds "user:password"
+	// for ZooKeeper digest authentication. When set, every node the operator
+	// creates is readable and writable by that identity only. Default: no
+	// authentication (nodes open to every client of the ensemble).
+	// +optional
+	DigestSecretRef *SecretKeyRef `json:"digestSecretRef,omitempty"`
+}
+
+// EtcdBackend holds locks in an etcd cluster: keys attached to etcd leases,
+// waiters ordered by revision, and the revision of the acquiring
+// transaction as fencing token.
+type EtcdBackend struct {
+	// endpoints are the cluster members' host:port client addresses, 1 to 7.
+	// +required
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=7
+	// +listType=set
+	// +kubebuilder:validation:items:MaxLength=261
+	// +kubebuilder:validation:items:Pattern=`^([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$`
+	Endpoints []string `json:"endpoints"`
+
+	// prefix is the key prefix the operator keeps its keys under. Default /lockwarden/.
+	// +optional
+	// +kubebuilder:default=/lockwarden/
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^/[A-Za-z0-9_./-]*/$`
+	Prefix string `json:"prefix,omitempty"`
+
+	// username is the etcd user to authenticate as. Default: no authentication.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	Username string `json:"username,omitempty"`
+
+	// passwordSecretRef names the key of a Secret that holds the etcd user's
+	// password. Required with username.
+	// +optional
+	PasswordSecretRef *SecretKeyRef `json:"passwordSecretRef,omitempty"`
+
+	// tls, when set, connects over TLS. Default: plain TCP.
+	// +optional
+	TLS *BackendTLS `json:"tls,omitempty"`
+}
