@@ -199,7 +199,7 @@ func connConfig(cfg Config, o options) (*pgx.ConnConfig, error) {
 		return nil, fmt.Errorf("postgres lock backend: pgx defaults: %w", err)
 	}
 	cc.Host = cfg.Host
-	cc.Port = uint16(cfg.port())
+	cc.Port = uint16(cfg.port()) //nolint:gosec // G115: Validate keeps the port in 1..65535
 	cc.Database = cfg.Database
 	cc.User = cfg.User
 	cc.Password = cfg.Password

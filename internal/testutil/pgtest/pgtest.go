@@ -83,7 +83,7 @@ func BinDir() (string, error) {
 	ok := func(dir string) bool {
 		tried = append(tried, dir)
 		for _, b := range []string{"initdb", "postgres"} {
-			if fi, err := os.Stat(filepath.Join(dir, b)); err != nil || fi.IsDir() {
+			if fi, err := os.Stat(filepath.Join(dir, b)); err != nil || fi.IsDir() { //nolint:gosec // G703: a directory the developer chose, only stat'ed
 				return false
 			}
 		}
@@ -221,7 +221,7 @@ func launchNew(cfg config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(s.root, 0o755); err != nil {
+	if err := os.Chmod(s.root, 0o755); err != nil { //nolint:gosec // G302: a directory the postgres user must traverse
 		return s, err
 	}
 	s.data = filepath.Join(s.root, "data")
@@ -254,9 +254,8 @@ func launchNew(cfg config) (*Server, error) {
 	return s, nil
 }
 
-// initData fills the data directory with a copy of a cluster made by
-// initdb once per test process (initdb takes seconds on a loaded machine),
-// and writes this server's pg_hba.conf and TLS files.
+// initData fills the data directory with a copy of the initdb template (see
+// template) and writes this server's pg_hba.conf and TLS files.
 func (s *Server) initData() error {
 	tmpl, err := template(s.bin, s.cred)
 	if err != nil {
@@ -418,7 +417,7 @@ func makeTemplate(bin string, cred *syscall.Credential) (string, error) {
 // connections through its private socket; on failure it is gone when launch
 // returns.
 func (s *Server) launch() error {
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
@@ -509,7 +508,7 @@ func (s *Server) superuserExec(ctx context.Context, sql string, dbs ...string) e
 	if err != nil {
 		return err
 	}
-	cfg.Host, cfg.Port, cfg.User, cfg.Database, cfg.Password = s.sock, uint16(s.Port), "postgres", db, ""
+	cfg.Host, cfg.Port, cfg.User, cfg.Database, cfg.Password = s.sock, uint16(s.Port), "postgres", db, "" //nolint:gosec // G115: a port freeport handed out
 	cfg.TLSConfig, cfg.Fallbacks = nil, nil
 	cfg.ConnectTimeout = probeTimeout
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
@@ -574,7 +573,7 @@ func (s *Server) Conn(t testing.TB) *pgx.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Host, cfg.Port, cfg.User, cfg.Password, cfg.Database = s.Host, uint16(s.Port), s.User, s.Password, s.Database
+	cfg.Host, cfg.Port, cfg.User, cfg.Password, cfg.Database = s.Host, uint16(s.Port), s.User, s.Password, s.Database //nolint:gosec // G115: a port freeport handed out
 	cfg.TLSConfig, cfg.Fallbacks = s.TLSConfig(), nil
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
