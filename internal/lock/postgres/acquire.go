@@ -77,6 +77,10 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 		if err == nil {
 			return lease, nil
 		}
+		if ctx.Err() != nil && lastErr != nil {
+			// Cut short by ctx: what the last whole attempt saw says more.
+			break
+		}
 		lastErr = err
 		d := b.Step()
 		if b.Cap > 0 && d > b.Cap {
