@@ -80,7 +80,7 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 			}
 			// WithRequireLeader: a member cut off from the leader ends
 			// the watch instead of staying silent.
-			events = l.cli.Watch(clientv3.WithRequireLeader(wctx), hint.key, opts...)
+			events = l.etcd().Watch(clientv3.WithRequireLeader(wctx), hint.key, opts...)
 			watching = hint
 		}
 		d := b.Step()
@@ -170,8 +170,11 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 	start := time.Now()
 	op := fmt.Sprintf("acquire keys %q", req.Keys)
 	tag := ownerTag(req.Owner)
+	if err := l.connect(); err != nil {
+		return nil, waitHint{}, l.unavailable(op, err)
+	}
 	gctx, cancel := l.opCtx(ctx)
-	grant, err := l.cli.Grant(gctx, ttlSeconds(req.TTL))
+	grant, err := l.etcd().Grant(gctx, ttlSeconds(req.TTL))
 	cancel()
 	if err != nil {
 		return nil, waitHint{}, l.unavailable(op, err)
@@ -289,7 +292,7 @@ func (l *Locker) acquireTxn(ctx context.Context, req lock.Request, tag string, l
 	}
 	tctx, cancel := l.opCtx(ctx)
 	defer cancel()
-	return l.cli.Txn(tctx).If(cmps...).Then(then...).Else(el...).Commit()
+	return l.etcd().Txn(tctx).If(cmps...).Then(then...).Else(el...).Commit()
 }
 
 // acquired turns a successful acquire transaction into the lease.
@@ -439,7 +442,7 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 	}
 	if waiterLease != 0 {
 		kctx, cancel := l.opCtx(ctx)
-		_, err := l.cli.KeepAliveOnce(kctx, waiterLease)
+		_, err := l.keepAliveOnce(kctx, waiterLease)
 		cancel()
 		switch {
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
@@ -455,7 +458,7 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 	granted := false
 	if waiterLease == 0 {
 		gctx, cancel := l.opCtx(ctx)
-		g, err := l.cli.Grant(gctx, ttlSeconds(l.opts.waiterTTL))
+		g, err := l.etcd().Grant(gctx, ttlSeconds(l.opts.waiterTTL))
 		cancel()
 		if err != nil {
 			return fmt.Errorf("grant waiter lease: %w", err)
@@ -477,7 +480,7 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 		clientv3.OpGet(qp, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithKeysOnly()),
 		clientv3.OpGet(l.holderKey(held.Key), clientv3.WithKeysOnly()))
 	tctx, cancel := l.opCtx(ctx)
-	resp, err := l.cli.Txn(tctx).If(cmps...).Then(puts...).Commit()
+	resp, err := l.etcd().Txn(tctx).If(cmps...).Then(puts...).Commit()
 	cancel()
 	if err != nil {
 		if granted {

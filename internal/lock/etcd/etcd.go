@@ -106,12 +106,15 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
@@ -121,9 +124,16 @@ type Locker struct {
 	cfg    Config
 	opts   options
 	log    logr.Logger
-	cli    *clientv3.Client
 	prefix string
 	node   string
+
+	// ccfg is the client configuration; the client is made on first use
+	// (see connect), since clientv3.New authenticates, blocking, when
+	// etcd auth is configured.
+	ccfg   clientv3.Config
+	cliMu  sync.Mutex // serializes connect and Close
+	cli    atomic.Pointer[clientv3.Client]
+	closed bool
 
 	// ctx ends with Close: it stops Watch goroutines and background revokes.
 	ctx    context.Context
@@ -133,8 +143,10 @@ type Locker struct {
 
 var _ lock.Locker = (*Locker)(nil)
 
-// New returns a Locker on the cluster cfg names. It does no blocking network
-// I/O: the client connects in the background and on first use.
+// New returns a Locker on the cluster cfg names. It does no network I/O:
+// the etcd client is made on first use (with etcd auth that first call
+// authenticates, waiting up to the dial timeout) and gRPC connects in the
+// background.
 func New(cfg Config, opts ...Option) (*Locker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -164,16 +176,12 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 			return dial(ctx, "tcp", addr)
 		}))
 	}
-	cli, err := clientv3.New(ccfg)
-	if err != nil {
-		return nil, fmt.Errorf("%w: create etcd client: %w", lock.ErrBackendUnavailable, &lock.NodeError{Node: strings.Join(cfg.Endpoints, ","), Err: err})
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Locker{
 		cfg:    cfg,
 		opts:   o,
 		log:    o.log,
-		cli:    cli,
+		ccfg:   ccfg,
 		prefix: cfg.prefix(),
 		node:   strings.Join(cfg.Endpoints, ","),
 		ctx:    ctx,
@@ -181,12 +189,49 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	}, nil
 }
 
+// errClosed is the cause of operations on a closed Locker.
+var errClosed = errors.New("the etcd Locker is closed")
+
+// connect makes the etcd client on first use. Without auth that does no
+// network I/O (gRPC connects in the background); with auth clientv3.New
+// authenticates, which waits up to the dial timeout, and a failure is
+// returned (and retried by the next call) rather than kept.
+func (l *Locker) connect() error {
+	if l.cli.Load() != nil {
+		return nil
+	}
+	l.cliMu.Lock()
+	defer l.cliMu.Unlock()
+	if l.closed {
+		return errClosed
+	}
+	if l.cli.Load() != nil {
+		return nil
+	}
+	cli, err := clientv3.New(l.ccfg)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	l.cli.Store(cli)
+	return nil
+}
+
+// etcd returns the client; only after connect succeeded.
+func (l *Locker) etcd() *clientv3.Client { return l.cli.Load() }
+
 // Close stops the Locker's watches and closes its connections. Held leases
 // stay in etcd until released or expired.
 func (l *Locker) Close() error {
 	l.cancel()
 	l.bg.Wait()
-	if err := l.cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
+	l.cliMu.Lock()
+	l.closed = true
+	cli := l.cli.Load()
+	l.cliMu.Unlock()
+	if cli == nil {
+		return nil
+	}
+	if err := cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("close etcd client: %w", err)
 	}
 	return nil
@@ -195,9 +240,12 @@ func (l *Locker) Close() error {
 // Ping makes one linearizable read (it needs a quorum, like every lease
 // operation) and returns nil when etcd answers.
 func (l *Locker) Ping(ctx context.Context) error {
+	if err := l.connect(); err != nil {
+		return l.unavailable("ping", err)
+	}
 	ctx, cancel := l.opCtx(ctx)
 	defer cancel()
-	if _, err := l.cli.Get(ctx, l.prefix+"ping", clientv3.WithCountOnly()); err != nil {
+	if _, err := l.etcd().Get(ctx, l.prefix+"ping", clientv3.WithCountOnly()); err != nil {
 		return l.unavailable("ping", err)
 	}
 	return nil
@@ -229,7 +277,7 @@ func (l *Locker) revokeLater(ids ...clientv3.LeaseID) {
 	l.bg.Go(func() {
 		for _, id := range ids {
 			ctx, cancel := context.WithTimeout(l.ctx, l.opts.opTimeout)
-			if _, err := l.cli.Revoke(ctx, id); err != nil && l.ctx.Err() == nil {
+			if _, err := l.etcd().Revoke(ctx, id); err != nil && l.ctx.Err() == nil {
 				l.log.V(2).Info("Revoking an etcd lease failed; it expires with its TTL", "lease", int64(id), "err", err.Error())
 			}
 			cancel()
@@ -365,4 +413,27 @@ func validateLease(lease *lock.Lease) error {
 		return &lock.InvalidRequestError{Field: "fence", Reason: fmt.Sprintf("%d: the fencing token the acquisition returned is required, in (0, %d)", lease.Fence, lock.MaxFence)}
 	}
 	return nil
+}
+
+// keepAliveOnce refreshes an etcd lease. Unlike unary calls, whose
+// interceptor fetches a new auth token and retries when a member rejects
+// the token ("invalid auth token": with etcd's simple tokens a member that
+// has not applied the authentication yet, or after a token refresh), the
+// keepalive stream is not retried by the client; a refresh is idempotent, so
+// it is retried here a few times.
+func (l *Locker) keepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseKeepAliveResponse, error) {
+	b := wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 4}
+	for {
+		resp, err := l.etcd().KeepAliveOnce(ctx, id)
+		if err == nil || b.Steps <= 1 || ctx.Err() != nil ||
+			!(errors.Is(err, rpctypes.ErrInvalidAuthToken) || errors.Is(err, rpctypes.ErrAuthOldRevision) || errors.Is(err, rpctypes.ErrUserEmpty)) {
+			return resp, err
+		}
+		t := time.NewTimer(b.Step())
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
 }

@@ -31,6 +31,9 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 		return nil, err
 	}
 	op := fmt.Sprintf("inspect keys %q", keys)
+	if err := l.connect(); err != nil {
+		return nil, l.unavailable(op, err)
+	}
 	out := make([]lock.KeyState, 0, len(keys))
 	ttls := map[int64]time.Time{}
 	for lo := 0; lo < len(keys); lo += inspectChunk {
@@ -43,7 +46,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 				clientv3.OpGet(l.queuePrefix(k), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(maxInspectWaiters)))
 		}
 		tctx, cancel := l.opCtx(ctx)
-		resp, err := l.cli.Txn(tctx).Then(gets...).Commit()
+		resp, err := l.etcd().Txn(tctx).Then(gets...).Commit()
 		cancel()
 		if err != nil {
 			return nil, l.unavailable(op, err)
@@ -99,7 +102,7 @@ func (l *Locker) leaseExpiry(ctx context.Context, id clientv3.LeaseID) (time.Tim
 	tctx, cancel := l.opCtx(ctx)
 	defer cancel()
 	now := time.Now()
-	r, err := l.cli.TimeToLive(tctx, id)
+	r, err := l.etcd().TimeToLive(tctx, id)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("lease time to live: %w", err)
 	}

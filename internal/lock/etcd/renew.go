@@ -85,12 +85,15 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 	start := time.Now()
 	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
 	tag := ownerTag(lease.Owner)
+	if err := l.connect(); err != nil {
+		return nil, l.unavailable(op, err)
+	}
 	var gets []clientv3.Op
 	for _, k := range lease.Keys {
 		gets = append(gets, clientv3.OpGet(l.holderKey(k)))
 	}
 	tctx, cancel := l.opCtx(ctx)
-	resp, err := l.cli.Txn(tctx).If(l.heldCmps(lease.Keys, tag, lease.Fence)...).Then(gets...).Else(gets...).Commit()
+	resp, err := l.etcd().Txn(tctx).If(l.heldCmps(lease.Keys, tag, lease.Fence)...).Then(gets...).Else(gets...).Commit()
 	cancel()
 	if err != nil {
 		return nil, l.unavailable(op, err)
@@ -118,7 +121,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 	}
 	if len(ids) == 1 && ttlSeconds(ttl) == ttlSeconds(time.Duration(recs[0].TTLMilli)*time.Millisecond) {
 		kctx, cancel := l.opCtx(ctx)
-		_, err := l.cli.KeepAliveOnce(kctx, ids[0])
+		_, err := l.keepAliveOnce(kctx, ids[0])
 		cancel()
 		switch {
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
@@ -128,7 +131,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		}
 	} else {
 		gctx, cancel := l.opCtx(ctx)
-		g, err := l.cli.Grant(gctx, ttlSeconds(ttl))
+		g, err := l.etcd().Grant(gctx, ttlSeconds(ttl))
 		cancel()
 		if err != nil {
 			return nil, l.unavailable(op, err)
@@ -208,7 +211,7 @@ func (l *Locker) relet(ctx context.Context, keys []string, tag string, fence int
 		puts = append(puts, clientv3.OpPut(l.holderKey(k), value, clientv3.WithLease(newLease), clientv3.WithPrevKV()))
 	}
 	tctx, cancel := l.opCtx(ctx)
-	resp, err := l.cli.Txn(tctx).If(l.heldCmps(keys, tag, fence)...).Then(puts...).Commit()
+	resp, err := l.etcd().Txn(tctx).If(l.heldCmps(keys, tag, fence)...).Then(puts...).Commit()
 	cancel()
 	if err != nil {
 		return false, err
@@ -237,13 +240,16 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	}
 	op := fmt.Sprintf("release keys %q (fencing token %d)", lease.Keys, lease.Fence)
 	tag := ownerTag(lease.Owner)
+	if err := l.connect(); err != nil {
+		return l.unavailable(op, err)
+	}
 	var dels, gets []clientv3.Op
 	for _, k := range lease.Keys {
 		dels = append(dels, clientv3.OpDelete(l.holderKey(k), clientv3.WithPrevKV()))
 		gets = append(gets, clientv3.OpGet(l.holderKey(k)))
 	}
 	tctx, cancel := l.opCtx(ctx)
-	resp, err := l.cli.Txn(tctx).If(l.heldCmps(lease.Keys, tag, lease.Fence)...).Then(dels...).Else(gets...).Commit()
+	resp, err := l.etcd().Txn(tctx).If(l.heldCmps(lease.Keys, tag, lease.Fence)...).Then(dels...).Else(gets...).Commit()
 	cancel()
 	if err != nil {
 		return l.unavailable(op, err)
@@ -279,13 +285,16 @@ func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error
 	if owner == "" {
 		return &lock.InvalidRequestError{Field: "owner", Reason: "the waiter's owner token is required"}
 	}
+	if err := l.connect(); err != nil {
+		return l.unavailable(fmt.Sprintf("dequeue from keys %q", keys), err)
+	}
 	tag := ownerTag(owner)
 	var dels []clientv3.Op
 	for _, k := range keys {
 		dels = append(dels, clientv3.OpDelete(l.waiterKey(k, tag), clientv3.WithPrevKV()))
 	}
 	tctx, cancel := l.opCtx(ctx)
-	resp, err := l.cli.Txn(tctx).Then(dels...).Commit()
+	resp, err := l.etcd().Txn(tctx).Then(dels...).Commit()
 	cancel()
 	if err != nil {
 		return l.unavailable(fmt.Sprintf("dequeue from keys %q", keys), err)

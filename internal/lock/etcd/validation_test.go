@@ -1,12 +1,15 @@
 package etcd
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -65,12 +68,21 @@ func TestOptionsValidate(t *testing.T) {
 			t.Errorf("New with a bad %s: %v, want a ConfigError naming it", name, err)
 		}
 	}
-	l, err := New(cfg, WithWaiterTTL(time.Second))
+	// With auth too: clientv3.New would authenticate, so the client is made
+	// on first use and New does no network I/O.
+	cfg.Username, cfg.Password = "root", "secret"
+	l, err := New(cfg, WithWaiterTTL(time.Second), WithDialTimeout(100*time.Millisecond), WithOpTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatalf("New without I/O must succeed even when nothing listens: %v", err)
 	}
+	if err := l.Ping(context.Background()); !errors.Is(err, lock.ErrBackendUnavailable) {
+		t.Fatalf("Ping with nothing listening = %v, want ErrBackendUnavailable", err)
+	}
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire(context.Background(), lock.Request{Keys: []string{"k"}, TTL: time.Second}); !errors.Is(err, lock.ErrBackendUnavailable) {
+		t.Fatalf("TryAcquire after Close = %v, want ErrBackendUnavailable", err)
 	}
 }
 

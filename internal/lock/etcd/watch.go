@@ -31,8 +31,11 @@ func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, erro
 	// The watches start at the revision current when Watch is called, so
 	// a release right after Watch returns is delivered even when the
 	// watches are registered on the server later.
+	if err := l.connect(); err != nil {
+		return nil, l.unavailable("watch", err)
+	}
 	rctx, rcancel := l.opCtx(ctx)
-	resp, err := l.cli.Get(rctx, l.prefix+"rev", clientv3.WithCountOnly())
+	resp, err := l.etcd().Get(rctx, l.prefix+"rev", clientv3.WithCountOnly())
 	rcancel()
 	if err != nil {
 		return nil, l.unavailable("watch", err)
@@ -79,7 +82,7 @@ func (l *Locker) watchLoop(ctx context.Context, hk, key string, from int64, out 
 		opts = append(opts, clientv3.WithRev(rev))
 		// WithRequireLeader: a member cut off from the leader ends the
 		// watch instead of staying silent; it is re-established below.
-		for resp := range l.cli.Watch(clientv3.WithRequireLeader(ctx), hk, opts...) {
+		for resp := range l.etcd().Watch(clientv3.WithRequireLeader(ctx), hk, opts...) {
 			if resp.CompactRevision != 0 {
 				rev = resp.CompactRevision
 				if key != "" && !send(key) {
