@@ -194,9 +194,11 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	if fence <= 0 || fence >= lock.MaxFence {
 		return nil, 0, l.unavailable("acquire", fmt.Errorf("fencing token %d out of range (0, %d)", fence, lock.MaxFence))
 	}
+	// As lock.Lease documents (and the Redis backend does): the validity is
+	// the TTL minus the call's duration and the drift allowance.
 	elapsed := time.Since(start)
-	validity := req.TTL - drift(req.TTL)
-	if elapsed >= validity {
+	validity := req.TTL - elapsed - drift(req.TTL)
+	if validity <= 0 {
 		// The database holds the lease until start+TTL at the earliest, but
 		// the caller would get it with nothing left: give it back.
 		l.releaseQuietly(ctx, req.Keys, req.Owner)

@@ -32,11 +32,14 @@ func TestFaultsFencedRegister(t *testing.T) {
 	for _, seed := range locktest.FaultSeeds(t, 4) {
 		locktest.RunFaults(t, "kill-restart", seed, &tally, locktest.Faults{
 			NewLocker: newLocker,
-			// Recovery takes a while on a loaded machine: run longer than the
-			// default, with fewer faults, so that clients get leases between them.
-			Duration:       3 * time.Second,
-			FaultGap:       600 * time.Millisecond,
-			AcquireTimeout: 2 * time.Second,
+			// Crash recovery and reconnecting (a SCRAM handshake per
+			// connection) take a while on a loaded machine: a longer TTL than
+			// the default (calls get half of it), a longer run and fewer
+			// faults, so that clients get leases between the faults.
+			TTL:            600 * time.Millisecond,
+			Duration:       4 * time.Second,
+			FaultGap:       800 * time.Millisecond,
+			AcquireTimeout: 3 * time.Second,
 			Inject: func(_ context.Context, rng *rand.Rand) {
 				if rng.IntN(3) > 0 {
 					s.Kill()

@@ -15,9 +15,10 @@
 // clock_timestamp() + TTL, read once the rows are locked. A lease is held
 // while its row names an owner and that time has not passed; nothing has to
 // delete an expired lease, the next writer overwrites it. The client's
-// Lease.Expires is the start of its acquire or renew call + TTL - (TTL/100 +
-// 2ms), which is never later than the database's expiry while the two clocks
-// run at the same rate.
+// Lease.Expires is the start of its acquire or renew statement + TTL, minus
+// the call's duration and a drift allowance of TTL/100 + 2ms (as lock.Lease
+// documents and the Redis backend does): never later than the database's
+// expiry while the two clocks run at about the same rate.
 //
 // # Tables (in Config.Schema, default "lockwarden")
 //

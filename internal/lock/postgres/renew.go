@@ -93,7 +93,7 @@ func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, 
 		return rows.Err()
 	})
 	elapsed := time.Since(start)
-	validity := ttl - drift(ttl)
+	validity := ttl - elapsed - drift(ttl)
 	for k, i := range idx {
 		lease := leases[i]
 		op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
@@ -109,7 +109,7 @@ func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, 
 			}
 			l.log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 			errs[k] = fmt.Errorf("%s: %w: %s is no longer held by this owner (expired, or taken by another owner)", op, lock.ErrLost, what)
-		case elapsed >= validity:
+		case validity <= 0:
 			errs[k] = l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, ttl, drift(ttl)))
 		default:
 			next := *lease
