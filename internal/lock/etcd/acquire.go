@@ -50,6 +50,7 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 		watching waitHint
 		events   clientv3.WatchChan
 		stop     = func() {}
+		retries  int
 	)
 	defer func() { stop() }()
 	b := l.opts.backoff
@@ -67,10 +68,16 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 		if l.ctx.Err() != nil {
 			return nil, fmt.Errorf("acquire keys %q: the Locker is closed; last attempt: %w", req.Keys, err)
 		}
-		if hint.retry {
+		// What blocked the attempt is gone already: try again at once (a
+		// few times in a row at most, so a confused state cannot spin).
+		if hint.retry && retries < maxRetries {
+			retries++
 			continue
 		}
-		if hint.key != "" && (hint != watching || events == nil) {
+		retries = 0
+		// A watch on the same key is kept: it started earlier and has
+		// seen everything since.
+		if hint.key != "" && (hint.key != watching.key || hint.prefix != watching.prefix || events == nil) {
 			stop()
 			wctx, cancel := context.WithCancel(ctx)
 			stop = cancel
@@ -159,6 +166,9 @@ type keyView struct {
 	own       *waiterRecord
 	ownRev    int64
 }
+
+// maxRetries bounds how often in a row Acquire tries again at once.
+const maxRetries = 3
 
 // maxPasses bounds the transactions of one attempt: a queued request that
 // finds itself at the head of every queue tries again with the head check.
