@@ -46,6 +46,8 @@ type BackendStatusReconciler struct {
 	statusOf func(client.Object) *locksv1alpha1.BackendStatus
 	// validate says why the backend cannot be used at all (nil: it can).
 	validate func(client.Object) error
+	// specOf is the store the backend names.
+	specOf func(client.Object) backend.Spec
 	// backendOfLock maps a lock to the backend of this Kind it names.
 	backendOfLock func(*locksv1alpha1.DistributedLock) (types.NamespacedName, bool)
 	// fromID maps a backend ID to the backend of this Kind it names.
@@ -63,7 +65,14 @@ func NewClusterLockBackendReconciler(c client.Client, registry *backend.Registry
 		statusOf: func(o client.Object) *locksv1alpha1.BackendStatus {
 			return &o.(*locksv1alpha1.ClusterLockBackend).Status
 		},
-		validate: func(o client.Object) error { return backend.ValidateSelectors(o.(*locksv1alpha1.ClusterLockBackend)) },
+		validate: func(o client.Object) error {
+			b := o.(*locksv1alpha1.ClusterLockBackend)
+			if err := backend.ClusterSpec(b).Validate(); err != nil {
+				return err
+			}
+			return backend.ValidateSelectors(b)
+		},
+		specOf: func(o client.Object) backend.Spec { return backend.ClusterSpec(o.(*locksv1alpha1.ClusterLockBackend)) },
 		backendOfLock: func(dl *locksv1alpha1.DistributedLock) (types.NamespacedName, bool) {
 			if ref := dl.Spec.Backend.ClusterBackendRef; ref != nil {
 				return types.NamespacedName{Name: ref.Name}, true
@@ -84,7 +93,8 @@ func NewLockBackendReconciler(c client.Client, registry *backend.Registry, resyn
 		newObj:   func() client.Object { return &locksv1alpha1.LockBackend{} },
 		idOf:     func(o client.Object) string { return backend.NamespacedBackendID(o.GetNamespace(), o.GetName()) },
 		statusOf: func(o client.Object) *locksv1alpha1.BackendStatus { return &o.(*locksv1alpha1.LockBackend).Status },
-		validate: func(client.Object) error { return nil },
+		validate: func(o client.Object) error { return backend.NamespacedSpec(o.(*locksv1alpha1.LockBackend)).Validate() },
+		specOf:   func(o client.Object) backend.Spec { return backend.NamespacedSpec(o.(*locksv1alpha1.LockBackend)) },
 		backendOfLock: func(dl *locksv1alpha1.DistributedLock) (types.NamespacedName, bool) {
 			if ref := dl.Spec.Backend.BackendRef; ref != nil {
 				return types.NamespacedName{Namespace: dl.Namespace, Name: ref.Name}, true
@@ -116,6 +126,8 @@ func (r *BackendStatusReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	before := obj.DeepCopyObject().(client.Object)
 	st := r.statusOf(obj)
 	st.Locks = int32(min(len(locks.Items), 1<<31-1))
+	spec := r.specOf(obj)
+	st.Type, st.Endpoints = spec.Type(), spec.Summary()
 	cond := metav1.Condition{Type: locksv1alpha1.ConditionReady, ObservedGeneration: obj.GetGeneration()}
 	inUse, err := r.Registry.HealthOf(id)
 	switch invalid := r.validate(obj); {
@@ -128,7 +140,7 @@ func (r *BackendStatusReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	case err != nil:
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, locksv1alpha1.ReasonBackendUnreachable, backend.Describe(err)
 	default:
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, locksv1alpha1.ReasonBackendReachable, "Redis answers"
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, locksv1alpha1.ReasonBackendReachable, spec.Type()+" answers"
 	}
 	meta.SetStatusCondition(&st.Conditions, cond)
 	if !equality.Semantic.DeepEqual(r.statusOf(before), st) {

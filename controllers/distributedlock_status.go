@@ -45,7 +45,7 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionUnknown, locksv1alpha1.ReasonBackendUnavailable, msg)
 		return st
 	}
-	set(locksv1alpha1.ConditionBackendReady, metav1.ConditionTrue, locksv1alpha1.ReasonBackendReachable, "Redis answers")
+	set(locksv1alpha1.ConditionBackendReady, metav1.ConditionTrue, locksv1alpha1.ReasonBackendReachable, "The backend answers")
 
 	held := firstHeld(obs.states)
 	if held != nil {

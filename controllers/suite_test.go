@@ -27,7 +27,6 @@ import (
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/holder"
-	redislock "github.com/lockwarden/lockwarden/internal/lock/redis"
 	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
 	"github.com/lockwarden/lockwarden/internal/watchdog"
 	"github.com/lockwarden/lockwarden/internal/webhook"
@@ -119,9 +118,7 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 	if err != nil {
 		t.Fatal(err)
 	}
-	registry := backend.NewRegistry(ctx, mgr.GetAPIReader(), func(cfg redislock.Config) (backend.Locker, error) {
-		return redislock.New(cfg)
-	}, ctrl.Log.WithName("backend"))
+	registry := backend.NewRegistry(ctx, mgr.GetAPIReader(), backend.NewLocker(ctrl.Log.WithName("lock")), ctrl.Log.WithName("backend"))
 	registry.SetHealthInterval(500 * time.Millisecond)
 	registry.SetPolicy(o.policy, mgr.GetClient())
 	dog := watchdog.New(nil)

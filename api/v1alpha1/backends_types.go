@@ -48,7 +48,7 @@ type PostgresBackend struct {
 	// schema is the schema the operator keeps its tables in. Default lockwarden.
 	// +optional
 	// +kubebuilder:default=lockwarden
-	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:MaxLength=50
 	// +kubebuilder:validation:Pattern=`^[a-z_][a-z0-9_]*$`
 	Schema string `json:"schema,omitempty"`
 

@@ -308,7 +308,7 @@ type DistributedLockStatus struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// conditions: Held (True while a holder of this lock, its manual holder or
-	// one of its Jobs, holds the keys) and BackendReady (Redis answers). See
+	// one of its Jobs, holds the keys) and BackendReady (the backend answers). See
 	// the Reason constants for their reasons.
 	// +optional
 	// +listType=map

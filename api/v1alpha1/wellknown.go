@@ -51,7 +51,7 @@ const (
 const (
 	// ConditionHeld is True while a holder of this lock holds its keys.
 	ConditionHeld = "Held"
-	// ConditionBackendReady is True while the lock's Redis answers.
+	// ConditionBackendReady is True while the lock's backend (Redis, PostgreSQL, ZooKeeper or etcd) answers.
 	ConditionBackendReady = "BackendReady"
 )
 

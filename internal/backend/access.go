@@ -55,15 +55,15 @@ type PolicyError struct {
 
 func (e *PolicyError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Message) }
 
-// source is a lock's backend after the policy allowed it: the Redis it
+// source is a lock's backend after the policy allowed it: the store it
 // names, where its Secrets live and how its endpoints are checked.
 type source struct {
 	// id names the backend in indexes and release notifications (see LockBackendID).
-	id    string
-	redis *locksv1alpha1.RedisBackend
-	// secretNamespace is where the Secrets that redis names are read.
+	id   string
+	spec Spec
+	// secretNamespace is where the Secrets that spec names are read.
 	secretNamespace string
-	// field prefixes the fields of redis in errors.
+	// field prefixes the fields of spec's member in errors.
 	field string
 	// endpoints checks every dial (nil: admin-owned, unrestricted).
 	endpoints *netguard.EndpointPolicy
@@ -109,32 +109,33 @@ func (r *Registry) check(ctx context.Context, dl *locksv1alpha1.DistributedLock)
 			}
 			return nil, fmt.Errorf("read LockBackend %s/%s: %w", dl.Namespace, ref.Name, err)
 		}
-		if b.Spec.Redis == nil {
+		spec := NamespacedSpec(&b)
+		if err := spec.Validate(); err != nil {
 			return nil, &PolicyError{Field: "spec.backend.backendRef.name", Reason: locksv1alpha1.ReasonInvalidBackend,
-				Message: fmt.Sprintf("LockBackend %q sets no backend this operator supports", ref.Name)}
+				Message: fmt.Sprintf("LockBackend %q cannot be used: %v", ref.Name, err)}
 		}
-		return r.checkTenantEndpoints(ctx, dl, b.Spec.Redis, NamespacedBackendID(dl.Namespace, ref.Name), fmt.Sprintf("LockBackend %s: spec.redis", ref.Name))
+		return r.checkTenantEndpoints(ctx, dl, spec, NamespacedBackendID(dl.Namespace, ref.Name), fmt.Sprintf("LockBackend %s: spec.%s", ref.Name, spec.Field()))
 	}
 	rb := dl.Spec.Backend.Redis
 	if rb == nil {
 		return nil, &PolicyError{Field: "spec.backend", Reason: locksv1alpha1.ReasonInvalidBackend,
 			Message: "set redis (inline endpoints), backendRef (a LockBackend) or clusterBackendRef (a ClusterLockBackend)"}
 	}
-	return r.checkTenantEndpoints(ctx, dl, rb, ID(rb), "spec.backend.redis")
+	return r.checkTenantEndpoints(ctx, dl, Spec{Redis: rb}, ID(rb), "spec.backend.redis")
 }
 
 // checkTenantEndpoints decides on endpoints a tenant wrote (inline, or in a
 // LockBackend of its namespace, whose Secrets are the namespace's): the
 // inline switch, the endpoint policy, and the operator's Global scope rule.
-func (r *Registry) checkTenantEndpoints(ctx context.Context, dl *locksv1alpha1.DistributedLock, rb *locksv1alpha1.RedisBackend, id, field string) (*source, error) {
+func (r *Registry) checkTenantEndpoints(ctx context.Context, dl *locksv1alpha1.DistributedLock, spec Spec, id, field string) (*source, error) {
 	if r.policy.InlineDisabled {
 		return nil, &PolicyError{Field: field, Reason: locksv1alpha1.ReasonBackendNotAllowed,
 			Message: "endpoints chosen in a namespace (inline, or in a LockBackend) are turned off in this cluster: name a ClusterLockBackend in spec.backend.clusterBackendRef (kubectl get clusterlockbackends)"}
 	}
 	if p := r.policy.Endpoints; p != nil {
-		for i, e := range rb.Endpoints {
+		for i, e := range spec.Endpoints() {
 			if err := p.Check(e); err != nil {
-				return nil, &PolicyError{Field: fmt.Sprintf("%s.endpoints[%d]", field, i), Reason: locksv1alpha1.ReasonBackendNotAllowed,
+				return nil, &PolicyError{Field: fmt.Sprintf("%s.%s", field, spec.endpointField(i)), Reason: locksv1alpha1.ReasonBackendNotAllowed,
 					Message: fmt.Sprintf("%v; no connection was made. Use an endpoint the cluster's endpoint policy allows, or a ClusterLockBackend", err)}
 			}
 		}
@@ -144,7 +145,7 @@ func (r *Registry) checkTenantEndpoints(ctx context.Context, dl *locksv1alpha1.D
 			return nil, err
 		}
 	}
-	return &source{id: id, redis: rb, secretNamespace: dl.Namespace, field: field, endpoints: r.policy.Endpoints}, nil
+	return &source{id: id, spec: spec, secretNamespace: dl.Namespace, field: field, endpoints: r.policy.Endpoints}, nil
 }
 
 func (r *Registry) checkClusterBackend(ctx context.Context, dl *locksv1alpha1.DistributedLock, name string) (*source, error) {
@@ -172,13 +173,14 @@ func (r *Registry) checkClusterBackend(ctx context.Context, dl *locksv1alpha1.Di
 		return nil, &PolicyError{Field: "spec.scope", Reason: locksv1alpha1.ReasonScopeNotAllowed,
 			Message: fmt.Sprintf("Global is not allowed in namespace %q on ClusterLockBackend %q (its spec.globalScopeNamespaceSelector does not select the namespace): use scope Namespace", dl.Namespace, name)}
 	}
-	if b.Spec.Redis == nil {
+	spec := ClusterSpec(&b)
+	if err := spec.Validate(); err != nil {
 		return nil, &PolicyError{Field: "spec.backend.clusterBackendRef.name", Reason: locksv1alpha1.ReasonInvalidBackend,
-			Message: fmt.Sprintf("ClusterLockBackend %q sets no backend this operator supports", name)}
+			Message: fmt.Sprintf("ClusterLockBackend %q cannot be used: %v; its administrators must fix it", name, err)}
 	}
 	return &source{
-		id: "ClusterLockBackend/" + name, redis: b.Spec.Redis, secretNamespace: r.policy.ClusterResourceNamespace,
-		field: fmt.Sprintf("ClusterLockBackend %s: spec.redis", name),
+		id: "ClusterLockBackend/" + name, spec: spec, secretNamespace: r.policy.ClusterResourceNamespace,
+		field: fmt.Sprintf("ClusterLockBackend %s: spec.%s", name, spec.Field()),
 	}, nil
 }
 

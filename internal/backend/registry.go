@@ -6,10 +6,6 @@ package backend
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -27,10 +23,11 @@ import (
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/holder"
 	"github.com/lockwarden/lockwarden/internal/lock"
-	redislock "github.com/lockwarden/lockwarden/internal/lock/redis"
 )
 
-// KeyPrefix is prepended to every Redis key lockwarden writes.
+// KeyPrefix is prepended to every Redis key lockwarden writes. (The other
+// stores keep their data apart by their own means: a schema, a root znode,
+// a key prefix.)
 const KeyPrefix = "lockwarden:"
 
 // Locker is a lock backend that can also report its reachability.
@@ -72,8 +69,8 @@ func (e *ConfigError) Error() string { return fmt.Sprintf("%s: %v", e.Field, e.E
 // Unwrap returns the cause.
 func (e *ConfigError) Unwrap() error { return e.Err }
 
-// NewLockerFunc builds a Locker from a Redis configuration.
-type NewLockerFunc func(cfg redislock.Config) (Locker, error)
+// NewLockerFunc builds a Locker from a resolved backend (NewLocker is the manager's).
+type NewLockerFunc func(cfg Config) (Locker, error)
 
 // HealthFunc is told when a backend in use starts or stops answering (err nil: it answers).
 type HealthFunc func(backendID string, err error)
@@ -370,56 +367,6 @@ func (r *Registry) checkHealth(ctx context.Context, e *entry) {
 			f(e.handle.ID, err)
 		}
 	}, r.healthInterval)
-}
-
-// resolve turns a lock's backend and its Secrets into a Redis
-// configuration and a fingerprint of everything that shapes the client.
-func (r *Registry) resolve(ctx context.Context, src *source) (redislock.Config, string, error) {
-	rb, ns := src.redis, src.secretNamespace
-	cfg := redislock.Config{Addrs: slices.Clone(rb.Endpoints), DB: int(rb.DB), Prefix: KeyPrefix, EndpointPolicy: src.endpoints}
-	var err error
-	if rb.PasswordSecretRef != nil {
-		if cfg.Password, err = r.secretValue(ctx, ns, src.field+".passwordSecretRef", rb.PasswordSecretRef); err != nil {
-			return cfg, "", err
-		}
-	}
-	if s := rb.Sentinel; s != nil {
-		cfg.MasterName = s.MasterName
-		if s.PasswordSecretRef != nil {
-			if cfg.SentinelPassword, err = r.secretValue(ctx, ns, src.field+".sentinel.passwordSecretRef", s.PasswordSecretRef); err != nil {
-				return cfg, "", err
-			}
-		}
-	}
-	var caPEM string
-	if t := rb.TLS; t != nil {
-		cfg.TLS = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
-		if t.CASecretRef != nil {
-			if caPEM, err = r.secretValue(ctx, ns, src.field+".tls.caSecretRef", t.CASecretRef); err != nil {
-				return cfg, "", err
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM([]byte(caPEM)) {
-				return cfg, "", &ConfigError{Field: src.field + ".tls.caSecretRef", Err: fmt.Errorf("the Secret %s/%s key %q holds no PEM certificate", ns, t.CASecretRef.Name, t.CASecretRef.Key)}
-			}
-			cfg.TLS.RootCAs = pool
-		}
-	}
-	if err := cfg.Validate(); err != nil {
-		return cfg, "", &ConfigError{Field: src.field, Err: err}
-	}
-	tlsName := "plain"
-	if cfg.TLS != nil {
-		tlsName = "tls:" + cfg.TLS.ServerName
-	}
-	// The endpoint policy is part of the client: an inline and an
-	// admin-owned backend on the same Redis never share one.
-	policy := "unrestricted"
-	if src.endpoints != nil {
-		policy = fmt.Sprintf("policy:%p", src.endpoints)
-	}
-	sum := sha256.Sum256([]byte(strings.Join([]string{src.id, ID(rb), tlsName, policy, cfg.Password, cfg.SentinelPassword, caPEM}, "\x00")))
-	return cfg, hex.EncodeToString(sum[:]), nil
 }
 
 // secretValue reads one key of a Secret in namespace: the lock's own, or

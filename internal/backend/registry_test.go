@@ -40,9 +40,9 @@ func TestLocksSharingASecretShareOneClientAndOneRead(t *testing.T) {
 	}
 	reader := &countingReader{Reader: env.Client}
 	var built atomic.Int64
-	r := NewRegistry(ctx, reader, func(cfg redislock.Config) (Locker, error) {
+	r := NewRegistry(ctx, reader, func(cfg Config) (Locker, error) {
 		built.Add(1)
-		return redislock.New(cfg)
+		return redislock.New(*cfg.Redis)
 	}, logr.Discard())
 
 	lockFor := func(i int) *locksv1alpha1.DistributedLock {
@@ -116,7 +116,7 @@ func TestLocksSharingASecretShareOneClientAndOneRead(t *testing.T) {
 func TestHealthFollowsTheBackend(t *testing.T) {
 	rdb := redistest.Start(t)
 	ctx := context.Background()
-	r := NewRegistry(ctx, nil, func(cfg redislock.Config) (Locker, error) { return redislock.New(cfg) }, logr.Discard())
+	r := NewRegistry(ctx, nil, func(cfg Config) (Locker, error) { return redislock.New(*cfg.Redis) }, logr.Discard())
 	r.SetHealthInterval(50 * time.Millisecond)
 	changes := make(chan error, 16)
 	r.OnHealth(func(_ string, err error) { changes <- err })

@@ -466,5 +466,17 @@ func (r *Registry) resolveLock(ctx context.Context, dl *locksv1alpha1.Distribute
 		return redislock.Config{}, "", "", err
 	}
 	cfg, fingerprint, err := r.resolve(ctx, src)
-	return cfg, src.id, fingerprint, err
+	if cfg.Redis == nil {
+		return redislock.Config{}, src.id, fingerprint, err
+	}
+	return *cfg.Redis, src.id, fingerprint, err
+}
+
+// resolveAny is resolveLock for every store.
+func (r *Registry) resolveAny(ctx context.Context, dl *locksv1alpha1.DistributedLock) (Config, string, error) {
+	src, err := r.check(ctx, dl)
+	if err != nil {
+		return Config{}, "", err
+	}
+	return r.resolve(ctx, src)
 }

@@ -44,7 +44,6 @@ import (
 	"github.com/lockwarden/lockwarden/controllers"
 	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/holder"
-	redislock "github.com/lockwarden/lockwarden/internal/lock/redis"
 	"github.com/lockwarden/lockwarden/internal/netguard"
 	"github.com/lockwarden/lockwarden/internal/watchdog"
 	"github.com/lockwarden/lockwarden/internal/webhook"
@@ -353,9 +352,7 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backe
 	if err != nil {
 		return nil, err
 	}
-	registry := backend.NewRegistry(ctx, mgr.GetAPIReader(), func(cfg redislock.Config) (backend.Locker, error) {
-		return redislock.New(cfg, redislock.WithLogger(log.WithName("redis")))
-	}, log.WithName("backend"))
+	registry := backend.NewRegistry(ctx, mgr.GetAPIReader(), backend.NewLocker(log), log.WithName("backend"))
 	policy, err := endpointPolicy(ctx, direct, mgr.GetConfig(), o, log.WithName("setup"))
 	if err != nil {
 		return nil, err

@@ -24,6 +24,11 @@ type DialOptions struct {
 	TLS *tls.Config
 	// Limits bound the replies read (zero fields take their defaults).
 	Limits Limits
+	// NotRESP says the connection carries another protocol than Redis's
+	// (PostgreSQL, ZooKeeper, etcd's gRPC): the policy and timeout apply,
+	// the RESP reply validator does not. Those clients bound what they read
+	// themselves, and do their own TLS (set no TLS here for them).
+	NotRESP bool
 	// Timeout bounds the connection and the TLS handshake together, on top of
 	// the context's deadline. Zero: only the context bounds them.
 	Timeout time.Duration
@@ -92,6 +97,9 @@ func Dialer(opts DialOptions) func(ctx context.Context, network, addr string) (n
 				return nil, &HandshakeError{Endpoint: addr, Err: err}
 			}
 			conn = tc
+		}
+		if opts.NotRESP {
+			return conn, nil
 		}
 		return LimitReplies(conn, limits), nil
 	}
