@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -71,15 +73,28 @@ func BenchmarkFloor(b *testing.B) {
 }
 
 // BenchmarkHandover: a holder releases the key while a waiter is blocked in
-// Acquire (queued, from another Locker); it reports the time from the
-// Release call to the waiter's Acquire returning. The waiter's fallback
+// Acquire (queued, from another Locker, its watch set up); it reports the
+// time from the Release call to the waiter's Acquire returning. (A release
+// that races the waiter's watch creation is seen by the watch too, since it
+// starts at the revision the attempt read, but etcd delivers events to a
+// watch that starts in the past from its catch-up loop, every 100ms.) The waiter's fallback
 // polling is set to 5s and its queue heartbeat to 10s, so a handover in
 // milliseconds can only come from the watch event.
 func BenchmarkHandover(b *testing.B) {
 	m := etcdtest.Start(b)
 	cfg := Config{Endpoints: []string{m.Addr}, Prefix: "/bench/"}
 	holder := newTestLocker(b, cfg)
-	waiter := newTestLocker(b, cfg, WithBackoff(wait.Backoff{Duration: 5 * time.Second, Factor: 1}), WithWaiterTTL(30*time.Second))
+	// The waiter logs "Waiting for lease" once its watch is set up.
+	waiting := make(chan struct{}, 1)
+	sink := funcr.New(func(_, args string) {
+		if strings.Contains(args, "Waiting for lease") {
+			select {
+			case waiting <- struct{}{}:
+			default:
+			}
+		}
+	}, funcr.Options{Verbosity: 4})
+	waiter := newTestLocker(b, cfg, WithBackoff(wait.Backoff{Duration: 5 * time.Second, Factor: 1}), WithWaiterTTL(30*time.Second), WithLogger(sink))
 	ctx := context.Background()
 	var lat []time.Duration
 	i := 0
@@ -95,19 +110,21 @@ func BenchmarkHandover(b *testing.B) {
 			at    time.Time
 			err   error
 		}
+		select { // a signal left from the previous round
+		case <-waiting:
+		default:
+		}
 		done := make(chan res, 1)
 		go func() {
 			lease, err := waiter.Acquire(ctx, lock.Request{Keys: []string{key}, TTL: 10 * time.Second, Queue: true, Holder: "waiter"})
 			done <- res{lease, time.Now(), err}
 		}()
-		// Wait until the waiter is queued (its first attempt failed and
-		// it is waiting for the event).
-		err = wait.PollUntilContextTimeout(ctx, time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			st, err := holder.Inspect(ctx, []string{key})
-			return err == nil && len(st[0].Waiters) == 1, nil
-		})
-		if err != nil {
-			b.Fatal("the waiter never queued")
+		// Wait until the waiter is blocked: its first attempt failed
+		// and its watch is set up.
+		select {
+		case <-waiting:
+		case r := <-done:
+			b.Fatalf("Acquire returned while the key was held: %v", r.err)
 		}
 		start := time.Now()
 		if err := holder.Release(ctx, h); err != nil {
