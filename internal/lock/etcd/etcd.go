@@ -64,9 +64,10 @@
 // sends the watch events that wake waiters), whether or not the acquiring
 // process is alive. Lease.Expires is the start of the acquire or renew round
 // trip plus the TTL minus a drift allowance (1% + 2ms), never later than the
-// leader may free the keys. A new leader extends every lease by an election
-// timeout: after a leader change the keys may stay held a little longer than
-// their TTL, which delays others but never gives two holders. While no
+// leader may free the keys. A new leader restarts every lease's TTL (plus an
+// election timeout) when it takes over: after a leader change the keys may
+// stay held up to a TTL longer than asked, which delays others but never
+// gives two holders. While no
 // quorum is available nothing can be acquired, renewed or released (errors
 // match lock.ErrBackendUnavailable) and no lease expires either; a held
 // lease is only lost through its TTL, as usual, once a leader is back.
@@ -89,8 +90,8 @@
 // Watch is an etcd watch for DELETE events on the holder keys (a release and
 // a lease expiry both delete them), re-established after errors, leader loss
 // and compaction. Acquire waits for the deletion of exactly what blocks it,
-// watched from the revision its attempt read (so nothing between the read
-// and the watch is missed): a queued waiter watches the waiter key just
+// watched from the revision its attempt (or its joining the queue) read, so
+// nothing between the read and the watch is missed: a queued waiter watches the waiter key just
 // ahead of it (as the concurrency package's waitDeletes does), the head
 // watches the busy holder key. It also retries with exponential backoff and
 // jitter as a fallback, and at least every third of the waiter TTL with Queue.
