@@ -60,6 +60,17 @@ lint-fix: golangci-lint ## Run golangci-lint and apply its fixes, formatting (go
 redis-server: ## Make sure redis-server is installed (installs the Debian/Ubuntu package as root when missing).
 	@hack/ensure-redis.sh
 
+.PHONY: postgres-server
+postgres-server: ## Make sure PostgreSQL's server binaries are installed (installs the Debian/Ubuntu package as root when missing).
+	@hack/ensure-postgres.sh >/dev/null
+
+.PHONY: zookeeper-server
+zookeeper-server: ## Make sure ZooKeeper and a Java runtime are installed (installs the Debian/Ubuntu package as root when missing).
+	@hack/ensure-zookeeper.sh
+
+.PHONY: stores
+stores: redis-server postgres-server zookeeper-server ## Make sure every store the tests start is installed (etcd comes from the control-plane cache).
+
 .PHONY: dev
 dev: redis-server ## Run a local control plane (kube-controller-manager, kwok node), Redis and the operator; REDLOCK=1 for three Redis masters. Ctrl-C stops it.
 	@go build -o bin/lockwarden-dev ./hack/dev
@@ -81,7 +92,7 @@ test: ## Run everything CI runs, in order, stopping at the first failure: verify
 	@$(MAKE) --no-print-directory verify
 	@echo "==> make test: step 2/4: unit tests (go test -short)"
 	@$(MAKE) --no-print-directory test-unit
-	@echo "==> make test: step 3/4: integration tests (envtest kube-apiserver, real redis-server)"
+	@echo "==> make test: step 3/4: integration tests (envtest kube-apiserver; real Redis, PostgreSQL, ZooKeeper, etcd)"
 	@$(MAKE) --no-print-directory test-integration
 	@echo "==> make test: step 4/4: end-to-end tests (local control plane, kwok)"
 	@$(MAKE) --no-print-directory test-e2e
@@ -92,12 +103,13 @@ test-unit: ## Run the unit tests (go test -short): no kube-apiserver, no redis-s
 	go test -short ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: test-integration
-test-integration: redis-server ## Run every suite without -short: the envtest suites (real kube-apiserver) and those against real redis-server.
+test-integration: stores ## Run every suite without -short: the envtest suites (real kube-apiserver) and those against real Redis, PostgreSQL, ZooKeeper and etcd servers.
 	@# kube-controller-manager: the tenancy suites run its ClusterRole aggregation and admission-policy type checking.
-	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh kube-apiserver etcd kube-controller-manager)" go test ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
+	@# LOCKWARDEN_REQUIRE_SERVERS: a test whose server is missing fails here instead of skipping.
+	LOCKWARDEN_REQUIRE_SERVERS=1 KUBEBUILDER_ASSETS="$$(hack/control-plane.sh kube-apiserver etcd kube-controller-manager)" go test ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: test-e2e
-test-e2e: redis-server ## Run the end-to-end suite against a local control plane with kube-controller-manager and kwok.
+test-e2e: stores ## Run the end-to-end suite against a local control plane with kube-controller-manager and kwok.
 	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh --e2e)" go test -tags e2e ./test/e2e/... -count=1 -timeout $(E2E_TIMEOUT) -v $(GO_TEST_FLAGS)
 
 .PHONY: perf
