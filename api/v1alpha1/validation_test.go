@@ -197,6 +197,7 @@ func TestClusterLockBackendValidation(t *testing.T) {
 	needEnv(t)
 	ctx := context.Background()
 	redis := &locksv1alpha1.RedisBackend{Endpoints: []string{"redis.infra:6379"}}
+	pg := &locksv1alpha1.PostgresBackend{Host: "pg.infra", Database: "locks", User: "locks"}
 	cases := map[string]struct {
 		spec locksv1alpha1.ClusterLockBackendSpec
 		want []string // empty: accepted
@@ -206,6 +207,31 @@ func TestClusterLockBackendValidation(t *testing.T) {
 		"even number of masters": {locksv1alpha1.ClusterLockBackendSpec{
 			Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{"a:6379", "b:6379"}}, NamespaceSelector: &metav1.LabelSelector{},
 		}, []string{"spec.redis", "1 server (standalone) or 3, 5 or 7"}},
+		"redis and postgres": {locksv1alpha1.ClusterLockBackendSpec{
+			Redis: redis, Postgres: pg, NamespaceSelector: &metav1.LabelSelector{},
+		}, []string{"spec", "exactly one backend member: redis, postgres, zookeeper or etcd"}},
+		"postgres": {locksv1alpha1.ClusterLockBackendSpec{Postgres: pg, NamespaceSelector: &metav1.LabelSelector{}}, nil},
+		"postgres without a database": {locksv1alpha1.ClusterLockBackendSpec{
+			Postgres: &locksv1alpha1.PostgresBackend{Host: "pg.infra", User: "locks"}, NamespaceSelector: &metav1.LabelSelector{},
+		}, []string{"spec.postgres.database", "at least 1 chars long"}},
+		"postgres schema with a quote": {locksv1alpha1.ClusterLockBackendSpec{
+			Postgres: &locksv1alpha1.PostgresBackend{Host: "pg.infra", Database: "locks", User: "locks", Schema: `x"; drop`}, NamespaceSelector: &metav1.LabelSelector{},
+		}, []string{"spec.postgres.schema"}},
+		"zookeeper": {locksv1alpha1.ClusterLockBackendSpec{
+			ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk-0.zk:2181", "zk-1.zk:2181", "zk-2.zk:2181"}}, NamespaceSelector: &metav1.LabelSelector{},
+		}, nil},
+		"zookeeper root not absolute": {locksv1alpha1.ClusterLockBackendSpec{
+			ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk:2181"}, Root: "locks"}, NamespaceSelector: &metav1.LabelSelector{},
+		}, []string{"spec.zookeeper.root"}},
+		"etcd": {locksv1alpha1.ClusterLockBackendSpec{
+			Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd:2379"}}, NamespaceSelector: &metav1.LabelSelector{},
+		}, nil},
+		"etcd username without password": {locksv1alpha1.ClusterLockBackendSpec{
+			Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd:2379"}, Username: "locks"}, NamespaceSelector: &metav1.LabelSelector{},
+		}, []string{"spec.etcd: set username and passwordSecretRef together"}},
+		"zookeeper and etcd": {locksv1alpha1.ClusterLockBackendSpec{
+			ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk:2181"}}, Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd:2379"}}, NamespaceSelector: &metav1.LabelSelector{},
+		}, []string{"exactly one backend member"}},
 		"every namespace, Global for some": {locksv1alpha1.ClusterLockBackendSpec{
 			Redis: redis, NamespaceSelector: &metav1.LabelSelector{},
 			GlobalScopeNamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "billing"}},
