@@ -317,12 +317,34 @@ func (l *Locker) call(ctx context.Context, op string, f func(ctx context.Context
 	}
 	var err error
 	for range 3 {
-		if err = l.withConn(ctx, f); err == nil || !retryable(err) || ctx.Err() != nil {
+		err = l.withConn(ctx, func(ctx context.Context, c *pgx.Conn) error {
+			if err := l.prepareStatements(ctx, c); err != nil {
+				return err
+			}
+			return f(ctx, c)
+		})
+		if err == nil || !retryable(err) || ctx.Err() != nil {
 			break
 		}
 	}
 	if err != nil {
 		return l.unavailable(op, err)
+	}
+	return nil
+}
+
+// prepareStatements prepares the operations' statements on a connection that has not
+// got them yet (once the schema exists; pgx answers from its map when they
+// are there), named by their SQL text so that pgx uses them for those texts.
+// It costs one round trip per statement on a new
+// connection, before any lease call on it, instead of one before the first
+// use of each: a call then takes one round trip from the start, which is
+// what Lease.Expires is measured from.
+func (l *Locker) prepareStatements(ctx context.Context, c *pgx.Conn) error {
+	for _, q := range []string{l.sql.acquire, l.sql.renew, l.sql.release, l.sql.dequeue, l.sql.inspect} {
+		if _, err := c.Prepare(ctx, q, q); err != nil {
+			return fmt.Errorf("prepare: %w", err)
+		}
 	}
 	return nil
 }
