@@ -1,0 +1,176 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/netguard"
+)
+
+// These tests cover what a LockBackend or ClusterLockBackend naming
+// PostgreSQL, ZooKeeper or etcd resolves to, connecting nowhere: the engine
+// configuration with its credentials from the right namespace, the endpoint
+// policy on every endpoint a tenant wrote, and a dialer that enforces it.
+
+func storeLockBackend(name string, spec locksv1alpha1.LockBackendSpec) *locksv1alpha1.LockBackend {
+	return &locksv1alpha1.LockBackend{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "team-a"}, Spec: spec}
+}
+
+func lockOnBackend(name string) *locksv1alpha1.DistributedLock {
+	dl := lockWith(nil)
+	dl.Spec.Backend = locksv1alpha1.Backend{BackendRef: &locksv1alpha1.BackendRef{Name: name}}
+	return dl
+}
+
+func TestResolveOtherStores(t *testing.T) {
+	t.Parallel()
+	ref := func(name, key string) *locksv1alpha1.SecretKeyRef { return &locksv1alpha1.SecretKeyRef{Name: name, Key: key} }
+	objs := []client.Object{
+		secret("team-a", "pg", map[string]string{"password": "pg-secret"}),
+		secret("team-a", "zk", map[string]string{"digest": "locks:zk-secret"}),
+		secret("team-a", "etcd", map[string]string{"password": "etcd-secret"}),
+		storeLockBackend("pg", locksv1alpha1.LockBackendSpec{Postgres: &locksv1alpha1.PostgresBackend{
+			Host: "pg.team-a.svc", Database: "locks", User: "locker", PasswordSecretRef: ref("pg", "password"),
+		}}),
+		storeLockBackend("zk", locksv1alpha1.LockBackendSpec{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{
+			Servers: []string{"zk-0.zk:2181", "zk-1.zk:2181", "zk-2.zk:2181"}, SessionTimeoutSeconds: 20, DigestSecretRef: ref("zk", "digest"),
+		}}),
+		storeLockBackend("etcd", locksv1alpha1.LockBackendSpec{Etcd: &locksv1alpha1.EtcdBackend{
+			Endpoints: []string{"etcd.team-a.svc:2379"}, Username: "locker", PasswordSecretRef: ref("etcd", "password"),
+		}}),
+	}
+	r := registryWith(t, deepCopies(objs)...)
+	r.SetPolicy(Policy{}, nil)
+
+	cfg, _, err := r.resolveAny(t.Context(), lockOnBackend("pg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := cfg.Postgres; p == nil || p.Host != "pg.team-a.svc" || p.Port != 5432 || p.Database != "locks" || p.User != "locker" ||
+		p.Password != "pg-secret" || p.Schema != "lockwarden" || p.Dial == nil || p.TLS != nil {
+		t.Errorf("postgres config = %+v", cfg.Postgres)
+	}
+	cfg, _, err = r.resolveAny(t.Context(), lockOnBackend("zk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if z := cfg.ZooKeeper; z == nil || len(z.Servers) != 3 || z.Root != "/lockwarden" || z.SessionTimeout != 20*time.Second ||
+		z.Digest != "locks:zk-secret" || z.Dial == nil {
+		t.Errorf("zookeeper config = %+v", cfg.ZooKeeper)
+	}
+	cfg, _, err = r.resolveAny(t.Context(), lockOnBackend("etcd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := cfg.Etcd; e == nil || !slices.Equal(e.Endpoints, []string{"etcd.team-a.svc:2379"}) || e.Prefix != "/lockwarden/" ||
+		e.Username != "locker" || e.Password != "etcd-secret" || e.Dial == nil {
+		t.Errorf("etcd config = %+v", cfg.Etcd)
+	}
+}
+
+// TestTenantStoresFollowTheEndpointPolicy: a LockBackend's PostgreSQL host,
+// ZooKeeper servers and etcd endpoints are checked as inline Redis endpoints
+// are, and refused by name before any connection.
+func TestTenantStoresFollowTheEndpointPolicy(t *testing.T) {
+	t.Parallel()
+	policy, err := netguard.NewEndpointPolicy(nil, nil) // loopback, link-local and metadata denied
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := []client.Object{
+		storeLockBackend("pg", locksv1alpha1.LockBackendSpec{Postgres: &locksv1alpha1.PostgresBackend{Host: "127.0.0.1", Port: 5432, Database: "x", User: "x"}}),
+		storeLockBackend("zk", locksv1alpha1.LockBackendSpec{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk.team-a.svc:2181", "169.254.169.254:80"}}}),
+		storeLockBackend("etcd", locksv1alpha1.LockBackendSpec{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"[::1]:2379"}}}),
+		storeLockBackend("two", locksv1alpha1.LockBackendSpec{
+			Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd:2379"}}, ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk:2181"}},
+		}),
+	}
+	cases := map[string]struct{ reason, field string }{
+		"pg":   {locksv1alpha1.ReasonBackendNotAllowed, "LockBackend pg: spec.postgres.host"},
+		"zk":   {locksv1alpha1.ReasonBackendNotAllowed, "LockBackend zk: spec.zookeeper.servers[1]"},
+		"etcd": {locksv1alpha1.ReasonBackendNotAllowed, "LockBackend etcd: spec.etcd.endpoints[0]"},
+		"two":  {locksv1alpha1.ReasonInvalidBackend, "spec.backend.backendRef.name"},
+	}
+	for name, want := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := registryWith(t, deepCopies(objs)...)
+			r.SetPolicy(Policy{Endpoints: policy}, nil)
+			err := r.Check(t.Context(), lockOnBackend(name))
+			var pe *PolicyError
+			if !errors.As(err, &pe) || pe.Reason != want.reason || pe.Field != want.field {
+				t.Fatalf("Check = %v, want a refusal of %s with reason %s", err, want.field, want.reason)
+			}
+		})
+	}
+}
+
+// TestStoreDialerEnforcesThePolicy: the dialer handed to the PostgreSQL,
+// ZooKeeper and etcd clients refuses a denied address at connect time (a
+// name that resolves there, say), and passes other bytes through untouched.
+func TestStoreDialerEnforcesThePolicy(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("R\x00\x00\x00\x08")) // a PostgreSQL message, not RESP
+			_ = c.Close()
+		}
+	}()
+	denied, err := netguard.NewEndpointPolicy(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed, err := netguard.NewEndpointPolicy([]string{"127.0.0.1/32"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := []client.Object{storeLockBackend("pg", locksv1alpha1.LockBackendSpec{Postgres: &locksv1alpha1.PostgresBackend{Host: "pg.team-a.svc", Database: "x", User: "x"}})}
+	for name, tc := range map[string]struct {
+		policy  *netguard.EndpointPolicy
+		refused bool
+	}{"denied": {denied, true}, "allowed": {allowed, false}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := registryWith(t, deepCopies(objs)...)
+			r.SetPolicy(Policy{Endpoints: tc.policy}, nil)
+			cfg, _, err := r.resolveAny(t.Context(), lockOnBackend("pg"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			conn, err := cfg.Postgres.Dial(ctx, "tcp", ln.Addr().String())
+			if tc.refused {
+				if !errors.Is(err, netguard.ErrDenied) {
+					t.Fatalf("dial = %v, want ErrDenied", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			buf := make([]byte, 5)
+			if _, err := conn.Read(buf); err != nil || string(buf) != "R\x00\x00\x00\x08" {
+				t.Fatalf("read %q, %v: want the server's bytes untouched", buf, err)
+			}
+		})
+	}
+}
