@@ -426,8 +426,7 @@ func (l *Locker) keepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*clien
 	b := wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 4}
 	for {
 		resp, err := l.etcd().KeepAliveOnce(ctx, id)
-		if err == nil || b.Steps <= 1 || ctx.Err() != nil ||
-			!(errors.Is(err, rpctypes.ErrInvalidAuthToken) || errors.Is(err, rpctypes.ErrAuthOldRevision) || errors.Is(err, rpctypes.ErrUserEmpty)) {
+		if err == nil || b.Steps <= 1 || ctx.Err() != nil || !tokenRejected(err) {
 			return resp, err
 		}
 		t := time.NewTimer(b.Step())
@@ -437,4 +436,10 @@ func (l *Locker) keepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*clien
 		}
 		t.Stop()
 	}
+}
+
+// tokenRejected reports whether a member rejected the client's auth token
+// (a new token fixes it).
+func tokenRejected(err error) bool {
+	return errors.Is(err, rpctypes.ErrInvalidAuthToken) || errors.Is(err, rpctypes.ErrAuthOldRevision) || errors.Is(err, rpctypes.ErrUserEmpty)
 }
