@@ -119,6 +119,11 @@ type Options struct {
 	// RedisPorts lists one preferred port per Redis master; 0, or a port in
 	// use, means a free port. Default: one master on any free port.
 	RedisPorts []int
+	// Store is the lock store the ClusterLockBackend DevBackend points at,
+	// one of StoreKinds: "redis" (default: the first Redis master),
+	// "postgres", "zookeeper" or "etcd" (a server the cluster starts on
+	// loopback beside Redis, which always runs; see StartStore).
+	Store string
 	// LeaderElect runs the operator with --leader-elect.
 	LeaderElect bool
 	// ManagerArgs are extra flags for the operator, after the ones devcluster sets.
@@ -160,6 +165,9 @@ type Cluster struct {
 	APIServerURL string
 	// Redis lists the Redis masters, in the order of Options.RedisPorts.
 	Redis []*Redis
+	// Store is the store Options.Store chose, which the ClusterLockBackend
+	// DevBackend points at.
+	Store *Store
 	// MetricsURL is the operator's Prometheus endpoint (plain HTTP).
 	MetricsURL string
 	// ProbeURL is the base of the operator's /healthz and /readyz.
@@ -179,6 +187,10 @@ type Cluster struct {
 	lock     *os.File
 	stopOnce sync.Once
 
+	storesMu   sync.Mutex
+	stores     []*Store // started by StartStore, stopped by Stop
+	storeCount int
+
 	portsMu sync.Mutex
 	// held are the ports handed out to this cluster, given back on Stop.
 	held []int
@@ -197,8 +209,8 @@ func (o *Options) logf(format string, args ...any) {
 // Start starts a cluster and returns when every part of it is ready: the API
 // server answers, CRDs are established, config/default's RBAC is installed
 // and its ValidatingAdmissionPolicy in effect, the node is Ready, the default
-// ServiceAccount exists, Redis answers, the ClusterLockBackend DevRedisBackend
-// exists and the operator is ready (its webhook serving). On error,
+// ServiceAccount exists, Redis (and the store Options.Store chose) answers,
+// the ClusterLockBackends DevRedisBackend and DevBackend exist and the operator is ready (its webhook serving). On error,
 // everything started is stopped again.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := opts.defaults(); err != nil {
@@ -263,7 +275,10 @@ func (o *Options) defaults() error {
 	if len(o.RedisPorts) == 0 {
 		o.RedisPorts = []int{0}
 	}
-	return nil
+	if o.Store == "" {
+		o.Store = StoreRedis
+	}
+	return ValidateStore(o.Store)
 }
 
 // FindRoot returns the nearest directory at or above the working directory
@@ -379,6 +394,16 @@ func (c *Cluster) start(ctx context.Context) error {
 	}()
 	// Whatever fails below, Stop must not run while Redis is still starting.
 	defer func() { <-redisDone }()
+	// The store the ClusterLockBackend DevBackend points at, when not Redis, too.
+	storeDone := make(chan struct{})
+	var storeErr error
+	go func() {
+		defer close(storeDone)
+		if c.opts.Store != StoreRedis {
+			c.Store, storeErr = c.StartStore(ctx, c.opts.Store)
+		}
+	}()
+	defer func() { <-storeDone }()
 	err = c.onFreePorts("etcd", nil, 2, func(p []int) error {
 		c.ports.etcd, c.ports.etcdPeer = p[0], p[1]
 		return c.startEtcd(ctx)
@@ -438,6 +463,18 @@ func (c *Cluster) start(ctx context.Context) error {
 	}
 	c.opts.logf("control plane ready: controller manager, scheduler, kwok node %s, CRDs, RBAC and admission policy of config/default (%s)", NodeName, since(begin))
 	if err := c.applyDevRedisBackend(ctx); err != nil {
+		return err
+	}
+	<-storeDone
+	if storeErr != nil {
+		return storeErr
+	}
+	if c.Store == nil {
+		if c.Store, err = c.StartStore(ctx, StoreRedis); err != nil {
+			return err
+		}
+	}
+	if err := c.ApplyBackend(ctx, DevBackend, c.Store); err != nil {
 		return err
 	}
 	// The webhook configuration points at the operator's port, so it is
@@ -747,6 +784,7 @@ func (c *Cluster) Stop() {
 				p.stop()
 			}
 		}
+		c.stopStores()
 		var wg sync.WaitGroup
 		for _, r := range c.Redis {
 			if r.proc == nil {

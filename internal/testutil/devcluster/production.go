@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,11 +17,9 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/utils/ptr"
@@ -246,26 +243,10 @@ func gateProbeJob() *batchv1.Job {
 // configuration, as `kubectl create --save-config` does, so that applying
 // config/samples (which holds the same backend) updates it quietly.
 func (c *Cluster) applyDevRedisBackend(ctx context.Context) error {
-	want := devRedisClusterLockBackend(c.Redis[0].Addr)
-	last, err := json.Marshal(want)
-	if err != nil {
+	if err := c.applyClusterLockBackend(ctx, devRedisClusterLockBackend(c.Redis[0].Addr)); err != nil {
 		return err
 	}
-	want.Annotations = map[string]string{corev1.LastAppliedConfigAnnotation: string(last)}
-	var cur locksv1alpha1.ClusterLockBackend
-	err = c.Client.Get(ctx, types.NamespacedName{Name: want.Name}, &cur)
-	switch {
-	case apierrors.IsNotFound(err):
-		err = c.Client.Create(ctx, want)
-	case err == nil:
-		cur.Spec = want.Spec
-		cur.Annotations = want.Annotations
-		err = c.Client.Update(ctx, &cur)
-	}
-	if err != nil {
-		return fmt.Errorf("apply ClusterLockBackend %s: %w", want.Name, err)
-	}
-	c.opts.logf("ClusterLockBackend %s: %s, every namespace", want.Name, c.Redis[0].Addr)
+	c.opts.logf("ClusterLockBackend %s: %s, every namespace", DevRedisBackend, c.Redis[0].Addr)
 	return nil
 }
 
