@@ -71,10 +71,15 @@ zookeeper-server: ## Make sure ZooKeeper and a Java runtime are installed (insta
 .PHONY: stores
 stores: redis-server postgres-server zookeeper-server ## Make sure every store the tests start is installed (etcd comes from the control-plane cache).
 
+# BACKEND is the store `make dev` points the ClusterLockBackend dev at:
+# redis (default), postgres, zookeeper or etcd (started beside Redis).
+BACKEND ?=
+
 .PHONY: dev
-dev: redis-server ## Run a local control plane (kube-controller-manager, kwok node), Redis and the operator; REDLOCK=1 for three Redis masters. Ctrl-C stops it.
+dev: redis-server ## Run a local control plane (kube-controller-manager, kwok node), Redis and the operator; REDLOCK=1 for three Redis masters, BACKEND=postgres|zookeeper|etcd for that store behind ClusterLockBackend dev. Ctrl-C stops it.
+	@case "$(BACKEND)" in postgres) hack/ensure-postgres.sh >/dev/null ;; zookeeper) hack/ensure-zookeeper.sh ;; esac
 	@go build -o bin/lockwarden-dev ./hack/dev
-	@REDLOCK="$(REDLOCK)" bin/lockwarden-dev
+	@REDLOCK="$(REDLOCK)" BACKEND="$(BACKEND)" bin/lockwarden-dev
 
 .PHONY: envtest-assets
 envtest-assets: ## Print the directory of kube-apiserver and etcd for envtest, building them into the cache when missing.

@@ -5,10 +5,13 @@
 // everything on Ctrl-C. The operator runs as its ServiceAccount with
 // config/default's RBAC, under config/default's admission policy, as in a
 // real install; a ClusterLockBackend dev-redis points at the (first) Redis.
+// With BACKEND=postgres, zookeeper or etcd it also starts that store on
+// loopback; the ClusterLockBackend dev, which config/samples' locks name,
+// points at that store (at the first Redis for BACKEND=redis, the default).
 //
-// Usage (from the checkout): make dev [REDLOCK=1]
+// Usage (from the checkout): make dev [REDLOCK=1] [BACKEND=redis|postgres|zookeeper|etcd]
 //
-//	go run ./hack/dev [-redlock] [-dir .dev] [-leader-elect]
+//	go run ./hack/dev [-redlock] [-backend redis] [-dir .dev] [-leader-elect]
 package main
 
 import (
@@ -47,9 +50,17 @@ func run() error {
 		redlock     = flag.Bool("redlock", truthy(os.Getenv("REDLOCK")), "Start three independent Redis masters (on 6380-6382 when free) instead of one (on 6379 when free). Default from $REDLOCK.")
 		dir         = flag.String("dir", "", "State directory, emptied at start. Default: .dev in the checkout.")
 		leaderElect = flag.Bool("leader-elect", false, "Run the operator with leader election.")
+		backend     = flag.String("backend", os.Getenv("BACKEND"), "The store the ClusterLockBackend "+devcluster.DevBackend+" points at: "+strings.Join(devcluster.StoreKinds, ", ")+" (started on loopback beside Redis). Default from $BACKEND, else redis.")
 		noBuild     = flag.Bool("no-build", false, "Use bin/lockwarden as it is instead of rebuilding it.")
 	)
 	flag.Parse()
+	*backend = strings.TrimSpace(*backend)
+	if err := devcluster.ValidateStore(*backend); err != nil {
+		return fmt.Errorf("BACKEND / -backend: %w", err)
+	}
+	if *backend == "" {
+		*backend = devcluster.StoreRedis
+	}
 	begin := time.Now()
 	logf := func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "[dev] "+format+"\n", args...)
@@ -85,6 +96,7 @@ func run() error {
 		Assets:      assets,
 		Manager:     manager,
 		RedisPorts:  ports,
+		Store:       *backend,
 		LeaderElect: *leaderElect,
 		ManagerArgs: []string{"--zap-devel", "--resync-period=10s"},
 		Logf:        logf,
@@ -153,7 +165,14 @@ func printBanner(w io.Writer, root string, c *devcluster.Cluster, wanted []int, 
 		p("             (ports in use; the samples name the wanted ones, edit their endpoints: %s;", strings.Join(moved, ", "))
 		p("             the ClusterLockBackend %s names %s, but applying config/samples resets it to the sample's)", devcluster.DevRedisBackend, c.Redis[0].Addr)
 	}
-	p("Backend:     ClusterLockBackend %s -> %s, every namespace (kubectl get clusterlockbackends)", devcluster.DevRedisBackend, c.Redis[0].Addr)
+	if s := c.Store; s != nil && s.Kind != devcluster.StoreRedis {
+		p("%-12s %s (log %s)", storeTitle(s.Kind)+":", strings.Join(s.Addrs, ", "), strings.Join(s.LogPaths, ", "))
+		if s.Kind == devcluster.StorePostgres {
+			p("             database %s, user %s, password in Secret %s/%s", s.Database, s.User, devcluster.OperatorNamespace, devcluster.PasswordSecretName(devcluster.DevBackend))
+		}
+	}
+	p("Backends:    ClusterLockBackend %s -> %s, every namespace (kubectl get clusterlockbackends)", devcluster.DevBackend, c.Store)
+	p("             ClusterLockBackend %s -> redis at %s, every namespace", devcluster.DevRedisBackend, c.Redis[0].Addr)
 	p("Operator:    metrics %s, webhook %s", c.MetricsURL, c.WebhookURL)
 	p("             runs as %s with config/default's RBAC;", devcluster.OperatorUser)
 	p("             inline endpoints allowed on 127.0.0.1 only (--endpoint-allow=127.0.0.1/32)")
@@ -162,13 +181,13 @@ func printBanner(w io.Writer, root string, c *devcluster.Cluster, wanted []int, 
 	p("Logs:        %s/<component>.log", c.LogDir())
 	p("")
 	p("Try:")
-	p("  kubectl get clusterlockbackends                 # dev-redis: what locks name in spec.backend.clusterBackendRef")
+	p("  kubectl get clusterlockbackends                 # dev (%s), dev-redis: what locks name in spec.backend.clusterBackendRef", c.Store.Kind)
 	if redlock {
 		p("  kubectl apply -f config/samples/locks_v1alpha1_distributedlock_redlock.yaml")
 		p("  kubectl get dlock reports -o wide -w            # held by a manual holder on 2 of 3 masters or more")
 		p("  kubectl describe dlock reports")
 	} else {
-		p("  kubectl apply -k config/samples                 # ClusterLockBackend dev-redis, locks billing (on dev-redis) and")
+		p("  kubectl apply -k config/samples                 # ClusterLockBackend dev-redis, locks billing (on dev) and")
 		p("                                                  # maintenance-window (inline endpoints), two CronJobs sharing billing")
 		p("  kubectl get dlock -w -o wide                    # NAME KEYS HOLDER FENCE HELD EXPIRES BACKEND AGE")
 		p("  kubectl get jobs -w                             # every minute, the two CronJobs' Jobs run one at a time")
@@ -182,6 +201,17 @@ func printBanner(w io.Writer, root string, c *devcluster.Cluster, wanted []int, 
 	p("")
 	p("The operator's log follows. Ctrl-C stops everything.")
 	p("")
+}
+
+// storeTitle is how the banner names a store.
+func storeTitle(kind string) string {
+	switch kind {
+	case devcluster.StorePostgres:
+		return "PostgreSQL"
+	case devcluster.StoreZooKeeper:
+		return "ZooKeeper"
+	}
+	return kind
 }
 
 // follow copies a growing file to w until ctx ends.
