@@ -141,7 +141,6 @@ func (h *history) add(client int, in regInput, call int64, out regOutput) {
 	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
 }
 
-
 // Faults configures one seeded fault run (see RunFaults).
 type Faults struct {
 	// NewLocker returns a new Locker on the backend under test; each client

@@ -41,4 +41,3 @@ func TestFencedRegisterModelRejectsStaleHistories(t *testing.T) {
 		}
 	}
 }
-
