@@ -32,7 +32,9 @@ func lockOnBackend(name string) *locksv1alpha1.DistributedLock {
 
 func TestResolveOtherStores(t *testing.T) {
 	t.Parallel()
-	ref := func(name, key string) *locksv1alpha1.SecretKeyRef { return &locksv1alpha1.SecretKeyRef{Name: name, Key: key} }
+	ref := func(name, key string) *locksv1alpha1.SecretKeyRef {
+		return &locksv1alpha1.SecretKeyRef{Name: name, Key: key}
+	}
 	objs := []client.Object{
 		secret("team-a", "pg", map[string]string{"password": "pg-secret"}),
 		secret("team-a", "zk", map[string]string{"digest": "locks:zk-secret"}),
