@@ -132,7 +132,7 @@ func TestKubectlShowsLocks(t *testing.T) {
 // of a hold and a restart of Redis, their Pods never run at the same time,
 // every run has a higher fencing token than the one before, and every Pod
 // gets its token from its annotation. The lock uses the ClusterLockBackend
-// dev-redis, as the billing sample does.
+// dev-redis (the billing sample names dev, which here is the same master).
 func TestCronJobsShareALock(t *testing.T) {
 	ctx := t.Context()
 	ns := newNamespace(t, "e2e-cron")
