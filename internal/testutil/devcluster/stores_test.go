@@ -1,8 +1,17 @@
 package devcluster
 
 import (
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/lockwarden/lockwarden/internal/testutil/etcdtest"
+	"github.com/lockwarden/lockwarden/internal/testutil/pgtest"
+	"github.com/lockwarden/lockwarden/internal/testutil/zktest"
 )
 
 func TestValidateStore(t *testing.T) {
@@ -60,5 +69,63 @@ func TestStoreClusterLockBackend(t *testing.T) {
 	}
 	if _, _, err := StoreClusterLockBackend("x", &Store{Kind: "mysql", Addrs: []string{"a:1"}}); err == nil {
 		t.Error("a mysql store gave a backend")
+	}
+}
+
+// TestStartStore starts each store as `make dev BACKEND=...` does, without a
+// control plane, and checks that it answers on its address and that Stop
+// ends it. Skipped with -short, and per store when its server is missing.
+func TestStartStore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL, ZooKeeper and etcd servers; skipped with -short")
+	}
+	for _, kind := range []string{StorePostgres, StoreZooKeeper, StoreEtcd} {
+		t.Run(kind, func(t *testing.T) {
+			var missing error
+			assets := ""
+			switch kind {
+			case StorePostgres:
+				_, missing = pgtest.BinDir()
+			case StoreZooKeeper:
+				_, _, missing = zktest.Runtime()
+			case StoreEtcd:
+				var bin string
+				bin, missing = etcdtest.Binary()
+				assets = filepath.Dir(bin)
+			}
+			if missing != nil {
+				t.Skipf("%s missing: %v", kind, missing)
+			}
+			dir := t.TempDir()
+			c := &Cluster{Dir: dir, Assets: assets, logDir: filepath.Join(dir, "logs"), httpClient: &http.Client{Timeout: 5 * time.Second},
+				opts: Options{Logf: t.Logf}}
+			if err := os.MkdirAll(c.logDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Stop)
+			s, err := c.StartStore(t.Context(), kind)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Kind != kind || len(s.Addrs) != 1 || len(s.LogPaths) != 1 {
+				t.Fatalf("store = %+v", s)
+			}
+			if _, err := os.Stat(s.LogPaths[0]); err != nil {
+				t.Errorf("log: %v", err)
+			}
+			if kind == StorePostgres && (s.Password == "" || s.User == "" || s.Database == "") {
+				t.Errorf("postgres credentials: %+v", s)
+			}
+			conn, err := net.DialTimeout("tcp", s.Addrs[0], 2*time.Second)
+			if err != nil {
+				t.Fatalf("dial %s: %v", s.Addrs[0], err)
+			}
+			_ = conn.Close()
+			c.Stop() // stops the stores it started
+			if conn, err := net.DialTimeout("tcp", s.Addrs[0], 2*time.Second); err == nil {
+				_ = conn.Close()
+				t.Errorf("%s still answers on %s after Stop", kind, s.Addrs[0])
+			}
+		})
 	}
 }
