@@ -4,7 +4,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Scope says how a lock's keys are named in Redis.
+// Scope says how a lock's keys are named in its backend.
 // +kubebuilder:validation:Enum=Namespace;Global
 type Scope string
 
@@ -13,7 +13,7 @@ const (
 	// different namespaces never share a key.
 	ScopeNamespace Scope = "Namespace"
 	// ScopeGlobal uses the keys as written, so locks in every namespace (and
-	// every cluster) that name the same key on the same Redis exclude each
+	// every cluster) that name the same key on the same backend exclude each
 	// other. Allowed only where the backend's policy permits it: a
 	// ClusterLockBackend's globalScopeNamespaceSelector, or for inline
 	// endpoints the operator's configuration.
@@ -42,7 +42,7 @@ const (
 	OnLostTerminate OnLost = "Terminate"
 )
 
-// DistributedLockSpec declares the keys of a lock, its lease TTL and the Redis
+// DistributedLockSpec declares the keys of a lock, its lease TTL and the backend
 // that holds it.
 // +kubebuilder:validation:XValidation:rule="self.keys == oldSelf.keys",message="spec.keys is immutable: create a new DistributedLock to lock other keys"
 // +kubebuilder:validation:XValidation:rule="self.scope == oldSelf.scope",message="spec.scope is immutable: create a new DistributedLock to change the scope"
@@ -58,7 +58,7 @@ type DistributedLockSpec struct {
 	// +kubebuilder:validation:items:Pattern=`^[A-Za-z0-9][A-Za-z0-9._/:-]*$`
 	Keys []string `json:"keys"`
 
-	// ttlSeconds is the lease TTL in Redis, in seconds. The operator renews a
+	// ttlSeconds is the lease TTL in the backend, in seconds. The operator renews a
 	// held lease about every ttlSeconds/3, so a holder that dies keeps the keys
 	// for at most this long. Default 30; 5 to 86400. Values below 20 may not
 	// outlive a failover of the operator's leader (see docs/operations.md).
@@ -68,7 +68,7 @@ type DistributedLockSpec struct {
 	// +kubebuilder:validation:Maximum=86400
 	TTLSeconds int32 `json:"ttlSeconds,omitempty"`
 
-	// scope is Namespace (default: Redis keys are prefixed with the lock's
+	// scope is Namespace (default: keys are prefixed with the lock's
 	// namespace) or Global (keys used as written, shared across namespaces and
 	// clusters; allowed only where the backend's policy permits it: a
 	// ClusterLockBackend's globalScopeNamespaceSelector, or for inline
@@ -86,7 +86,7 @@ type DistributedLockSpec struct {
 	Contention Contention `json:"contention,omitempty"`
 
 	// onLost is what happens to a holder whose lease was lost (expired during
-	// a Redis outage, or taken over): Ignore (default: an Event and a condition
+	// a backend outage, or taken over): Ignore (default: an Event and a condition
 	// say so) or Terminate (also stop the holder's pods).
 	// +optional
 	// +kubebuilder:default=Ignore
@@ -98,15 +98,16 @@ type DistributedLockSpec struct {
 	// +optional
 	Holder *ManualHolder `json:"holder,omitempty"`
 
-	// backend is where the lock lives: inline Redis endpoints, or a
-	// ClusterLockBackend by name.
+	// backend is where the lock lives: inline Redis endpoints, a LockBackend
+	// of the lock's namespace, or a ClusterLockBackend, by name (PostgreSQL,
+	// ZooKeeper and etcd only through those two).
 	// +required
 	Backend Backend `json:"backend"`
 }
 
 // ManualHolder names a holder that is not a Kubernetes workload.
 type ManualHolder struct {
-	// identity names the holder in status and in Redis, for example
+	// identity names the holder in status and in the backend, for example
 	// "maintenance-2026-12-01". 1 to 128 printable characters.
 	// +required
 	// +kubebuilder:validation:MinLength=1
@@ -241,7 +242,7 @@ type SecretKeyRef struct {
 
 // HolderStatus says who holds a lock.
 type HolderStatus struct {
-	// identity is the holder identity stored in Redis: a manual holder's
+	// identity is the holder identity stored in the backend: a manual holder's
 	// spec.holder.identity, or cluster/namespace/Kind/name/uid-prefix for a Job.
 	// +optional
 	Identity string `json:"identity,omitempty"`
@@ -275,7 +276,7 @@ type WaiterStatus struct {
 	Since *metav1.Time `json:"since,omitempty"`
 }
 
-// DistributedLockStatus is what Redis holds for the lock, as last observed.
+// DistributedLockStatus is what the backend holds for the lock, as last observed.
 type DistributedLockStatus struct {
 	// holder is who holds the keys now; empty when they are free.
 	// +optional
@@ -329,7 +330,8 @@ type DistributedLockStatus struct {
 // +kubebuilder:printcolumn:name="Backend",type=string,JSONPath=`.status.conditions[?(@.type=="BackendReady")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
-// DistributedLock is a lease on one or more keys held in Redis. The operator
+// DistributedLock is a lease on one or more keys held in a backend (Redis,
+// PostgreSQL, ZooKeeper or etcd). The operator
 // shows who holds it, with which fencing token, and who waits.
 type DistributedLock struct {
 	metav1.TypeMeta `json:",inline"`
@@ -341,7 +343,7 @@ type DistributedLock struct {
 	// +required
 	Spec DistributedLockSpec `json:"spec"`
 
-	// status is what Redis holds, as observed by the operator.
+	// status is what the backend holds, as observed by the operator.
 	// +optional
 	Status DistributedLockStatus `json:"status,omitempty"`
 }

@@ -85,9 +85,9 @@ const (
 
 // Reasons of the BackendReady condition.
 const (
-	// ReasonBackendReachable: every Redis endpoint (or a majority, for Redlock) answered.
+	// ReasonBackendReachable: the backend answered (for Redlock, a majority of its masters).
 	ReasonBackendReachable = "Reachable"
-	// ReasonBackendUnreachable: Redis could not be reached or did not answer in time.
+	// ReasonBackendUnreachable: the backend could not be reached or did not answer in time.
 	ReasonBackendUnreachable = "Unreachable"
 	// ReasonSecretNotFound: a Secret or key named by the backend is missing.
 	ReasonSecretNotFound = "SecretNotFound"
