@@ -89,7 +89,7 @@ func (w *Watchdog) OnLost(f func(Lost)) {
 func (w *Watchdog) Hold(ref holder.Ref, locker lock.Locker, lease *lock.Lease) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.leases[ref] = &held{locker: locker, lease: lease, renewAt: renewAt(lease)}
+	w.leases[ref] = &held{locker: locker, lease: lease, renewAt: renewAt(lease, lease.TTL)}
 	metrics.LeasesHeld.Set(float64(len(w.leases)))
 }
 
@@ -146,9 +146,16 @@ func (w *Watchdog) Start(ctx context.Context) error {
 	}
 }
 
-// renewAt is when a lease is due: a third of its TTL after it was last
-// renewed, that is when two thirds of its validity are left.
-func renewAt(l *lock.Lease) time.Time { return l.Expires.Add(-2 * l.TTL / 3) }
+// renewAt is when a lease is due: a third of its validity after it was
+// last renewed, that is when two thirds of it are left. The validity is the
+// TTL, or less when the store grants less (a ZooKeeper lease lives at most
+// a session timeout): counting from the TTL alone would make such a lease
+// due at once, and renewed at every tick. A lease handed to Hold may have
+// been renewed a while ago, so there it counts as the TTL; right after a
+// renewal it is what the store granted.
+func renewAt(l *lock.Lease, validity time.Duration) time.Time {
+	return l.Expires.Add(-2 * min(l.TTL, validity) / 3)
+}
 
 type batchKey struct {
 	locker lock.Locker
@@ -218,7 +225,7 @@ func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
 		case err == nil && i < len(renewed) && renewed[i] != nil:
 			metrics.Renewals.WithLabelValues(metrics.ResultOK).Inc()
 			h.lease = renewed[i]
-			h.renewAt = renewAt(renewed[i])
+			h.renewAt = renewAt(renewed[i], renewed[i].Expires.Sub(now))
 		case err != nil && errors.Is(err, lock.ErrLost):
 			metrics.Renewals.WithLabelValues(metrics.ResultLost).Inc()
 			delete(w.leases, ref)

@@ -449,3 +449,39 @@ func TestStartRenewsOnEveryTick(t *testing.T) {
 		t.Errorf("Start = %v after its context ended, want nil", err)
 	}
 }
+
+// TestALeaseGrantedLessThanItsTTLIsRenewedByItsValidity: a store may grant
+// less validity than the TTL (ZooKeeper: at most a session timeout). After
+// a renewal the next one is due a third of that validity later, not at the
+// next tick.
+func TestALeaseGrantedLessThanItsTTLIsRenewedByItsValidity(t *testing.T) {
+	t.Parallel()
+	const granted = ttl / 2
+	w, clk, lost := newWatchdog(t)
+	backend := newFakeLocker(clk)
+	backend.answer = func(l *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
+		r := *l
+		r.TTL = ttl
+		r.Expires = clk.Now().Add(granted)
+		return &r, nil
+	}
+	w.Hold(job("a"), backend, leaseOn("a", ttl))
+	clk.Step(ttl / 3)
+	w.RenewDue(t.Context())
+	if got := len(backend.Calls()); got != 1 {
+		t.Fatalf("%d renewals at a third of the TTL, want 1", got)
+	}
+	clk.Step(granted/3 - time.Millisecond)
+	w.RenewDue(t.Context())
+	if calls := backend.Calls(); len(calls) != 0 {
+		t.Fatalf("renewed again %v after the store granted %v: want the next renewal a third of that later", granted/3-time.Millisecond, granted)
+	}
+	clk.Step(time.Millisecond)
+	w.RenewDue(t.Context())
+	if got := len(backend.Calls()); got != 1 {
+		t.Fatalf("%d renewals a third of the granted validity after the last, want 1", got)
+	}
+	if refs := lost.Refs(); len(refs) != 0 {
+		t.Fatalf("lost %v", refs)
+	}
+}
