@@ -3,8 +3,9 @@
 // etcd, kube-apiserver, kube-controller-manager (so CronJobs really create
 // Jobs and Jobs Pods), kube-scheduler, kwok (a simulated node that "runs"
 // Pods: they become Running, then Succeeded after a delay), one or more
-// redis-server masters and the operator binary. `make dev` and the end-to-end
-// suite (test/e2e) both use it.
+// redis-server masters, optionally another lock store (Options.Store:
+// PostgreSQL, ZooKeeper or etcd; see StartStore) and the operator binary.
+// `make dev` and the end-to-end suite (test/e2e) both use it.
 //
 // The operator runs as its ServiceAccount's user with the RBAC that
 // config/default installs, and the API server enforces config/default's
