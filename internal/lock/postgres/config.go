@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"regexp"
 	"strings"
@@ -237,6 +238,8 @@ func buildOptions(opts []Option) (options, error) {
 		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Factor %v must be 0 (constant) or at least 1", o.backoff.Factor)}
 	case o.maxConns < 1:
 		return o, &ConfigError{Field: "WithMaxConns", Reason: fmt.Sprintf("%d: the pool needs at least one connection", o.maxConns)}
+	case o.maxConns > math.MaxInt32:
+		return o, &ConfigError{Field: "WithMaxConns", Reason: fmt.Sprintf("%d: at most %d connections", o.maxConns, math.MaxInt32)}
 	}
 	if o.backoff.Steps <= 0 {
 		o.backoff.Steps = 1 << 30

@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -239,6 +241,44 @@ func TestConnConfigIgnoresEnvironment(t *testing.T) {
 	addrs, err := cc.LookupFunc(context.Background(), cfg.Host)
 	if err != nil || len(addrs) != 1 || addrs[0] != cfg.Host {
 		t.Fatalf("lookup = %v, %v: want the host as written", addrs, err)
+	}
+}
+
+// TestPoolConfigIgnoresEnvironment: the pool settings come from the options
+// alone, even when a service file named by the environment sets pool_*
+// parameters (which pgxpool.ParseConfig reads) and connection parameters.
+func TestPoolConfigIgnoresEnvironment(t *testing.T) {
+	svc := filepath.Join(t.TempDir(), "pg_service.conf")
+	if err := os.WriteFile(svc, []byte("[evil]\nhost=evil.example\ndbname=evil\npool_max_conns=99\npool_min_conns=5\npool_min_idle_conns=5\npool_max_conn_idle_time=1h\npool_health_check_period=1h\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PGSERVICEFILE", svc)
+	t.Setenv("PGSERVICE", "evil")
+	t.Setenv("PGHOST", "evil.example")
+	cfg := validConfig()
+	o := options{opTimeout: time.Second, maxConns: 3}
+	cc, err := connConfig(cfg, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := poolConfig(cc, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc.ConnConfig != cc || pc.ConnConfig.Host != cfg.Host || pc.ConnConfig.Database != cfg.Database {
+		t.Fatalf("pool connects to %s/%s: want the Config's connection configuration", pc.ConnConfig.Host, pc.ConnConfig.Database)
+	}
+	if pc.MaxConns != 3 || pc.MinConns != 0 || pc.MinIdleConns != 0 || pc.MaxConnIdleTime != maxIdle || pc.HealthCheckPeriod != healthCheckPeriod {
+		t.Fatalf("pool max %d, min %d, min idle %d, idle time %v, health check %v: want the options' and the package's",
+			pc.MaxConns, pc.MinConns, pc.MinIdleConns, pc.MaxConnIdleTime, pc.HealthCheckPeriod)
+	}
+	if pc.BeforeConnect != nil || pc.AfterConnect != nil || pc.PrepareConn != nil || pc.AfterRelease != nil {
+		t.Fatal("pool hooks set: want none")
+	}
+	for k := range pc.ConnConfig.RuntimeParams {
+		if k != "application_name" {
+			t.Fatalf("runtime parameter %q from the environment", k)
+		}
 	}
 }
 

@@ -122,6 +122,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
@@ -134,7 +135,7 @@ type Locker struct {
 	cfg      Config
 	opts     options
 	log      logr.Logger
-	pool     *pool
+	pool     *pgxpool.Pool
 	connCfg  *pgx.ConnConfig // for the listening connection
 	endpoint string
 	schema   string // the schema name, unquoted
@@ -173,12 +174,21 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
+	pc, err := poolConfig(cc.Copy(), o)
+	if err != nil {
+		return nil, err
+	}
+	// No I/O: pgxpool opens connections on first use (MinConns is 0).
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		return nil, fmt.Errorf("postgres lock backend: connection pool: %w", err)
+	}
 	schema := cfg.schema()
 	l := &Locker{
 		cfg:      cfg,
 		opts:     o,
 		log:      o.log.WithValues("backend", "postgres", "endpoint", cfg.endpoint(), "schema", schema),
-		pool:     newPool(cc.Copy(), o.maxConns),
+		pool:     pool,
 		connCfg:  cc,
 		endpoint: cfg.endpoint(),
 		schema:   schema,
@@ -242,23 +252,26 @@ func connConfig(cfg Config, o options) (*pgx.ConnConfig, error) {
 }
 
 // withConn runs f on a pooled pgx connection. A connection that f left
-// closed (an error, a cancelled call) is dropped by the pool.
+// closed (an error, a cancelled call), busy or inside a transaction is
+// dropped by the pool when released.
 func (l *Locker) withConn(ctx context.Context, f func(ctx context.Context, c *pgx.Conn) error) error {
-	c, err := l.pool.get(ctx)
+	c, err := l.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
-	defer l.pool.put(c)
-	return f(ctx, c)
+	defer c.Release()
+	return f(ctx, c.Conn())
 }
 
 // Close closes the pool and the listening connection, and ends every Watch.
-// Leases stay in the database until released or expired.
+// It waits for the calls under way (each bounded by the operation timeout)
+// to give their connections back. Leases stay in the database until
+// released or expired.
 func (l *Locker) Close() error {
 	l.closeOnce.Do(func() {
 		l.cancel()
 		l.lis.close()
-		l.pool.close()
+		l.pool.Close()
 	})
 	return nil
 }
