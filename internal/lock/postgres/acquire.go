@@ -166,7 +166,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		// connection (and the schema check) is ready.
 		start = time.Now()
 		return c.QueryRow(ctx, l.sql.acquire,
-			encodeKeys(req.Keys), req.Owner, req.Holder, req.TTL.Milliseconds(),
+			encodeKeys(req.Keys), ownerDigest(req.Owner), req.Holder, req.TTL.Milliseconds(),
 			req.Queue, l.opts.waiterTTL.Milliseconds(), lock.MaxFence-1,
 		).Scan(&ok, &fence, &busy, &busyHolder, &busyFence, &position, &queued, &ttlMs)
 	})

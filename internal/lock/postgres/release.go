@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -36,7 +38,7 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 func (l *Locker) release(ctx context.Context, keys []string, owner string) (int32, error) {
 	var n int32
 	err := l.call(ctx, "release", func(ctx context.Context, c *pgx.Conn) error {
-		return c.QueryRow(ctx, l.sql.release, encodeKeys(keys), owner).Scan(&n)
+		return c.QueryRow(ctx, l.sql.release, encodeKeys(keys), ownerDigest(owner)).Scan(&n)
 	})
 	return n, err
 }
@@ -58,6 +60,15 @@ func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error
 	defer cancel()
 	var left int32
 	return l.call(octx, fmt.Sprintf("dequeue from keys %q", keys), func(ctx context.Context, c *pgx.Conn) error {
-		return c.QueryRow(ctx, l.sql.dequeue, encodeKeys(keys), owner).Scan(&left)
+		return c.QueryRow(ctx, l.sql.dequeue, encodeKeys(keys), ownerDigest(owner)).Scan(&left)
 	})
+}
+
+// ownerDigest is what the tables store and compare instead of an owner
+// token: its SHA-256, hex. Whoever can read the tables (a read-only role, a
+// backup) learns nothing that renews or releases a lease; the token itself
+// never leaves the operator. (ZooKeeper and etcd store a digest too.)
+func ownerDigest(owner string) string {
+	sum := sha256.Sum256([]byte(owner))
+	return hex.EncodeToString(sum[:])
 }

@@ -61,7 +61,7 @@ func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, 
 		owners  = make([]string, len(idx))
 	)
 	for k, i := range idx {
-		owners[k] = leases[i].Owner
+		owners[k] = ownerDigest(leases[i].Owner)
 		for _, key := range leases[i].Keys {
 			leaseOf = append(leaseOf, int32(k+1))
 			keys = append(keys, []byte(key))
