@@ -449,6 +449,9 @@ func (s *Server) launch() error {
 		// If the test binary dies without running cleanups (a timeout
 		// kill), the kernel kills the postmaster; its backends notice and exit.
 		Pdeathsig: syscall.SIGKILL,
+		// Its own process group: a terminal's Ctrl-C (make dev) reaches the
+		// program that started it, which stops it in order, not the server.
+		Setpgid: true,
 	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", cmd.Path, err)

@@ -301,8 +301,10 @@ func (s *Server) launch() error {
 		"org.apache.zookeeper.server.quorum.QuorumPeerMain", s.conf)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// If the test binary dies without running cleanups (a timeout kill), the
-	// kernel takes the server down with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// kernel takes the server down with it. Its own process group: a
+	// terminal's Ctrl-C (make dev) reaches the program that started it, which
+	// stops it in order, not the server.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", java, err)
 	}
