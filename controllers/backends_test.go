@@ -33,7 +33,7 @@ var storeCases = []storeCase{
 		s := pgtest.Start(t)
 		create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "pg", Namespace: ns}, StringData: map[string]string{"password": s.Password}})
 		createBackend(t, ns, locksv1alpha1.LockBackendSpec{Postgres: &locksv1alpha1.PostgresBackend{
-			Host: s.Host, Port: int32(s.Port), Database: s.Database, User: s.User, //nolint:gosec // a port number
+			Host: s.Host, Port: int32(s.Port), Database: s.Database, User: s.User,
 			PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "pg", Key: "password"},
 		}})
 	}},

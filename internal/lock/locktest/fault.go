@@ -167,7 +167,7 @@ type Faults struct {
 // runs more.
 func FaultSeeds(t *testing.T, runs int) []uint64 {
 	t.Helper()
-	base := rand.Uint64()
+	base := rand.Uint64() //nolint:gosec // G404: a seeded, replayable test schedule, not a secret
 	if s := os.Getenv("LOCKWARDEN_FAULT_SEED"); s != "" {
 		seed, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
@@ -252,7 +252,7 @@ func faultRun(t *testing.T, seed uint64, f Faults) (acquired, rejected int64) {
 
 	if f.Inject != nil {
 		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(seed, 0))
+			rng := rand.New(rand.NewPCG(seed, 0)) //nolint:gosec // G404: a seeded, replayable test schedule, not a secret
 			for {
 				select {
 				case <-ctx.Done():
@@ -267,7 +267,7 @@ func faultRun(t *testing.T, seed uint64, f Faults) (acquired, rejected int64) {
 	for c := range f.Clients {
 		l := f.NewLocker(t)
 		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(seed, uint64(c+1)))
+			rng := rand.New(rand.NewPCG(seed, uint64(c+1))) //nolint:gosec // G404: a seeded, replayable test schedule, not a secret
 			for ctx.Err() == nil {
 				call := h.now()
 				actx, acancel := context.WithTimeout(ctx, f.AcquireTimeout)

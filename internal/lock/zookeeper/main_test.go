@@ -2,7 +2,6 @@ package zookeeper
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"os"
 	"sync"
@@ -120,10 +119,6 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-func uniqueRoot(t testing.TB) string {
-	return fmt.Sprintf("/t%d", time.Now().UnixNano())
 }
 
 // countingDial dials with net.Dialer and counts the connections.

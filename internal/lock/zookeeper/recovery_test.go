@@ -248,7 +248,7 @@ func TestSessionExpiryLosesLeases(t *testing.T) {
 			return false, nil // still reconnecting
 		}
 		if !errors.Is(err, lock.ErrLost) {
-			return false, fmt.Errorf("Renew after the session expired: %v, want ErrLost", err)
+			return false, fmt.Errorf("Renew after the session expired: %w, want ErrLost", err)
 		}
 		return true, nil
 	})

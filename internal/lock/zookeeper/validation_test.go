@@ -148,7 +148,7 @@ func TestWaiterNames(t *testing.T) {
 		t.Fatalf("ownerHash = %q: want 32 hex characters, distinct per owner", h)
 	}
 	a, b := waiterName(9, h), waiterName(10, h)
-	if !(a < b) {
+	if a >= b {
 		t.Fatalf("waiter names do not sort by ticket: %q >= %q", a, b)
 	}
 	ticket, hash, ok := parseWaiter(b)

@@ -101,13 +101,14 @@ func (w *watcher) look(key string) (keyState, <-chan zk.Event, error) {
 	r, err := call(w.ctx, w.l, func(c *zk.Conn) (res, error) {
 		children, stat, ch, err := c.ChildrenW(p)
 		if errors.Is(err, zk.ErrNoNode) {
-			ok, _, ch, err := c.ExistsW(p)
-			if err == nil && ok {
-				// Created in between: look again.
-				children, stat, ch, err = c.ChildrenW(p)
-			} else {
+			var ok bool
+			ok, _, ch, err = c.ExistsW(p)
+			if err != nil || !ok {
 				return res{ch: ch}, err
 			}
+			// Created in between: look again (a shadowing := here once
+			// dropped this second answer and reported ErrNoNode).
+			children, stat, ch, err = c.ChildrenW(p)
 		}
 		if err != nil {
 			return res{}, err
