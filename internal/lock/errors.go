@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -122,4 +123,27 @@ func ValidateKeys(keys []string) error {
 		seen[k] = struct{}{}
 	}
 	return nil
+}
+
+// PrepareRequest validates req for TryAcquire (try) or Acquire and fills in
+// what the caller may leave out: a copy of the keys the caller can no longer
+// change, and a new owner token when none is given. A queued TryAcquire
+// needs the caller's owner token: it must call again with it to keep its
+// place, and Dequeue with it to leave.
+func PrepareRequest(req Request, try bool) (Request, error) {
+	if err := ValidateRequest(req); err != nil {
+		return req, err
+	}
+	if try && req.Queue && req.Owner == "" {
+		return req, &InvalidRequestError{Field: "owner", Reason: "required with queue in TryAcquire: the waiter must call again with the same owner token to keep its place, and Dequeue with it to leave"}
+	}
+	req.Keys = slices.Clone(req.Keys)
+	if req.Owner == "" {
+		tok, err := NewOwnerToken()
+		if err != nil {
+			return req, err
+		}
+		req.Owner = tok
+	}
+	return req, nil
 }

@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -123,28 +122,19 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 
 // prepare validates req and fills in the owner token.
 func (l *Locker) prepare(req lock.Request, try bool) (lock.Request, error) {
-	if err := lock.ValidateRequest(req); err != nil {
+	req, err := lock.PrepareRequest(req, try)
+	if err != nil {
 		return req, err
 	}
+	// PostgreSQL's own limits: the key length, and text without NUL bytes.
 	if err := validateKeyLengths("keys", req.Keys); err != nil {
 		return req, err
-	}
-	if try && req.Queue && req.Owner == "" {
-		return req, &lock.InvalidRequestError{Field: "owner", Reason: "required with queue in TryAcquire: the waiter must call again with the same owner token to keep its place, and Dequeue with it to leave"}
 	}
 	if err := validateText("owner", req.Owner); err != nil {
 		return req, err
 	}
 	if err := validateText("holder", req.Holder); err != nil {
 		return req, err
-	}
-	req.Keys = slices.Clone(req.Keys)
-	if req.Owner == "" {
-		tok, err := lock.NewOwnerToken()
-		if err != nil {
-			return req, err
-		}
-		req.Owner = tok
 	}
 	return req, nil
 }

@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
@@ -23,7 +22,7 @@ import (
 // was taken is released on every node and the error matches lock.ErrQuorum,
 // or is a *lock.HeldError when a majority of nodes said the keys are busy.
 func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := l.prepare(req, true)
+	req, err := lock.PrepareRequest(req, true)
 	if err != nil {
 		return nil, err
 	}
@@ -41,7 +40,7 @@ func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease,
 // and leaves the queues when ctx ends. Errors from Redis are retried too; when
 // ctx ends the error wraps both ctx.Err() and the last attempt's error.
 func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := l.prepare(req, false)
+	req, err := lock.PrepareRequest(req, false)
 	if err != nil {
 		return nil, err
 	}
@@ -114,25 +113,6 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 		return nil, fmt.Errorf("acquire keys %q: %w", req.Keys, ctx.Err())
 	}
 	return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, ctx.Err(), lastErr)
-}
-
-// prepare validates req and fills in the owner token.
-func (l *Locker) prepare(req lock.Request, try bool) (lock.Request, error) {
-	if err := lock.ValidateRequest(req); err != nil {
-		return req, err
-	}
-	if try && req.Queue && req.Owner == "" {
-		return req, &lock.InvalidRequestError{Field: "owner", Reason: "required with queue in TryAcquire: the waiter must call again with the same owner token to keep its place, and Dequeue with it to leave"}
-	}
-	req.Keys = slices.Clone(req.Keys)
-	if req.Owner == "" {
-		tok, err := lock.NewOwnerToken()
-		if err != nil {
-			return req, err
-		}
-		req.Owner = tok
-	}
-	return req, nil
 }
 
 type acquireReply struct {

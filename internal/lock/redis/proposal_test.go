@@ -229,7 +229,7 @@ func TestAcquireScriptFence(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		req, err := l.prepare(lock.Request{Keys: []string{key}, TTL: time.Minute}, true)
+		req, err := lock.PrepareRequest(lock.Request{Keys: []string{key}, TTL: time.Minute}, true)
 		if err != nil {
 			t.Fatal(err)
 		}
