@@ -42,6 +42,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
+	"github.com/lockwarden/lockwarden/internal/testutil/proc"
 )
 
 const (
@@ -150,10 +151,7 @@ type Member struct {
 	ports   []int // client, peer
 	cluster *Cluster
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
-	paused bool
+	proc proc.Process
 }
 
 // Cluster is a set of members started together (one for Start).
@@ -331,17 +329,10 @@ func (m *Member) launch() error {
 	// If the test binary dies without running cleanups (a timeout kill), the
 	// kernel takes the server down with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	exited, err := m.proc.Start(cmd)
+	if err != nil {
 		return fmt.Errorf("start %s: %w", bin, err)
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	m.mu.Lock()
-	m.cmd, m.exited, m.paused = cmd, exited, false
-	m.mu.Unlock()
 	if err := m.waitServing(exited); err != nil {
 		_ = cmd.Process.Kill()
 		<-exited
@@ -415,42 +406,13 @@ func (m *Member) IsLeader() (bool, error) {
 }
 
 // Running reports whether the process is alive (paused counts as alive).
-func (m *Member) Running() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.exited == nil {
-		return false
-	}
-	select {
-	case <-m.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (m *Member) Running() bool { return m.proc.Running() }
 
-// Paused reports whether the member was paused and not resumed.
-func (m *Member) Paused() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.paused
-}
+// Paused reports whether it was paused and not resumed.
+func (m *Member) Paused() bool { return m.proc.Paused() }
 
 // Kill sends SIGKILL and waits for the process to be gone. The data stays.
-func (m *Member) Kill() {
-	m.mu.Lock()
-	cmd, exited, paused := m.cmd, m.exited, m.paused
-	m.paused = false
-	m.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	if paused {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	<-exited
-}
+func (m *Member) Kill() { m.proc.Kill() }
 
 // Restart starts a killed member again on the same ports with its data, and
 // returns once it answers Status (it rejoins the cluster by itself).
@@ -465,33 +427,15 @@ func (m *Member) Restart() error {
 }
 
 // Pause sends SIGSTOP: the process keeps its ports and data but answers
-// nothing, like a member behind a partition or in a long pause.
-func (m *Member) Pause() error { return m.signal(syscall.SIGSTOP, true) }
+// nothing, like a server behind a partition or in a long GC pause.
+func (m *Member) Pause() error { return m.proc.Pause() }
 
-// Resume sends SIGCONT to a paused member.
-func (m *Member) Resume() error { return m.signal(syscall.SIGCONT, false) }
-
-func (m *Member) signal(sig syscall.Signal, paused bool) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd == nil {
-		return fmt.Errorf("signal %v to etcd member %s that never started", sig, m.Name)
-	}
-	if err := m.cmd.Process.Signal(sig); err != nil {
-		return fmt.Errorf("signal %v to etcd member %s: %w", sig, m.Name, err)
-	}
-	m.paused = paused
-	return nil
-}
+// Resume sends SIGCONT to a paused process.
+func (m *Member) Resume() error { return m.proc.Resume() }
 
 // LogTail returns the last n lines of the member's log.
 func (m *Member) LogTail(n int) string {
-	b, _ := os.ReadFile(m.logPath)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return proc.Tail(m.logPath, n)
 }
 
 // Endpoints returns the members' client addresses (host:port).

@@ -51,6 +51,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
+	"github.com/lockwarden/lockwarden/internal/testutil/proc"
 	"github.com/lockwarden/lockwarden/internal/testutil/testpki"
 )
 
@@ -725,12 +726,7 @@ func (s *Server) signal(sig syscall.Signal, paused bool) error {
 
 // LogTail returns the last n lines of the server's log.
 func (s *Server) LogTail(n int) string {
-	b, _ := os.ReadFile(s.logPath)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return proc.Tail(s.logPath, n)
 }
 
 // Close kills the server, gives its port back and removes its directory.

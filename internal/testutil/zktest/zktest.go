@@ -40,6 +40,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
+	"github.com/lockwarden/lockwarden/internal/testutil/proc"
 )
 
 const (
@@ -135,10 +136,7 @@ type Server struct {
 	ports    []int // client, quorum, election (quorum ports only in an ensemble)
 	ensemble bool
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
-	paused bool
+	proc proc.Process
 }
 
 // Ensemble is a set of servers started together (one for a standalone server).
@@ -305,17 +303,10 @@ func (s *Server) launch() error {
 	// terminal's Ctrl-C (make dev) reaches the program that started it, which
 	// stops it in order, not the server.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	exited, err := s.proc.Start(cmd)
+	if err != nil {
 		return fmt.Errorf("start %s: %w", java, err)
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	s.mu.Lock()
-	s.cmd, s.exited, s.paused = cmd, exited, false
-	s.mu.Unlock()
 	if err := s.waitServing(exited); err != nil {
 		_ = cmd.Process.Kill()
 		<-exited
@@ -394,42 +385,13 @@ func (s *Server) Mode() (Mode, error) {
 }
 
 // Running reports whether the process is alive (paused counts as alive).
-func (s *Server) Running() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.exited == nil {
-		return false
-	}
-	select {
-	case <-s.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (s *Server) Running() bool { return s.proc.Running() }
 
-// Paused reports whether the server was paused and not resumed.
-func (s *Server) Paused() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.paused
-}
+// Paused reports whether it was paused and not resumed.
+func (s *Server) Paused() bool { return s.proc.Paused() }
 
 // Kill sends SIGKILL and waits for the process to be gone. The data stays.
-func (s *Server) Kill() {
-	s.mu.Lock()
-	cmd, exited, paused := s.cmd, s.exited, s.paused
-	s.paused = false
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	if paused {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	<-exited
-}
+func (s *Server) Kill() { s.proc.Kill() }
 
 // Restart starts a killed server again on the same ports with its data, and
 // returns once it serves (in an ensemble: once it has rejoined the quorum).
@@ -445,32 +407,14 @@ func (s *Server) Restart() error {
 
 // Pause sends SIGSTOP: the process keeps its ports and data but answers
 // nothing, like a server behind a partition or in a long GC pause.
-func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP, true) }
+func (s *Server) Pause() error { return s.proc.Pause() }
 
-// Resume sends SIGCONT to a paused server.
-func (s *Server) Resume() error { return s.signal(syscall.SIGCONT, false) }
-
-func (s *Server) signal(sig syscall.Signal, paused bool) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return fmt.Errorf("signal %v to server %d that never started", sig, s.ID)
-	}
-	if err := s.cmd.Process.Signal(sig); err != nil {
-		return fmt.Errorf("signal %v to server %d: %w", sig, s.ID, err)
-	}
-	s.paused = paused
-	return nil
-}
+// Resume sends SIGCONT to a paused process.
+func (s *Server) Resume() error { return s.proc.Resume() }
 
 // LogTail returns the last n lines of the server's log.
 func (s *Server) LogTail(n int) string {
-	b, _ := os.ReadFile(filepath.Join(s.dir, logName))
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return proc.Tail(filepath.Join(s.dir, logName), n)
 }
 
 func (s *Server) stop() {
