@@ -110,7 +110,7 @@ const (
 	DefaultOpTimeout = 5 * time.Second
 	// DefaultWaiterTTL is how long a queued waiter keeps its place without
 	// calling TryAcquire again.
-	DefaultWaiterTTL = 10 * time.Second
+	DefaultWaiterTTL = 30 * time.Second
 	// MinWaiterTTL is the shortest WithWaiterTTL accepted.
 	MinWaiterTTL = 100 * time.Millisecond
 	// DefaultDialTimeout bounds establishing a connection to one endpoint.
@@ -154,7 +154,7 @@ func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.backoff = 
 // queue without calling TryAcquire again; its waiter key then expires with
 // its etcd lease (granted for the TTL rounded up to whole seconds, and at
 // least etcd's minimum lease TTL). Acquire refreshes its place at least every
-// third of it. Default: DefaultWaiterTTL (10s); at least MinWaiterTTL.
+// third of it. Default: DefaultWaiterTTL (30s); at least MinWaiterTTL.
 func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.waiterTTL = d } }
 
 func buildOptions(opts []Option) (options, error) {

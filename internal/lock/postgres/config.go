@@ -48,7 +48,7 @@ const (
 	DefaultOperationTimeout = 2 * time.Second
 	// DefaultWaiterTTL is how long a queued waiter keeps its place without
 	// calling TryAcquire again.
-	DefaultWaiterTTL = 10 * time.Second
+	DefaultWaiterTTL = 30 * time.Second
 	// MinWaiterTTL is the shortest WithWaiterTTL accepted.
 	MinWaiterTTL = 100 * time.Millisecond
 	// DefaultMaxConns is the default size of the connection pool (the
@@ -203,7 +203,7 @@ func WithOperationTimeout(d time.Duration) Option { return func(o *options) { o.
 // WithWaiterTTL sets how long a queued waiter keeps its place in a key's FIFO
 // queue without calling TryAcquire again; past it the next acquisition of the
 // key prunes it. Acquire calls again at least every third of it. Default:
-// DefaultWaiterTTL (10s); at least MinWaiterTTL.
+// DefaultWaiterTTL (30s); at least MinWaiterTTL.
 func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.waiterTTL = d } }
 
 // WithBackoff sets Acquire's fallback polling between attempts when no
