@@ -39,6 +39,9 @@ type HeldError struct {
 	Position int
 	// Waiters is the length of the key's queue (live waiters, the caller included).
 	Waiters int
+	// Holders is how many leases hold the key (0 when it is free but others
+	// are ahead in the queue; up to the Limit of a semaphore).
+	Holders int
 }
 
 func (e *HeldError) Error() string {
@@ -103,6 +106,21 @@ func ValidateRequest(req Request) error {
 	}
 	if req.TTL < MinTTL {
 		return &InvalidRequestError{Field: "ttl", Reason: fmt.Sprintf("%v is below the minimum of %v", req.TTL, MinTTL)}
+	}
+	if req.Limit < 0 || req.Limit > MaxLimit {
+		return &InvalidRequestError{Field: "limit", Reason: fmt.Sprintf("%d is outside 0 to %d (0 or 1: one holder; N: N holders at once)", req.Limit, MaxLimit)}
+	}
+	return nil
+}
+
+// ErrNoSemaphores is the reason a backend without semaphores gives for Limit > 1.
+const ErrNoSemaphores = "this backend holds one lease per key; more than one holder needs a Redis backend"
+
+// RequireMutex refuses a request or lease that asks for more than one holder,
+// for backends without semaphores.
+func RequireMutex(limit int) error {
+	if limit > 1 {
+		return &InvalidRequestError{Field: "limit", Reason: fmt.Sprintf("%d holders requested: %s", limit, ErrNoSemaphores)}
 	}
 	return nil
 }

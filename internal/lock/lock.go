@@ -40,9 +40,26 @@ type Request struct {
 	Holder string
 	// Queue makes the request wait its turn in the keys' FIFO queues: a request
 	// that finds a key busy joins the queue, and a free key is taken only by the
-	// head of its queue. Default false: take the keys whenever they are free.
+	// head of its queue. Default false: do not join the queues (a request
+	// still does not jump a queue: it takes a free key only while nobody
+	// waits for it).
 	Queue bool
+	// Limit is how many leases may hold each key at once: 0 or 1 make the
+	// lease exclusive (a mutex), N > 1 a counting semaphore with N slots,
+	// each holder with its own fencing token (strictly increasing per key
+	// across all holders). Every request for a key should give the same
+	// Limit; each request is admitted against its own. With Queue, waiters
+	// are admitted in FIFO order: the first free slots go to the oldest
+	// waiters. At most MaxLimit. A backend without semaphores refuses
+	// Limit > 1 with an InvalidRequestError naming Limit.
+	Limit int
 }
+
+// MaxLimit is the largest Request.Limit.
+const MaxLimit = 1000
+
+// Holders returns the number of leases req admits per key (Limit, at least 1).
+func (r Request) Holders() int { return max(r.Limit, 1) }
 
 // Lease is a held lock.
 type Lease struct {
@@ -64,6 +81,10 @@ type Lease struct {
 	// the last successful acquire or renew plus TTL, minus elapsed time and
 	// clock drift. Past it the lease must be treated as lost.
 	Expires time.Time
+	// Limit is the Request's Limit: a lease with Limit > 1 holds one slot of
+	// a semaphore. Renew and Release need it (set by TryAcquire/Acquire;
+	// callers that rebuild a lease to recover it set it themselves).
+	Limit int
 }
 
 // Waiter is one entry of a key's FIFO queue.
@@ -74,7 +95,26 @@ type Waiter struct {
 	Since time.Time
 }
 
-// KeyState is what the backend holds for one key.
+// HolderState is one lease holding a key.
+type HolderState struct {
+	// Holder is the holder identity stored with the lease.
+	Holder string
+	// Fence is the lease's fencing token.
+	Fence int64
+	// Acquired is when the lease was acquired, on the backend's clock.
+	Acquired time.Time
+	// Expires is when the lease expires in the backend unless renewed.
+	Expires time.Time
+}
+
+// MaxInspectHolders bounds KeyState.Holders and MaxInspectWaiters KeyState.Waiters.
+const (
+	MaxInspectHolders = 10
+	MaxInspectWaiters = 10
+)
+
+// KeyState is what the backend holds for one key. Held, Holder, Fence,
+// Acquired and Expires describe the oldest holder (the only one of a mutex).
 type KeyState struct {
 	// Key is the key as requested (without any backend prefix).
 	Key string
@@ -90,8 +130,16 @@ type KeyState struct {
 	Acquired time.Time
 	// Expires is when the lease expires in the backend unless renewed.
 	Expires time.Time
-	// Waiters is the head of the key's FIFO queue, oldest first (bounded).
+	// Holders are the leases holding the key, oldest first (at most
+	// MaxInspectHolders; a semaphore's slots).
+	Holders []HolderState
+	// HolderCount is the exact number of leases holding the key.
+	HolderCount int
+	// Waiters is the head of the key's FIFO queue, oldest first (at most
+	// MaxInspectWaiters live waiters).
 	Waiters []Waiter
+	// Queued is the exact number of live waiters in the key's queue.
+	Queued int
 }
 
 // Locker is a lease backend. Every method is safe for concurrent use.
