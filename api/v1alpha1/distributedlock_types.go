@@ -21,13 +21,20 @@ const (
 )
 
 // Contention says what a gated workload does when the lock is held.
-// +kubebuilder:validation:Enum=Queue;Skip
+// +kubebuilder:validation:Enum=Queue;QueueLatest;Skip
 type Contention string
 
 const (
 	// ContentionQueue makes the workload wait its turn in FIFO order.
 	ContentionQueue Contention = "Queue"
-	// ContentionSkip makes the workload give up without running.
+	// ContentionQueueLatest makes the workload wait its turn like Queue, but
+	// a CronJob keeps only its newest waiting Job: when a newer one joins
+	// the queue, the older waiting ones end (Failed, reason Superseded), so a
+	// slow holder cannot build a backlog. A Job without a CronJob waits as
+	// with Queue.
+	ContentionQueueLatest Contention = "QueueLatest"
+	// ContentionSkip makes the workload give up without running: it ends
+	// Failed with reason Skipped.
 	ContentionSkip Contention = "Skip"
 )
 
@@ -78,12 +85,36 @@ type DistributedLockSpec struct {
 	// +kubebuilder:default=Namespace
 	Scope Scope `json:"scope,omitempty"`
 
+	// maxHolders is how many holders may hold the lock at once: 1 (default)
+	// makes it a mutex, N a semaphore with N slots ("at most 3 exports at
+	// once"). Each holder gets its own fencing token, strictly increasing
+	// across all holders; waiters take free slots in FIFO order. 1 to 100.
+	// More than 1 needs a Redis backend. Lowering it never stops a holder:
+	// new holders wait until fewer than maxHolders hold.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	MaxHolders int32 `json:"maxHolders,omitempty"`
+
 	// contention is what a gated Job does when the lock is held: Queue (default:
-	// wait in FIFO order) or Skip (do not run). A Job's lockwarden.io/contention
-	// annotation overrides it.
+	// wait in FIFO order), QueueLatest (wait, but a CronJob keeps only its
+	// newest waiting Job; older ones end with reason Superseded) or Skip (do
+	// not run; the Job ends with reason Skipped). A Job's
+	// lockwarden.io/contention annotation overrides it.
 	// +optional
 	// +kubebuilder:default=Queue
 	Contention Contention `json:"contention,omitempty"`
+
+	// maxWaitSeconds bounds how long a gated Job waits in the queue: past it
+	// the Job ends Failed with reason WaitTimedOut (a suspended Job's
+	// activeDeadlineSeconds does not count while it waits). A Job's or
+	// CronJob's lockwarden.io/max-wait annotation (a duration such as "45m")
+	// overrides it. Default: no bound. 1 to 2678400 (31 days).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2678400
+	MaxWaitSeconds int32 `json:"maxWaitSeconds,omitempty"`
 
 	// onLost is what happens to a holder whose lease was lost (expired during
 	// a backend outage, or taken over): Ignore (default: an Event and a condition
@@ -94,7 +125,9 @@ type DistributedLockSpec struct {
 
 	// holder, when set, makes the operator acquire the lock for this manual
 	// holder (a maintenance window, say) and hold it until the field is
-	// removed or the lock is deleted. Default: none.
+	// removed, the lock is deleted, or the hold's until or maxHoldSeconds
+	// ends it. Its condition ManualHolderHeld is True only while it holds.
+	// Default: none.
 	// +optional
 	Holder *ManualHolder `json:"holder,omitempty"`
 
@@ -114,6 +147,20 @@ type ManualHolder struct {
 	// +kubebuilder:validation:MaxLength=128
 	// +kubebuilder:validation:Pattern=`^[[:graph:]]([[:print:]]*[[:graph:]])?$`
 	Identity string `json:"identity"`
+
+	// until ends the hold at this time (RFC 3339): the operator releases the
+	// lease then, records an Event and sets ManualHolderHeld to False with
+	// reason HoldEnded. A manual holder whose until has passed does not
+	// acquire. Default: no end.
+	// +optional
+	Until *metav1.Time `json:"until,omitempty"`
+
+	// maxHoldSeconds ends the hold this long after it acquired the lock, like
+	// until. Default: no bound. 1 to 2678400 (31 days).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2678400
+	MaxHoldSeconds int32 `json:"maxHoldSeconds,omitempty"`
 }
 
 // Backend selects where a lock lives. Exactly one member is set.
@@ -264,6 +311,12 @@ type HolderStatus struct {
 	// name of the holding object.
 	// +optional
 	Name string `json:"name,omitempty"`
+	// fencingToken is this holder's fencing token (in status.holders).
+	// +optional
+	FencingToken int64 `json:"fencingToken,omitempty"`
+	// acquiredTime is when this holder acquired the keys (in status.holders).
+	// +optional
+	AcquiredTime *metav1.Time `json:"acquiredTime,omitempty"`
 }
 
 // WaiterStatus is one entry of the lock's FIFO queue.
@@ -278,9 +331,29 @@ type WaiterStatus struct {
 
 // DistributedLockStatus is what the backend holds for the lock, as last observed.
 type DistributedLockStatus struct {
-	// holder is who holds the keys now; empty when they are free.
+	// holder is who holds the keys now (of a semaphore, the oldest holder);
+	// empty when they are free.
 	// +optional
 	Holder *HolderStatus `json:"holder,omitempty"`
+
+	// holders lists every holder, oldest first, each with its fencing token
+	// (at most 10; holderCount is exact).
+	// +optional
+	// +kubebuilder:validation:MaxItems=10
+	// +listType=atomic
+	Holders []HolderStatus `json:"holders,omitempty"`
+
+	// holderCount is how many holders hold the keys.
+	// +optional
+	HolderCount int32 `json:"holderCount,omitempty"`
+
+	// slots is holderCount/maxHolders, for example "2/3".
+	// +optional
+	Slots string `json:"slots,omitempty"`
+
+	// queueLength is the exact number of waiters in the FIFO queue.
+	// +optional
+	QueueLength int32 `json:"queueLength,omitempty"`
 
 	// fencingToken is the current holder's fencing token: strictly larger than
 	// every token issued before for these keys, below 2^53.
@@ -309,8 +382,9 @@ type DistributedLockStatus struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// conditions: Held (True while a holder of this lock, its manual holder or
-	// one of its Jobs, holds the keys) and BackendReady (the backend answers). See
-	// the Reason constants for their reasons.
+	// one of its Jobs, holds the keys), ManualHolderHeld (True only while
+	// spec.holder itself holds: the one to kubectl wait for) and BackendReady
+	// (the backend answers). See the Reason constants for their reasons.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -325,7 +399,9 @@ type DistributedLockStatus struct {
 // +kubebuilder:printcolumn:name="Keys",type=string,JSONPath=`.spec.keys`
 // +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.status.holder.identity`
 // +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.status.fencingToken`
-// +kubebuilder:printcolumn:name="Held",type=string,JSONPath=`.status.conditions[?(@.type=="Held")].status`
+// +kubebuilder:printcolumn:name="Held",type=string,JSONPath=`.status.conditions[?(@.type=="Held")].reason`
+// +kubebuilder:printcolumn:name="Slots",type=string,JSONPath=`.status.slots`,description="Holders now / spec.maxHolders"
+// +kubebuilder:printcolumn:name="Queue",type=integer,JSONPath=`.status.queueLength`,description="Waiters in the FIFO queue (exact)"
 // +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.status.expireTime`,description="When another holder's lease ends unless renewed (RFC 3339); empty while this lock's holder holds it and the operator renews it"
 // +kubebuilder:printcolumn:name="Backend",type=string,JSONPath=`.status.conditions[?(@.type=="BackendReady")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

@@ -26,6 +26,15 @@ const (
 	// AnnotationSkipped records on a Job that it did not run because the lock
 	// was held and its contention is Skip.
 	AnnotationSkipped = "lockwarden.io/skipped"
+	// AnnotationMaxWait overrides the lock's spec.maxWaitSeconds for one Job
+	// or CronJob: a duration such as "45m" or "2h". Users set it.
+	AnnotationMaxWait = "lockwarden.io/max-wait"
+	// AnnotationQueuePosition shows on a waiting Job its place in the lock's
+	// queue as "position/length" (1 = next), for example "3/7". The operator sets it.
+	AnnotationQueuePosition = "lockwarden.io/queue-position"
+	// AnnotationWaitingFor shows on a waiting Job whom it waits behind (the
+	// current holder, or the waiters ahead). The operator sets it.
+	AnnotationWaitingFor = "lockwarden.io/waiting-for"
 	// AnnotationSyncedFromCronJob marks job-template annotations that the
 	// operator copied from the CronJob's own annotations, so that they are
 	// removed with them.
@@ -53,6 +62,32 @@ const (
 	ConditionHeld = "Held"
 	// ConditionBackendReady is True while the lock's backend (Redis, PostgreSQL, ZooKeeper or etcd) answers.
 	ConditionBackendReady = "BackendReady"
+)
+
+// ConditionManualHolderHeld is True only while a lock's spec.holder itself
+// holds the keys (not while one of its Jobs does): kubectl wait
+// --for=condition=ManualHolderHeld waits for the maintenance window to start.
+const ConditionManualHolderHeld = "ManualHolderHeld"
+
+// Reasons of the ManualHolderHeld condition (besides ReasonAcquired,
+// ReasonWaiting, ReasonLost and the backend reasons of Held).
+const (
+	// ReasonNoManualHolder: spec.holder is not set.
+	ReasonNoManualHolder = "NoManualHolder"
+	// ReasonHoldEnded: the manual holder's until or maxHoldSeconds passed; its lease was released.
+	ReasonHoldEnded = "HoldEnded"
+)
+
+// Reasons a gated Job ends Failed (its FailureTarget and Failed conditions)
+// without running.
+const (
+	// JobReasonSkipped: the lock was held and the Job's contention is Skip.
+	JobReasonSkipped = "Skipped"
+	// JobReasonWaitTimedOut: the Job waited longer than its maximum wait.
+	JobReasonWaitTimedOut = "WaitTimedOut"
+	// JobReasonSuperseded: a newer Job of the same CronJob joined the queue
+	// and the contention is QueueLatest.
+	JobReasonSuperseded = "Superseded"
 )
 
 // ConditionReady is the condition of a ClusterLockBackend: True while the
@@ -139,6 +174,14 @@ const (
 	// EventUnsuspendedWithoutLock: a gated Job was unsuspended by someone else
 	// before it held the lock, and was suspended again.
 	EventUnsuspendedWithoutLock = "UnsuspendedWithoutLock"
+	// EventWaitTimedOut: a gated Job waited longer than its maximum wait and ended.
+	EventWaitTimedOut = "WaitTimedOut"
+	// EventSuperseded: a waiting Job ended because a newer Job of its CronJob
+	// joined the queue (contention QueueLatest).
+	EventSuperseded = "Superseded"
+	// EventHoldEnded: a manual holder's until or maxHoldSeconds passed and
+	// its lease was released.
+	EventHoldEnded = "HoldEnded"
 	// EventTerminated: a Job's pods were stopped because its lease was lost and
 	// the lock's onLost is Terminate.
 	EventTerminated = "Terminated"
