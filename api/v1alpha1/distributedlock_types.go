@@ -67,8 +67,11 @@ type DistributedLockSpec struct {
 
 	// ttlSeconds is the lease TTL in the backend, in seconds. The operator renews a
 	// held lease about every ttlSeconds/3, so a holder that dies keeps the keys
-	// for at most this long. Default 30; 5 to 86400. Values below 20 may not
-	// outlive a failover of the operator's leader (see docs/operations.md).
+	// for at most this long. Default 30; 5 to 86400. The shortest safe TTL
+	// is 1.5 × (leader-election lease duration + 2 × retry period), 28.5 s
+	// with the default flags: a lease with a shorter TTL may expire during a
+	// failover of the operator's leader, and the operator warns about it
+	// (Event TTLShorterThanFailover; see docs/operations.md).
 	// +optional
 	// +kubebuilder:default=30
 	// +kubebuilder:validation:Minimum=5
