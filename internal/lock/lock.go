@@ -107,9 +107,12 @@ type HolderState struct {
 	Expires time.Time
 }
 
-// MaxInspectHolders bounds KeyState.Holders and MaxInspectWaiters KeyState.Waiters.
+// MaxInspectHolders bounds KeyState.Holders: the largest maxHolders the
+// DistributedLock API allows, so that the operator sees every holder of its
+// locks (and recovers their leases after a restart). MaxInspectWaiters bounds
+// KeyState.Waiters.
 const (
-	MaxInspectHolders = 10
+	MaxInspectHolders = 100
 	MaxInspectWaiters = 10
 )
 
