@@ -18,7 +18,13 @@ import (
 // *lock.HeldError whose Waiters counts the queue). With req.Queue a request
 // that cannot take the keys joins (or refreshes its place in) the queue of
 // every key, and must call again within the waiter TTL to keep it; so
-// req.Owner is required with Queue.
+// req.Owner is required with Queue. The HeldError's Holders is 1 when a
+// lease holds the busy key, 0 when it is free but others are queued ahead;
+// Waiters is the exact number of live waiters, the caller included.
+//
+// This backend holds one lease per key: a req.Limit above 1 (a semaphore)
+// is refused with a *lock.InvalidRequestError naming limit, before anything
+// is sent to the database.
 //
 // When the call fails on the way (the database or the connection), the keys
 // are released best-effort in case the transaction committed before the
@@ -126,6 +132,10 @@ func (l *Locker) prepare(req lock.Request, try bool) (lock.Request, error) {
 	if err != nil {
 		return req, err
 	}
+	// One lease per key: no semaphores on this backend.
+	if err := lock.RequireMutex(req.Limit); err != nil {
+		return req, err
+	}
 	// PostgreSQL's own limits: the key length, and text without NUL bytes.
 	if err := validateKeyLengths("keys", req.Keys); err != nil {
 		return req, err
@@ -173,13 +183,20 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		if busy < 1 || int(busy) > len(req.Keys) {
 			return nil, 0, l.unavailable("acquire", fmt.Errorf("busy key index %d out of range [1, %d]", busy, len(req.Keys)))
 		}
-		return nil, time.Duration(ttlMs) * time.Millisecond, &lock.HeldError{
+		he := &lock.HeldError{
 			Key:      req.Keys[busy-1],
 			Holder:   busyHolder,
 			Fence:    busyFence,
 			Position: int(position),
 			Waiters:  int(queued),
 		}
+		// The function reports the busy holder's fence only when a live
+		// lease holds the key (every lease has a fence of at least 1); a key
+		// that is free but queued for reports none.
+		if busyFence > 0 {
+			he.Holders = 1
+		}
+		return nil, time.Duration(ttlMs) * time.Millisecond, he
 	}
 	if fence <= 0 || fence >= lock.MaxFence {
 		return nil, 0, l.unavailable("acquire", fmt.Errorf("fencing token %d out of range (0, %d)", fence, lock.MaxFence))
@@ -202,6 +219,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		TTL:      req.TTL,
 		Acquired: start,
 		Expires:  start.Add(validity),
+		Limit:    req.Limit,
 	}
 	if v := l.log.V(1); v.Enabled() {
 		v.Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", validity.String())

@@ -220,11 +220,13 @@ func newStatements(schema string) statements {
 		release: "SELECT " + s + ".release($1, $2)",
 		dequeue: "SELECT " + s + ".dequeue($1, $2)",
 		// One row per requested key, in request order: the lease (when live)
-		// or the last fence, and the head of the queue (live waiters only).
+		// or the last fence, the head of the queue and the number of
+		// waiters in it (live waiters only: a deadline not passed, the
+		// rule acquire prunes by).
 		inspect: `WITH t AS (SELECT clock_timestamp() AS now)
 SELECT l.owner IS NOT NULL AND l.expires > t.now AS held,
        coalesce(l.holder, ''), coalesce(l.fence, 0), l.acquired, l.expires,
-       coalesce(w.holders, '{}'), coalesce(w.sinces, '{}')
+       coalesce(w.holders, '{}'), coalesce(w.sinces, '{}'), n.queued
 FROM unnest($1::bytea[]) WITH ORDINALITY AS u(key, ord)
 CROSS JOIN t
 LEFT JOIN ` + s + `.locks l ON l.key = u.key
@@ -235,6 +237,10 @@ LEFT JOIN LATERAL (
 	      WHERE x.key = u.key AND x.deadline >= t.now
 	      ORDER BY x.ticket, x.owner LIMIT $2) q
 ) w ON true
+CROSS JOIN LATERAL (
+	SELECT count(*)::int AS queued FROM ` + s + `.waiters x
+	WHERE x.key = u.key AND x.deadline >= t.now
+) n
 ORDER BY u.ord`,
 	}
 }

@@ -127,9 +127,6 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// maxInspectWaiters bounds the waiters Inspect reports per key.
-const maxInspectWaiters = 10
-
 // Locker is a lock.Locker on PostgreSQL. It is safe for concurrent use.
 type Locker struct {
 	cfg      Config
@@ -414,6 +411,9 @@ func validateText(field, s string) error {
 func validateLease(lease *lock.Lease) error {
 	if lease == nil {
 		return &lock.InvalidRequestError{Field: "lease", Reason: "a lease is required, got nil"}
+	}
+	if err := lock.RequireMutex(lease.Limit); err != nil {
+		return err
 	}
 	if lease.Owner == "" {
 		return &lock.InvalidRequestError{Field: "lease.owner", Reason: "the owner token is required: only the owner may renew or release a lease"}
