@@ -124,19 +124,24 @@ type acquireReply struct {
 }
 
 func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticket, proposal int64) (acquireReply, error) {
-	keys := append(l.redisKeys(req.Keys, "lock", "meta", "fence", "queue", "deadlines", "waiters"), l.ticketKey())
+	keys := append(l.redisKeys(req.Keys, allParts...), l.ticketKey())
 	join := "0"
 	if req.Queue {
 		join = "1"
 	}
-	v, err := run(ctx, acquireScript, n.client, "acquire", keys,
-		req.Owner, req.TTL.Milliseconds(), req.Holder, join, l.opts.waiterTTL.Milliseconds(), ticket, lock.MaxFence, proposal)
+	script, name := acquireScript, "acquire"
+	args := []any{req.Owner, req.TTL.Milliseconds(), req.Holder, join, l.opts.waiterTTL.Milliseconds(), ticket, lock.MaxFence, proposal}
+	if req.Holders() > 1 {
+		script, name = semAcquireScript, "semaphore acquire"
+		args = append(args, req.Holders())
+	}
+	v, err := run(ctx, script, n.client, name, keys, args...)
 	if err != nil {
 		return acquireReply{}, err
 	}
 	s, err := asSlice(v, 2)
 	if err != nil {
-		return acquireReply{}, fmt.Errorf("acquire script: %w", err)
+		return acquireReply{}, fmt.Errorf("%s script: %w", name, err)
 	}
 	d := decoder{s: s}
 	if d.int(0) == 1 {
@@ -145,19 +150,19 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 			d.err = fmt.Errorf("fencing token %d out of range (0, %d)", fence, lock.MaxFence)
 		}
 		if d.err != nil {
-			return acquireReply{}, fmt.Errorf("acquire script: %w", d.err)
+			return acquireReply{}, fmt.Errorf("%s script: %w", name, d.err)
 		}
 		return acquireReply{ok: true, fence: fence}, nil
 	}
-	if d.err == nil && len(s) < 8 {
-		d.err = fmt.Errorf("unexpected reply %v: want 8 elements", s)
+	if d.err == nil && len(s) < 9 {
+		d.err = fmt.Errorf("unexpected reply %v: want 9 elements", s)
 	}
 	idx := d.int(1)
 	if d.err == nil && (idx < 1 || int(idx) > len(req.Keys)) {
 		d.err = fmt.Errorf("busy key index %d out of range [1, %d]", idx, len(req.Keys))
 	}
 	if d.err != nil {
-		return acquireReply{}, fmt.Errorf("acquire script: %w", d.err)
+		return acquireReply{}, fmt.Errorf("%s script: %w", name, d.err)
 	}
 	r := acquireReply{
 		held: &lock.HeldError{
@@ -166,12 +171,13 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 			Fence:    d.int(3),
 			Position: int(d.int(4)),
 			Waiters:  int(d.int(5)),
+			Holders:  int(d.int(8)),
 		},
 		holderTTL: time.Duration(d.int(6)) * time.Millisecond,
 		ticket:    d.int(7),
 	}
 	if d.err != nil {
-		return acquireReply{}, fmt.Errorf("acquire script: %w", d.err)
+		return acquireReply{}, fmt.Errorf("%s script: %w", name, d.err)
 	}
 	return r, nil
 }
@@ -252,13 +258,14 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	if redlock && req.Queue && maxTicket > 0 {
 		l.tickets.Store(req.Owner, maxTicket)
 	}
+	quorum := l.quorumFor(req.Limit)
 	agreed := len(acquired)
-	if redlock && agreed >= l.quorum {
+	if redlock && agreed >= quorum {
 		agreed = l.writeBack(ctx, req, acquired, fence, timeout)
 	}
 	elapsed := l.opts.clock.Since(start)
 	validity := req.TTL - elapsed - drift(req.TTL)
-	if agreed >= l.quorum && validity > 0 {
+	if agreed >= quorum && validity > 0 {
 		l.tickets.Delete(req.Owner)
 		lease := &lock.Lease{
 			Keys:     req.Keys,
@@ -268,6 +275,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 			TTL:      req.TTL,
 			Acquired: start,
 			Expires:  start.Add(validity),
+			Limit:    req.Limit,
 		}
 		if v := l.log.V(1); v.Enabled() {
 			v.Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", validity.String())
@@ -278,17 +286,20 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	// Not acquired: undo whatever this attempt took (a node that failed may
 	// have run the script before the reply was lost).
 	if len(acquired) > 0 || nodeFailed {
-		l.releaseEverywhere(ctx, req.Keys, req.Owner)
+		l.releaseEverywhere(ctx, req.Keys, req.Owner, req.Limit)
 	}
 	op := fmt.Sprintf("acquire keys %q", req.Keys)
-	if agreed >= l.quorum {
-		slow := fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, req.TTL, drift(req.TTL))
-		return nil, hint, l.failure(op, 0, append(errs, slow))
+	if req.Holders() > 1 && redlock {
+		op = fmt.Sprintf("acquire a slot of %d on keys %q (a semaphore needs %d of %d nodes, more than a majority)", req.Holders(), req.Keys, quorum, len(l.nodes))
 	}
-	if len(busy) > len(l.nodes)-l.quorum {
+	if agreed >= quorum {
+		slow := fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, req.TTL, drift(req.TTL))
+		return nil, hint, l.failureOf(op, 0, quorum, append(errs, slow))
+	}
+	if len(busy) > len(l.nodes)-quorum {
 		return nil, hint, pickHeld(busy)
 	}
-	return nil, hint, l.failure(op, len(acquired), errs)
+	return nil, hint, l.failureOf(op, len(acquired), quorum, errs)
 }
 
 // pickHeld chooses the most telling of the nodes' busy answers: one that names a holder.
@@ -318,8 +329,13 @@ func (l *Locker) writeBack(ctx context.Context, req lock.Request, acquired []res
 		return done
 	}
 	keys := l.redisKeys(req.Keys, "lock", "meta", "fence")
+	script, name := raiseScript, "raise"
+	if req.Holders() > 1 {
+		keys = l.redisKeys(req.Keys, "fence", "slots", "slotfences", "slotmeta")
+		script, name = semRaiseScript, "semaphore raise"
+	}
 	res := fanOut(ctx, behind, timeout, func(ctx context.Context, n *node) (int64, error) {
-		v, err := run(ctx, raiseScript, n.client, "raise", keys, fence, req.Owner)
+		v, err := run(ctx, script, n.client, name, keys, fence, req.Owner)
 		if err != nil {
 			return 0, err
 		}
@@ -335,12 +351,12 @@ func (l *Locker) writeBack(ctx context.Context, req lock.Request, acquired []res
 	return done
 }
 
-// releaseEverywhere releases the owner's keys on every node, best effort,
-// even when ctx has ended.
-func (l *Locker) releaseEverywhere(ctx context.Context, keys []string, owner string) {
+// releaseEverywhere releases the owner's keys (its slots when limit > 1) on
+// every node, best effort, even when ctx has ended.
+func (l *Locker) releaseEverywhere(ctx context.Context, keys []string, owner string, limit int) {
 	cctx, cancel := l.cleanupContext(ctx)
 	defer cancel()
-	for _, r := range l.releaseOnAll(cctx, keys, owner) {
+	for _, r := range l.releaseOnAll(cctx, keys, owner, limit) {
 		if r.err != nil {
 			l.log.V(2).Info("Best-effort release failed on node", "node", r.node.name, "keys", keys, "err", r.err.Error())
 		}

@@ -18,8 +18,20 @@
 //	P{K}:queue      FIFO queue: waiting owner -> ticket
 //	P{K}:deadlines  waiting owner -> heartbeat deadline (server milliseconds)
 //	P{K}:waiters    waiting owner -> "<since microseconds> <holder>"
+//	P{K}:slots      semaphore holder owner -> expiry (server milliseconds)
+//	P{K}:slotfences semaphore holder owner -> fencing token (acquisition order)
+//	P{K}:slotmeta   semaphore holder owner -> "<fence> <acquired us> <limit> <holder>"
 //	P{K}:released   pub/sub channel of K's releases
 //	Plockwarden:ticket  ticket counter shared by all keys under P
+//
+// A mutex (Limit 0 or 1) holds lock and meta; a semaphore holder (Limit N > 1)
+// holds one member of each slot key instead, expiring by the score in slots
+// (pruned by the next semaphore script; the slot keys expire with their
+// longest-lived holder). Both share fence and the queue keys, and each
+// counts the other's holders: a mutex needs the key free of slots, a
+// semaphore needs it free of a mutex holder. In Redlock mode a semaphore of N
+// slots over M nodes needs floor(M*N/(N+1)) + 1 nodes, not a majority
+// (quorumFor).
 //
 // See docs/safety.md for what the fencing token and Redlock do and do not guarantee.
 package redis
@@ -187,19 +199,38 @@ func (l *Locker) Ping(ctx context.Context) error {
 // failure builds the error of an operation that did not reach enough nodes:
 // ErrBackendUnavailable for one node, a *QuorumError for Redlock.
 func (l *Locker) failure(op string, agreed int, errs []error) error {
+	return l.failureOf(op, agreed, l.quorum, errs)
+}
+
+// failureOf is failure with the quorum the operation needed (quorumFor).
+func (l *Locker) failureOf(op string, agreed, needed int, errs []error) error {
 	if len(l.nodes) == 1 {
 		return fmt.Errorf("%w: %s: %w", lock.ErrBackendUnavailable, op, errors.Join(errs...))
 	}
-	return &QuorumError{Op: op, Agreed: agreed, Needed: l.quorum, Total: len(l.nodes), Cause: errors.Join(errs...)}
+	return &QuorumError{Op: op, Agreed: agreed, Needed: needed, Total: len(l.nodes), Cause: errors.Join(errs...)}
 }
 
-// QuorumError is a Redlock operation that fewer than a majority of the nodes
-// agreed to. It matches lock.ErrQuorum and unwraps to the per-node causes
-// (*lock.NodeError, joined with errors.Join).
+// quorumFor is how many nodes must hold a lease that admits limit holders
+// per key: floor(M*limit/(limit+1)) + 1 of M nodes. With limit 1 it is the
+// majority. With limit N, N+1 leases each on q nodes would need (N+1)*q >
+// M*N slots, more than M nodes admitting N holders each have: so at most N
+// leases hold the key at once (see docs/safety.md, "Semaphores").
+func (l *Locker) quorumFor(limit int) int {
+	m, n := len(l.nodes), max(limit, 1)
+	if m == 1 {
+		return 1
+	}
+	return m*n/(n+1) + 1
+}
+
+// QuorumError is a Redlock operation that fewer than its quorum of nodes
+// agreed to (a majority; more for a semaphore). It matches lock.ErrQuorum and
+// unwraps to the per-node causes (*lock.NodeError, joined with errors.Join).
 type QuorumError struct {
 	// Op names the operation, for example `acquire keys ["a"]`.
 	Op string
-	// Agreed is how many nodes did it; Needed is the majority; Total the node count.
+	// Agreed is how many nodes did it; Needed is the quorum (the majority,
+	// or floor(M*N/(N+1)) + 1 for a semaphore of N slots); Total the node count.
 	Agreed, Needed, Total int
 	// Cause joins the per-node errors.
 	Cause error
@@ -293,8 +324,16 @@ func (l *Locker) allChannelsPattern() string {
 	return b.String()
 }
 
+// allParts are the Redis keys of one lock key that acquire.lua,
+// semacquire.lua and inspect.lua take, in their order.
+var allParts = []string{"lock", "meta", "fence", "queue", "deadlines", "waiters", "slots", "slotfences", "slotmeta"}
+
+// slotParts are the keys of a semaphore's holders (semrelease.lua, semrenew.lua).
+var slotParts = []string{"slots", "slotfences", "slotmeta"}
+
 // redisKeys lists, for each lock key, the Redis keys named by parts (lock,
-// meta, fence, queue, deadlines, waiters), in the order the scripts expect.
+// meta, fence, queue, deadlines, waiters, slots, slotfences, slotmeta), in the
+// order the scripts expect.
 func (l *Locker) redisKeys(keys []string, parts ...string) []string {
 	out := make([]string, 0, len(keys)*len(parts))
 	for _, k := range keys {

@@ -15,7 +15,7 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	if err := validateLease(lease); err != nil {
 		return err
 	}
-	res := l.releaseOnAll(ctx, lease.Keys, lease.Owner)
+	res := l.releaseOnAll(ctx, lease.Keys, lease.Owner, lease.Limit)
 	responded, released := 0, 0
 	var errs []error
 	for _, r := range res {
@@ -40,17 +40,24 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	return nil
 }
 
-func (l *Locker) releaseOnAll(ctx context.Context, keys []string, owner string) []result[int64] {
+// releaseOnAll runs the release script on every node: release.lua for a
+// mutex, semrelease.lua for a semaphore slot (limit > 1).
+func (l *Locker) releaseOnAll(ctx context.Context, keys []string, owner string, limit int) []result[int64] {
 	rk := l.redisKeys(keys, "lock", "meta")
+	script, name := releaseScript, "release"
+	if limit > 1 {
+		rk = l.redisKeys(keys, slotParts...)
+		script, name = semReleaseScript, "semaphore release"
+	}
 	args := append([]any{owner}, l.channelArgs(keys)...)
 	return fanOut(ctx, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
-		v, err := run(ctx, releaseScript, n.client, "release", rk, args...)
+		v, err := run(ctx, script, n.client, name, rk, args...)
 		if err != nil {
 			return 0, err
 		}
 		released, err := asInt(v)
 		if err != nil {
-			return 0, fmt.Errorf("release script: %w", err)
+			return 0, fmt.Errorf("%s script: %w", name, err)
 		}
 		return released, nil
 	})
@@ -66,7 +73,7 @@ func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error
 	if owner == "" {
 		return &lock.InvalidRequestError{Field: "owner", Reason: "the owner token of the waiter is required"}
 	}
-	rk := l.redisKeys(keys, "lock", "queue", "deadlines", "waiters")
+	rk := l.redisKeys(keys, "lock", "queue", "deadlines", "waiters", "slots")
 	args := append([]any{owner}, l.channelArgs(keys)...)
 	res := fanOut(ctx, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
 		v, err := run(ctx, dequeueScript, n.client, "dequeue", rk, args...)
@@ -113,6 +120,9 @@ func validateLease(lease *lock.Lease) error {
 	}
 	if lease.Owner == "" {
 		return &lock.InvalidRequestError{Field: "lease.owner", Reason: "the owner token is required: only the owner may renew or release a lease"}
+	}
+	if lease.Limit < 0 || lease.Limit > lock.MaxLimit {
+		return &lock.InvalidRequestError{Field: "lease.limit", Reason: fmt.Sprintf("%d is outside 0 to %d (the Limit the lease was acquired with)", lease.Limit, lock.MaxLimit)}
 	}
 	return validateKeys("lease.keys", lease.Keys)
 }

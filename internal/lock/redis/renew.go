@@ -23,9 +23,9 @@ func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		return nil, err
 	}
 	start := l.opts.clock.Now()
-	keys, args := l.renewArgs(lease, ttl)
+	script, keys, args := l.renewArgs(lease, ttl)
 	res := fanOut(ctx, l.nodes, l.callTimeout(ttl), func(ctx context.Context, n *node) (int64, error) {
-		v, err := run(ctx, renewScript, n.client, "renew", keys, args...)
+		v, err := run(ctx, script, n.client, "renew", keys, args...)
 		if err != nil {
 			return 0, err
 		}
@@ -72,11 +72,11 @@ func (l *Locker) renewPipeline(ctx context.Context, n *node, leases []*lock.Leas
 		pipe := n.client.Pipeline()
 		cmds := make([]*goredis.Cmd, len(idx))
 		for k, i := range idx {
-			keys, args := l.renewArgs(leases[i], ttl)
+			script, keys, args := l.renewArgs(leases[i], ttl)
 			if eval {
-				cmds[k] = renewScript.Eval(ctx, pipe, keys, args...)
+				cmds[k] = script.Eval(ctx, pipe, keys, args...)
 			} else {
-				cmds[k] = renewScript.EvalSha(ctx, pipe, keys, args...)
+				cmds[k] = script.EvalSha(ctx, pipe, keys, args...)
 			}
 		}
 		_, _ = pipe.Exec(ctx) // per-command errors are read below
@@ -102,10 +102,15 @@ func (l *Locker) renewPipeline(ctx context.Context, n *node, leases []*lock.Leas
 	return out
 }
 
-func (l *Locker) renewArgs(lease *lock.Lease, ttl time.Duration) ([]string, []any) {
-	keys := l.redisKeys(lease.Keys, "lock", "meta")
+// renewArgs picks the renew script of the lease (semrenew.lua for a
+// semaphore slot) and its keys and arguments.
+func (l *Locker) renewArgs(lease *lock.Lease, ttl time.Duration) (*goredis.Script, []string, []any) {
+	script, keys := renewScript, l.redisKeys(lease.Keys, "lock", "meta")
+	if lease.Limit > 1 {
+		script, keys = semRenewScript, l.redisKeys(lease.Keys, slotParts...)
+	}
 	args := append([]any{lease.Owner, ttl.Milliseconds()}, l.channelArgs(lease.Keys)...)
-	return keys, args
+	return script, keys, args
 }
 
 // renewOutcome turns the nodes' renew replies (0: renewed, i > 0: key i lost)
@@ -126,9 +131,10 @@ func (l *Locker) renewOutcome(ctx context.Context, lease *lock.Lease, ttl time.D
 			errs = append(errs, &lock.NodeError{Node: r.node.name, Err: fmt.Errorf("renew script: unexpected reply %d", r.val)})
 		}
 	}
+	quorum := l.quorumFor(lease.Limit)
 	elapsed := l.opts.clock.Since(start)
 	validity := ttl - elapsed - drift(ttl)
-	if renewed >= l.quorum && validity > 0 {
+	if renewed >= quorum && validity > 0 {
 		next := *lease
 		next.TTL = ttl
 		next.Expires = start.Add(validity)
@@ -138,18 +144,18 @@ func (l *Locker) renewOutcome(ctx context.Context, lease *lock.Lease, ttl time.D
 		return &next, nil
 	}
 	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
-	if lost > len(l.nodes)-l.quorum {
+	if lost > len(l.nodes)-quorum {
 		if len(l.nodes) > 1 {
-			l.releaseEverywhere(ctx, lease.Keys, lease.Owner)
+			l.releaseEverywhere(ctx, lease.Keys, lease.Owner, lease.Limit)
 		}
 		l.log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 		return nil, fmt.Errorf("%s: %w: %w", op, lock.ErrLost, errors.Join(errs...))
 	}
-	if renewed >= l.quorum {
+	if renewed >= quorum {
 		errs = append(errs, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, ttl, drift(ttl)))
-		return nil, l.failure(op, 0, errs)
+		return nil, l.failureOf(op, 0, quorum, errs)
 	}
-	return nil, l.failure(op, renewed, errs)
+	return nil, l.failureOf(op, renewed, quorum, errs)
 }
 
 func validateRenew(lease *lock.Lease, ttl time.Duration) error {

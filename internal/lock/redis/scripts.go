@@ -22,6 +22,14 @@ var (
 	dequeueLua string
 	//go:embed lua/inspect.lua
 	inspectLua string
+	//go:embed lua/semacquire.lua
+	semAcquireLua string
+	//go:embed lua/semrelease.lua
+	semReleaseLua string
+	//go:embed lua/semrenew.lua
+	semRenewLua string
+	//go:embed lua/semraise.lua
+	semRaiseLua string
 
 	acquireScript = goredis.NewScript(acquireLua)
 	releaseScript = goredis.NewScript(releaseLua)
@@ -29,6 +37,12 @@ var (
 	raiseScript   = goredis.NewScript(raiseLua)
 	dequeueScript = goredis.NewScript(dequeueLua)
 	inspectScript = goredis.NewScript(inspectLua)
+
+	// Semaphores (lock.Request.Limit > 1).
+	semAcquireScript = goredis.NewScript(semAcquireLua)
+	semReleaseScript = goredis.NewScript(semReleaseLua)
+	semRenewScript   = goredis.NewScript(semRenewLua)
+	semRaiseScript   = goredis.NewScript(semRaiseLua)
 )
 
 // run runs a script with EVALSHA, falling back to EVAL when the node does not

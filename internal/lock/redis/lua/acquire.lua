@@ -1,12 +1,15 @@
 -- acquire.lua: take every key of one lease for one owner, or none of them.
 --
--- KEYS: six per lock key, in this order, and then one shared key:
+-- KEYS: nine per lock key, in this order, and then one shared key:
 --   lock       string  owner token, with the lease TTL (SET NX PX)
 --   meta       hash    holder, fence, acquired (server microseconds); same TTL as lock
 --   counter    string  last fencing token issued for the key (no TTL)
 --   queue      zset    waiting owner -> ticket (FIFO order)
 --   deadlines  zset    waiting owner -> heartbeat deadline (server milliseconds)
 --   waiters    hash    waiting owner -> "<since microseconds> <holder>"
+--   slots      zset    semaphore holder -> expiry (server milliseconds); see semacquire.lua
+--   slotfences zset    semaphore holder -> fencing token (acquisition order)
+--   slotmeta   hash    semaphore holder -> "<fence> <acquired us> <limit> <holder>"
 --   KEYS[#KEYS] string ticket counter shared by every key under the prefix
 -- ARGV:
 --   1 owner token            2 lease TTL in milliseconds   3 holder identity
@@ -25,7 +28,8 @@
 -- token it capped before (see docs/safety.md, "Fencing tokens").
 -- Returns {1, fence} when every key was taken, otherwise
 --   {0, busy key index (1-based), holder, holder fence, position (-1: not queued),
---    queue length, holder PTTL in milliseconds, ticket}.
+--    queue length, holder PTTL in milliseconds, ticket, holder count}.
+-- A key with a live semaphore holder (slots) is busy: a mutex needs it whole.
 local owner = ARGV[1]
 local ttl = ARGV[2]
 local holder = ARGV[3]
@@ -34,13 +38,13 @@ local waiterTTL = tonumber(ARGV[5])
 local ticket = tonumber(ARGV[6])
 local maxFence = tonumber(ARGV[7])
 local proposal = tonumber(ARGV[8]) or 0
-local n = (#KEYS - 1) / 6
+local n = (#KEYS - 1) / 9
 
 -- How far ahead of this server's clock (microseconds) a proposed token may be.
 -- Must match fenceWindow in acquire.go.
 local window = 20000
 
-local function key(i, j) return KEYS[(i - 1) * 6 + j] end
+local function key(i, j) return KEYS[(i - 1) * 9 + j] end
 -- Lua 5.1 prints numbers with 14 significant digits: format integers explicitly
 -- (off the fast path; the common values are built from strings instead).
 local function int(x) return string.format('%.0f', x) end
@@ -49,6 +53,8 @@ local t = redis.call('TIME')
 local usec = string.rep('0', 6 - #t[2]) .. t[2]
 local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local nowUsStr = t[1] .. usec
+-- '(' .. now in milliseconds: an exclusive lower bound of live entries.
+local afterNowMs = '(' .. t[1] .. string.sub(usec, 1, 3)
 
 -- Prune waiters that missed their heartbeat. A key whose queue keys do not
 -- exist has nobody to prune, no queue head and nothing to clean up below.
@@ -56,7 +62,7 @@ local queued = {}
 for i = 1, n do
   if redis.call('EXISTS', key(i, 4), key(i, 5), key(i, 6)) > 0 then
     queued[i] = true
-    local dead = redis.call('ZRANGEBYSCORE', key(i, 5), '-inf', '(' .. t[1] .. string.sub(usec, 1, 3))
+    local dead = redis.call('ZRANGEBYSCORE', key(i, 5), '-inf', afterNowMs)
     for _, w in ipairs(dead) do
       redis.call('ZREM', key(i, 4), w)
       redis.call('ZREM', key(i, 5), w)
@@ -66,17 +72,35 @@ for i = 1, n do
 end
 
 -- Find the first key held by another owner, or whose queue has someone else at its head.
-local busy, bHolder, bFence, bPttl = 0, '', 0, 0
+local busy, bHolder, bFence, bPttl, bHolders = 0, '', 0, 0, 0
 local mine = {}
 for i = 1, n do
   local cur = redis.call('GET', key(i, 1))
+  local slots = 0
+  if not cur then slots = redis.call('ZCOUNT', key(i, 7), afterNowMs, '+inf') end
   if cur == owner then
     mine[i] = true
   elseif cur then
-    busy = i
+    busy, bHolders = i, 1
     bHolder = redis.call('HGET', key(i, 2), 'holder') or ''
     bFence = tonumber(redis.call('HGET', key(i, 2), 'fence') or '0')
     bPttl = redis.call('PTTL', key(i, 1))
+    break
+  elseif slots > 0 then
+    -- Semaphore holders (expired ones are pruned by the semaphore scripts
+    -- only: skip them here). Report the oldest live one.
+    busy, bHolders = i, slots
+    local nowMs = math.floor(nowUs / 1000)
+    for _, o in ipairs(redis.call('ZRANGE', key(i, 8), 0, -1)) do
+      local e = tonumber(redis.call('ZSCORE', key(i, 7), o) or '0')
+      if e > nowMs then
+        local f, _, _, h = string.match(redis.call('HGET', key(i, 9), o) or '', '^(%d+) (%d+) (%d+) (.*)$')
+        bHolder, bFence = h or '', tonumber(f or '0')
+        break
+      end
+    end
+    local first = redis.call('ZRANGEBYSCORE', key(i, 7), afterNowMs, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if first[2] then bPttl = tonumber(first[2]) - nowMs end
     break
   elseif queued[i] then
     local head = redis.call('ZRANGE', key(i, 4), 0, 0)
@@ -114,7 +138,7 @@ if busy > 0 then
   end
   local position = redis.call('ZRANK', key(busy, 4), owner)
   if not position then position = -1 end
-  return {0, busy, bHolder, int(bFence), position, redis.call('ZCARD', key(busy, 4)), bPttl, int(tk)}
+  return {0, busy, bHolder, int(bFence), position, redis.call('ZCARD', key(busy, 4)), bPttl, int(tk), bHolders}
 end
 
 -- fenceStr is fence as a string when it is known without formatting.

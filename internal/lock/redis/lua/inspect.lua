@@ -1,24 +1,25 @@
 -- inspect.lua: read what the node holds for some keys (writes nothing).
 --
--- KEYS: six per lock key, in this order:
---   lock       string  owner token
---   meta       hash    holder, fence, acquired
---   counter    string  last fencing token issued for the key
---   queue      zset    waiting owner -> ticket
---   deadlines  zset    waiting owner -> heartbeat deadline (server milliseconds)
---   waiters    hash    waiting owner -> "<since microseconds> <holder>"
+-- KEYS: nine per lock key, as acquire.lua:
+--   lock, meta, counter, queue, deadlines, waiters, slots, slotfences, slotmeta
 -- ARGV:
 --   1 how many waiters to report per key (the head of the queue)
+--   2 how many semaphore holders to report per key (the oldest)
 -- Returns one entry per key:
---   {owner ('' when free), holder, fence, PTTL ms, acquired us, {holder, since us, ...}}
--- where fence is the lease's token when held and the last one issued when free.
--- Waiters past their heartbeat deadline are skipped (the next acquire prunes them).
+--   {owner ('' when free), holder, fence, PTTL ms, acquired us,
+--    {holder, since us, ...}, live waiters, live semaphore holders,
+--    {owner, holder, fence, PTTL ms, acquired us, limit, ...}}
+-- where fence is the mutex lease's token when held and otherwise the last one
+-- issued for the key. Waiters past their heartbeat deadline and semaphore
+-- holders past their expiry are skipped (the next acquire prunes them).
 local limit = tonumber(ARGV[1])
+local maxHolders = tonumber(ARGV[2])
 local t = redis.call('TIME')
 local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local nowMsStr = string.format('%.0f', nowMs)
 local out = {}
-for i = 1, #KEYS / 6 do
-  local b = (i - 1) * 6
+for i = 1, #KEYS / 9 do
+  local b = (i - 1) * 9
   local owner = redis.call('GET', KEYS[b + 1]) or ''
   local holder, fence, acquired, pttl = '', '0', '0', -2
   if owner ~= '' then
@@ -45,6 +46,21 @@ for i = 1, #KEYS / 6 do
       end
     end
   end
-  out[i] = {owner, holder, fence, pttl, acquired, ws}
+  local queued = redis.call('ZCOUNT', KEYS[b + 5], nowMsStr, '+inf')
+  local slots = redis.call('ZCOUNT', KEYS[b + 7], '(' .. nowMsStr, '+inf')
+  local hs = {}
+  if slots > 0 then
+    for _, o in ipairs(redis.call('ZRANGE', KEYS[b + 8], 0, -1)) do
+      if #hs >= 6 * maxHolders then break end
+      local e = redis.call('ZSCORE', KEYS[b + 7], o)
+      if e and tonumber(e) > nowMs then
+        local f, a, l, h = string.match(redis.call('HGET', KEYS[b + 9], o) or '', '^(%d+) (%d+) (%d+) (.*)$')
+        for _, v in ipairs({o, h or '', f or '0', string.format('%.0f', tonumber(e) - nowMs), a or '0', l or '0'}) do
+          table.insert(hs, v)
+        end
+      end
+    end
+  end
+  out[i] = {owner, holder, fence, pttl, acquired, ws, queued, slots, hs}
 end
 return out

@@ -1,0 +1,165 @@
+-- semacquire.lua: take one slot of a counting semaphore on every key of one
+-- lease for one owner, or none of them.
+--
+-- KEYS: nine per lock key (as acquire.lua), and then one shared key:
+--   lock       string  owner token of a mutex holder (Limit 1)
+--   meta       hash    holder, fence, acquired of the mutex holder
+--   counter    string  last fencing token issued for the key (no TTL; shared with the mutex)
+--   queue      zset    waiting owner -> ticket (FIFO order)
+--   deadlines  zset    waiting owner -> heartbeat deadline (server milliseconds)
+--   waiters    hash    waiting owner -> "<since microseconds> <holder>"
+--   slots      zset    holding owner -> expiry (server milliseconds)
+--   slotfences zset    holding owner -> fencing token (acquisition order)
+--   slotmeta   hash    holding owner -> "<fence> <acquired us> <limit> <holder>"
+--   KEYS[#KEYS] string ticket counter shared by every key under the prefix
+-- The three slot keys live as long as their longest-lived holder; a holder
+-- past its expiry is pruned by the next semaphore script that sees it.
+-- ARGV: 1-8 as acquire.lua, and
+--   9 limit: how many holders the key admits (at least 2)
+-- A key is free for the owner when it holds a slot already, or when no mutex
+-- holds it and the owner's position in the live queue (its rank, or the queue
+-- length when it is not queued) is below the free slots (limit - holders).
+-- Returns {1, fence} when every key was taken, otherwise
+--   {0, busy key index, oldest holder, its fence, position (-1: not queued),
+--    queue length, PTTL ms of the first slot to expire, ticket, holder count}.
+local owner = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local holder = ARGV[3]
+local join = ARGV[4] == '1'
+local waiterTTL = tonumber(ARGV[5])
+local ticket = tonumber(ARGV[6])
+local maxFence = tonumber(ARGV[7])
+local proposal = tonumber(ARGV[8]) or 0
+local limit = tonumber(ARGV[9])
+local n = (#KEYS - 1) / 9
+
+-- Must match fenceWindow in acquire.go (see acquire.lua).
+local window = 20000
+
+local function key(i, j) return KEYS[(i - 1) * 9 + j] end
+local function int(x) return string.format('%.0f', x) end
+
+local t = redis.call('TIME')
+local usec = string.rep('0', 6 - #t[2]) .. t[2]
+local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local nowUsStr = t[1] .. usec
+local nowMsStr = t[1] .. string.sub(usec, 1, 3)
+local nowMs = tonumber(nowMsStr)
+
+-- Prune waiters that missed their heartbeat and holders past their expiry.
+local queued = {}
+for i = 1, n do
+  if redis.call('EXISTS', key(i, 4), key(i, 5), key(i, 6)) > 0 then
+    queued[i] = true
+    local dead = redis.call('ZRANGEBYSCORE', key(i, 5), '-inf', '(' .. nowMsStr)
+    for _, w in ipairs(dead) do
+      redis.call('ZREM', key(i, 4), w)
+      redis.call('ZREM', key(i, 5), w)
+      redis.call('HDEL', key(i, 6), w)
+    end
+  end
+  local gone = redis.call('ZRANGEBYSCORE', key(i, 7), '-inf', nowMsStr)
+  for _, o in ipairs(gone) do
+    redis.call('ZREM', key(i, 7), o)
+    redis.call('ZREM', key(i, 8), o)
+    redis.call('HDEL', key(i, 9), o)
+  end
+end
+
+local busy, bHolder, bFence, bPttl, bHolders = 0, '', 0, 0, 0
+local mine = {}
+for i = 1, n do
+  local cur = redis.call('GET', key(i, 1))
+  if cur then
+    -- A mutex holder occupies the key whole.
+    busy, bHolders = i, 1
+    bHolder = redis.call('HGET', key(i, 2), 'holder') or ''
+    bFence = tonumber(redis.call('HGET', key(i, 2), 'fence') or '0')
+    bPttl = redis.call('PTTL', key(i, 1))
+    break
+  end
+  if redis.call('ZSCORE', key(i, 7), owner) then
+    mine[i] = true
+  else
+    local count = redis.call('ZCARD', key(i, 7))
+    local pos = 0
+    if queued[i] then
+      pos = redis.call('ZRANK', key(i, 4), owner) or redis.call('ZCARD', key(i, 4))
+    end
+    if pos >= limit - count then
+      busy, bHolders = i, count
+      local first = redis.call('ZRANGE', key(i, 8), 0, 0)
+      if first[1] then
+        local f, _, _, h = string.match(redis.call('HGET', key(i, 9), first[1]) or '', '^(%d+) (%d+) (%d+) (.*)$')
+        bHolder, bFence = h or '', tonumber(f or '0')
+        local e = redis.call('ZRANGE', key(i, 7), 0, 0, 'WITHSCORES')
+        if e[2] then bPttl = tonumber(e[2]) - nowMs end
+      end
+      break
+    end
+  end
+end
+
+if busy > 0 then
+  local tk = 0
+  if join then
+    tk = ticket
+    if tk == 0 then
+      for i = 1, n do
+        local s = redis.call('ZSCORE', key(i, 4), owner)
+        if s and tonumber(s) > tk then tk = tonumber(s) end
+      end
+      if tk == 0 then tk = redis.call('INCR', KEYS[#KEYS]) end
+    else
+      local c = tonumber(redis.call('GET', KEYS[#KEYS]) or '0')
+      if c < tk then redis.call('SET', KEYS[#KEYS], int(tk)) end
+    end
+    for i = 1, n do
+      if not redis.call('ZSCORE', key(i, 4), owner) then
+        redis.call('HSET', key(i, 6), owner, nowUsStr .. ' ' .. holder)
+      end
+      redis.call('ZADD', key(i, 4), int(tk), owner)
+      redis.call('ZADD', key(i, 5), int(nowMs + waiterTTL), owner)
+      for j = 4, 6 do redis.call('PEXPIRE', key(i, j), int(waiterTTL * 2)) end
+    end
+  end
+  local position = redis.call('ZRANK', key(busy, 4), owner)
+  if not position then position = -1 end
+  return {0, busy, bHolder, int(bFence), position, redis.call('ZCARD', key(busy, 4)), bPttl, int(tk), bHolders}
+end
+
+-- The fencing token, as in acquire.lua: one counter per key for every holder.
+local fence = nowUs
+if proposal > nowUs then fence = math.min(proposal, nowUs + window) end
+for i = 1, n do
+  local c = redis.call('GET', key(i, 3))
+  if c then
+    c = tonumber(c) + 1
+  elseif proposal > 0 then
+    c = nowUs + window
+  else
+    c = 0
+  end
+  if c > fence then fence = c end
+end
+if fence > maxFence then
+  return redis.error_reply('ERR fencing token ' .. int(fence) .. ' would exceed ' .. ARGV[7])
+end
+local fenceStr = int(fence)
+local expiry = int(nowMs + ttl)
+local info = fenceStr .. ' ' .. nowUsStr .. ' ' .. ARGV[9] .. ' ' .. holder
+for i = 1, n do
+  redis.call('ZADD', key(i, 7), expiry, owner)
+  redis.call('ZADD', key(i, 8), fenceStr, owner)
+  redis.call('HSET', key(i, 9), owner, info)
+  if redis.call('PTTL', key(i, 7)) < ttl then
+    for j = 7, 9 do redis.call('PEXPIRE', key(i, j), ARGV[2]) end
+  end
+  redis.call('SET', key(i, 3), fenceStr)
+  if queued[i] then
+    redis.call('ZREM', key(i, 4), owner)
+    redis.call('ZREM', key(i, 5), owner)
+    redis.call('HDEL', key(i, 6), owner)
+  end
+end
+return {1, fenceStr}

@@ -1,0 +1,45 @@
+-- semrenew.lua: compare-and-extend the semaphore slot of one lease on every key.
+--
+-- KEYS: three per lock key, in this order:
+--   slots      zset  holding owner -> expiry (server milliseconds)
+--   slotfences zset  holding owner -> fencing token
+--   slotmeta   hash  holding owner -> "<fence> <acquired us> <limit> <holder>"
+-- ARGV:
+--   1 owner token
+--   2 new TTL in milliseconds
+--   then two per lock key: release channel, key name (as the caller named it)
+-- Returns 0 when the owner held a live slot of every key and all were
+-- extended. Otherwise returns the 1-based index of the first key whose slot
+-- the owner no longer holds: the lease is lost, so the slots it still held
+-- are released (and published as "<key name> <fence>") instead of extended.
+local owner, ttl = ARGV[1], tonumber(ARGV[2])
+local n = #KEYS / 3
+local t = redis.call('TIME')
+local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function live(i)
+  local e = redis.call('ZSCORE', KEYS[3 * i - 2], owner)
+  return e and tonumber(e) > nowMs, e
+end
+for i = 1, n do
+  if not live(i) then
+    for j = 1, n do
+      local ok, e = live(j)
+      if e then
+        local fence = string.match(redis.call('HGET', KEYS[3 * j], owner) or '', '^(%d+)') or '0'
+        redis.call('ZREM', KEYS[3 * j - 2], owner)
+        redis.call('ZREM', KEYS[3 * j - 1], owner)
+        redis.call('HDEL', KEYS[3 * j], owner)
+        if ok then redis.call('PUBLISH', ARGV[2 * j + 1], ARGV[2 * j + 2] .. ' ' .. fence) end
+      end
+    end
+    return i
+  end
+end
+local expiry = string.format('%.0f', nowMs + ttl)
+for i = 1, n do
+  redis.call('ZADD', KEYS[3 * i - 2], 'XX', expiry, owner)
+  if redis.call('PTTL', KEYS[3 * i - 2]) < ttl then
+    for j = 2, 0, -1 do redis.call('PEXPIRE', KEYS[3 * i - j], ARGV[2]) end
+  end
+end
+return 0
