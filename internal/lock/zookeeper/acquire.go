@@ -23,8 +23,15 @@ const maxTries = 6
 // refreshes its place in) the queue of every key and must call again within
 // the waiter TTL to keep it; so req.Owner is required with Queue. An owner
 // that already holds every key gets them again with a new fencing token.
+// The HeldError's Holders is 1 when a lease holds the busy key, 0 when it is
+// free but others are queued ahead; Waiters is the exact number of live
+// waiters, the caller included.
+//
+// This backend holds one lease per key: a req.Limit above 1 (a semaphore)
+// is refused with a *lock.InvalidRequestError naming limit, before anything
+// is sent to ZooKeeper.
 func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareRequest(req, true)
+	req, err := prepare(req, true)
 	if err != nil {
 		return nil, err
 	}
@@ -41,7 +48,7 @@ func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease,
 // and leaves the queues when ctx ends. ZooKeeper errors are retried too; when
 // ctx ends the error wraps both ctx.Err() and the last attempt's error.
 func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareRequest(req, false)
+	req, err := prepare(req, false)
 	if err != nil {
 		return nil, err
 	}
@@ -129,6 +136,19 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 		return nil, fmt.Errorf("acquire keys %q: %w", req.Keys, ctx.Err())
 	}
 	return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, ctx.Err(), lastErr)
+}
+
+// prepare validates req (see lock.PrepareRequest) for this backend, which
+// holds one lease per key: Limit > 1 is refused.
+func prepare(req lock.Request, try bool) (lock.Request, error) {
+	req, err := lock.PrepareRequest(req, try)
+	if err != nil {
+		return req, err
+	}
+	if err := lock.RequireMutex(req.Limit); err != nil {
+		return req, err
+	}
+	return req, nil
 }
 
 // keyPlan is what one attempt decided about one key.
@@ -288,6 +308,9 @@ func (l *Locker) busy(req lock.Request, hash string, plans []*keyPlan) (*lock.He
 			continue
 		}
 		he := &lock.HeldError{Key: req.Keys[i], Position: -1, Waiters: len(p.live)}
+		if p.view.holder != nil {
+			he.Holders = 1
+		}
 		if p.mine != nil {
 			he.Position = len(p.ahead)
 			he.Waiters++
@@ -454,6 +477,7 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 		TTL:      req.TTL,
 		Acquired: start,
 		Expires:  expires,
+		Limit:    req.Limit,
 	}, nil
 }
 

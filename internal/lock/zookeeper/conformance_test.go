@@ -25,3 +25,19 @@ func TestConformanceDigest(t *testing.T) {
 	cfg := Config{Servers: e.Addrs(), Root: "/digest/locks", Digest: "lockwarden:s3cret"}
 	locktest.Run(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
 }
+
+// TestMutexOnly: one lease per key; a semaphore (Limit > 1) is refused.
+func TestMutexOnly(t *testing.T) {
+	e := sharedServers(t, 1)
+	logsOnFailure(t, e)
+	locktest.CheckMutexOnly(t, lockerFactory(Config{Servers: e.Addrs(), Root: "/conformance"}))
+}
+
+// TestQueueVisibility: a queue longer than Inspect lists, on the ensemble
+// (reads may come from a follower). The waiters keep their place for 30 s:
+// the check takes seconds.
+func TestQueueVisibility(t *testing.T) {
+	e := sharedServers(t, 3)
+	logsOnFailure(t, e)
+	locktest.CheckQueueVisibility(t, lockerFactory(Config{Servers: e.Addrs(), Root: "/conformance"}, WithWaiterTTL(30*time.Second)))
+}

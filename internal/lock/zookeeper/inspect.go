@@ -15,9 +15,14 @@ import (
 // every write that completed before the call is seen: holder, fencing token
 // (the lease's, or for a free key its last acquisition's), acquisition time
 // and expiry on the ensemble's clock (the holder node's last write plus the
-// lease TTL), and the head of the FIFO queue (at most 10 waiters, oldest
-// first, Since being when the waiter node was created). Waiters that stopped
-// refreshing are listed until the next acquisition of the key prunes them.
+// lease TTL), the lease as the one entry of Holders (HolderCount 0 or 1: one
+// lease per key), the head of the FIFO queue (at most lock.MaxInspectWaiters
+// waiters, oldest first, Since being when the waiter node was created) and
+// the exact number of waiters (Queued). Both count live waiters only, by the
+// rule acquisitions prune by: a waiter node not refreshed for the waiter TTL
+// before the ensemble's clock is dead. When any key has waiters, the clock is
+// read by writing the ticket node (as a request that finds a key queued for
+// does), pipelined with the other reads.
 func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, error) {
 	if err := validateKeys("keys", keys); err != nil {
 		return nil, err
@@ -30,9 +35,23 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 	if err != nil {
 		return nil, l.unavailable(op, err)
 	}
-	// A free key's last token may be in its key node's data (after a move).
+	queued := false
+	for _, v := range views {
+		queued = queued || len(v.waiters) > 0
+	}
+	// A free key's last token may be in its key node's data (after a move);
+	// the last task reads the ensemble's clock when anyone waits.
 	keyData := make([][]byte, len(keys))
-	errs := parallel(len(keys), func(i int) error {
+	var nowMs int64
+	errs := parallel(len(keys)+1, func(i int) error {
+		if i == len(keys) {
+			if !queued {
+				return nil
+			}
+			var err error
+			_, nowMs, err = l.serverNow(ctx)
+			return err
+		}
 		if v := views[i]; v.holder != nil || !v.exists || v.kstat.Version == 0 {
 			return nil
 		}
@@ -49,6 +68,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 	if err := errors.Join(errs...); err != nil {
 		return nil, l.unavailable(op, err)
 	}
+	cutoff := nowMs - l.opts.waiterTTL.Milliseconds()
 	out := make([]lock.KeyState, len(keys))
 	for i, v := range views {
 		st := lock.KeyState{Key: keys[i], Fence: v.lastFence(keyData[i])}
@@ -57,12 +77,17 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 			st.Holder = h.data.Holder
 			st.Acquired = msTime(h.acquiredMs())
 			st.Expires = msTime(h.stat.Mtime).Add(time.Duration(h.data.TTLMs) * time.Millisecond)
+			st.HolderCount = 1
+			st.Holders = []lock.HolderState{{Holder: st.Holder, Fence: st.Fence, Acquired: st.Acquired, Expires: st.Expires}}
 		}
 		for _, w := range v.waiters {
-			if len(st.Waiters) == maxInspectWaiters {
-				break
+			if w.stat.Mtime < cutoff {
+				continue // dead: the next acquisition prunes it
 			}
-			st.Waiters = append(st.Waiters, lock.Waiter{Holder: w.data.Holder, Since: msTime(w.stat.Ctime)})
+			st.Queued++
+			if len(st.Waiters) < lock.MaxInspectWaiters {
+				st.Waiters = append(st.Waiters, lock.Waiter{Holder: w.data.Holder, Since: msTime(w.stat.Ctime)})
+			}
 		}
 		out[i] = st
 	}

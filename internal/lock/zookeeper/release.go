@@ -403,6 +403,9 @@ func validateLease(lease *lock.Lease) error {
 	if lease == nil {
 		return &lock.InvalidRequestError{Field: "lease", Reason: "a lease is required, got nil"}
 	}
+	if err := lock.RequireMutex(lease.Limit); err != nil {
+		return err
+	}
 	if lease.Owner == "" {
 		return &lock.InvalidRequestError{Field: "lease.owner", Reason: "the owner token is required: only the owner may renew or release a lease"}
 	}

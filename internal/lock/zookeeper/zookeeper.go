@@ -123,9 +123,6 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// maxInspectWaiters bounds the waiters Inspect reports per key.
-const maxInspectWaiters = 10
-
 // Locker is a lock.Locker on ZooKeeper. It is safe for concurrent use.
 type Locker struct {
 	cfg  Config
