@@ -164,6 +164,9 @@ func (r *DistributedLockReconciler) requeueAfter(obs *observation) time.Duration
 		return backendRetry
 	case obs.waiting:
 		return waitingRequeue
+	case !obs.holdEnds.IsZero() && obs.holdEnds.Sub(obs.now) < r.Resync:
+		// A bounded manual hold ends before the next resync: be there.
+		return max(obs.holdEnds.Sub(obs.now), time.Millisecond)
 	default:
 		return r.Resync
 	}

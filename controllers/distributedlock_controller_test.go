@@ -70,10 +70,10 @@ func TestManualHolderHoldsAndKubectlShowsIt(t *testing.T) {
 		t.Fatalf("Redis lock key holds %q, want the holder's owner token %q", got, want)
 	}
 
-	// kubectl get dlock shows keys, holder, token, held and expiry: the
-	// server-side table is what kubectl prints.
+	// kubectl get dlock shows keys, holder, token, the Held reason, slots,
+	// queue length and expiry: the server-side table is what kubectl prints.
 	table := getTable(t, ns)
-	wantCols := []string{"Name", "Keys", "Holder", "Fence", "Held", "Expires", "Age"}
+	wantCols := []string{"Name", "Keys", "Holder", "Fence", "Held", "Slots", "Queue", "Expires", "Age"}
 	var cols []string
 	for _, c := range table.ColumnDefinitions {
 		if c.Priority == 0 {
@@ -84,12 +84,17 @@ func TestManualHolderHoldsAndKubectlShowsIt(t *testing.T) {
 		t.Fatalf("kubectl get dlock columns = %v, want %v", cols, wantCols)
 	}
 	row := table.Rows[0].Cells
-	if row[2] != "maintenance" || fmt.Sprint(row[3]) != fmt.Sprint(st.FencingToken) || row[4] != "True" || row[5] != nil {
-		t.Fatalf("kubectl get dlock row = %v, want holder maintenance, fence %d, held True and no fixed expiry", row, st.FencingToken)
+	if row[2] != "maintenance" || fmt.Sprint(row[3]) != fmt.Sprint(st.FencingToken) || row[4] != locksv1alpha1.ReasonAcquired ||
+		row[5] != "1/1" || fmt.Sprint(row[6]) != "0" || row[7] != nil {
+		t.Fatalf("kubectl get dlock row = %v, want holder maintenance, fence %d, held Acquired, slots 1/1, queue 0 and no fixed expiry", row, st.FencingToken)
 	}
-	if ok, evs := hasEvent(t, ns, "billing", locksv1alpha1.EventAcquired); !ok {
-		t.Fatalf("no Acquired event; events: %s", evs)
+	if c := meta.FindStatusCondition(st.Conditions, locksv1alpha1.ConditionManualHolderHeld); c == nil || c.Status != metav1.ConditionTrue {
+		t.Fatalf("ManualHolderHeld = %+v, want True while the manual holder holds", c)
 	}
+	// Events are written asynchronously, after the status.
+	eventually(t, 10*time.Second, "an Acquired event", func() (bool, string) {
+		return hasEvent(t, ns, "billing", locksv1alpha1.EventAcquired)
+	})
 }
 
 // getTable fetches DistributedLocks as the server-side table kubectl prints.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -45,6 +46,10 @@ type observation struct {
 	// knownDown: the backend's health check says it does not answer; this
 	// reconcile did not try it.
 	knownDown bool
+	// holdEnded says why the manual holder's hold ended (its until or
+	// maxHoldSeconds passed); holdEnds is when a running hold will end.
+	holdEnded string
+	holdEnds  time.Time
 	// events are recorded once the status is written.
 	events []pendingEvent
 }
@@ -154,7 +159,7 @@ func (r *DistributedLockReconciler) report(dl *locksv1alpha1.DistributedLock, ob
 	default:
 		metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(1)
 		if len(obs.states) > 0 {
-			metrics.QueueDepth.WithLabelValues(dl.Namespace, dl.Name).Set(float64(len(obs.states[0].Waiters)))
+			metrics.QueueDepth.WithLabelValues(dl.Namespace, dl.Name).Set(float64(queueLength(obs.states[0])))
 		}
 	}
 	if obs.lost != nil {
@@ -181,6 +186,19 @@ func (r *DistributedLockReconciler) reconcileHolder(ctx context.Context, dl *loc
 	if dl.Spec.Holder != nil {
 		h := r.manualHolder(dl, dl.Spec.Holder.Identity)
 		want = &h
+		if end, why, ok := r.holdEnd(dl, obs, h); ok && !obs.now.Before(end) {
+			// The hold is over: release it (below, as for a removed holder)
+			// and acquire nothing until the spec changes.
+			obs.holdEnded = why
+			want = nil
+			if prev := meta.FindStatusCondition(dl.Status.Conditions, locksv1alpha1.ConditionManualHolderHeld); prev == nil ||
+				prev.Reason != locksv1alpha1.ReasonHoldEnded || prev.ObservedGeneration != dl.Generation {
+				obs.event(corev1.EventTypeNormal, locksv1alpha1.EventHoldEnded, "Release",
+					"The hold of %s ended: %s; it does not hold or wait any more", h.Identity, why)
+			}
+		} else if ok {
+			obs.holdEnds = end
+		}
 	}
 	// Release what this lock holds for anyone other than the wanted holder
 	// (the holder was removed or renamed), including leases held before a restart.
@@ -189,7 +207,7 @@ func (r *DistributedLockReconciler) reconcileHolder(ctx context.Context, dl *loc
 		return
 	}
 	if obs.mine != nil && obs.mine.Holder == want.Encode() {
-		if heldBy(obs.states, want.Encode()) {
+		if _, ok := heldBy(obs.states, want.Encode()); ok {
 			// Held and renewed by the watchdog; renew through the current
 			// client (it changes when a referenced Secret changed).
 			r.Watchdog.Hold(r.ref(dl), obs.handle.Locker, obs.mine)
@@ -201,6 +219,40 @@ func (r *DistributedLockReconciler) reconcileHolder(ctx context.Context, dl *loc
 		r.reportLost(dl, obs, fmt.Errorf("%w: the backend no longer holds the keys for this owner", lock.ErrLost))
 	}
 	r.acquire(ctx, dl, obs, *want)
+	if end, _, ok := r.holdEnd(dl, obs, *want); ok && obs.mine != nil {
+		obs.holdEnds = end // known now that it holds
+	}
+}
+
+// holdEnd returns when the manual holder's hold ends (spec.holder.until, or
+// maxHoldSeconds after it acquired) and why; ok is false while it has no end.
+// A hold that ended for this generation of the spec stays ended (status
+// says so), so that the released holder does not queue again.
+func (r *DistributedLockReconciler) holdEnd(dl *locksv1alpha1.DistributedLock, obs *observation, h holder.Holder) (end time.Time, why string, ok bool) {
+	spec := dl.Spec.Holder
+	if c := meta.FindStatusCondition(dl.Status.Conditions, locksv1alpha1.ConditionManualHolderHeld); c != nil &&
+		c.Reason == locksv1alpha1.ReasonHoldEnded && c.ObservedGeneration == dl.Generation {
+		return obs.now, c.Message, true
+	}
+	if spec.Until != nil {
+		end, why, ok = spec.Until.Time, fmt.Sprintf("spec.holder.until (%s) passed", spec.Until.UTC().Format(time.RFC3339)), true
+	}
+	if spec.MaxHoldSeconds > 0 {
+		acquired := time.Time{}
+		if obs.mine != nil && obs.mine.Holder == h.Encode() {
+			acquired = obs.mine.Acquired
+		}
+		if hs, held := heldBy(obs.states, h.Encode()); held && !hs.Acquired.IsZero() {
+			acquired = hs.Acquired
+		}
+		if !acquired.IsZero() {
+			d := time.Duration(spec.MaxHoldSeconds) * time.Second
+			if e := acquired.Add(d); !ok || e.Before(end) {
+				end, why, ok = e, fmt.Sprintf("spec.holder.maxHoldSeconds (%v) passed since it acquired at %s", d, acquired.UTC().Format(time.RFC3339)), true
+			}
+		}
+	}
+	return end, why, ok
 }
 
 // releaseUnwanted releases, through the client the watchdog renews it with,
@@ -239,14 +291,51 @@ func (r *DistributedLockReconciler) reportLost(dl *locksv1alpha1.DistributedLock
 	obs.lost = &lost
 }
 
-// heldBy reports whether every key is held by the holder string h.
-func heldBy(states []lock.KeyState, h string) bool {
-	for _, s := range states {
-		if !s.Held || s.Holder != h {
-			return false
+// maxHolders is the lock's spec.maxHolders as a lock.Request Limit.
+func maxHolders(dl *locksv1alpha1.DistributedLock) int { return max(int(dl.Spec.MaxHolders), 1) }
+
+// queueLength is the exact number of waiters for a key (Queued), or what
+// Inspect listed when the backend does not count.
+func queueLength(s lock.KeyState) int { return max(s.Queued, len(s.Waiters)) }
+
+// holdersOf returns the leases holding a key, oldest first: its Holders, or
+// for a backend that reports only one holder, that one.
+func holdersOf(s lock.KeyState) []lock.HolderState {
+	if len(s.Holders) > 0 || !s.Held {
+		return s.Holders
+	}
+	return []lock.HolderState{{Holder: s.Holder, Fence: s.Fence, Acquired: s.Acquired, Expires: s.Expires}}
+}
+
+// holderCount is the exact number of leases holding a key.
+func holderCount(s lock.KeyState) int {
+	return max(s.HolderCount, len(holdersOf(s)))
+}
+
+// holding returns the lease state of the holder string h on a key, if it holds it.
+func holding(s lock.KeyState, h string) (lock.HolderState, bool) {
+	for _, hs := range holdersOf(s) {
+		if hs.Holder == h {
+			return hs, true
 		}
 	}
-	return len(states) > 0
+	return lock.HolderState{}, false
+}
+
+// heldBy reports whether the holder string h holds every key; it returns
+// its state on the first key (fencing token, acquisition time).
+func heldBy(states []lock.KeyState, h string) (lock.HolderState, bool) {
+	var first lock.HolderState
+	for i, s := range states {
+		hs, ok := holding(s, h)
+		if !ok {
+			return lock.HolderState{}, false
+		}
+		if i == 0 {
+			first = hs
+		}
+	}
+	return first, len(states) > 0
 }
 
 // queued reports whether the holder string h waits in the first key's queue.
@@ -274,16 +363,18 @@ func (r *DistributedLockReconciler) releaseStale(ctx context.Context, dl *locksv
 	}
 	// A lease held by a previous incarnation of this operator: its owner
 	// token is derived from the holder string in Redis.
-	for _, s := range obs.states {
-		if !s.Held || s.Holder == wantStr {
-			continue
+	if len(obs.states) > 0 {
+		for _, hs := range holdersOf(obs.states[0]) {
+			if hs.Holder == wantStr {
+				continue
+			}
+			h := holder.Decode(hs.Holder)
+			if h.Kind != lockKind || h.UID != string(dl.UID) || !h.Of(r.ClusterName, dl.Namespace, dl.Name) {
+				continue
+			}
+			r.release(ctx, dl, obs, &lock.Lease{Keys: obs.keys, Owner: r.Tokens.Owner(h), Holder: hs.Holder, Fence: hs.Fence, Limit: maxHolders(dl)})
+			break
 		}
-		h := holder.Decode(s.Holder)
-		if h.Kind != lockKind || h.UID != string(dl.UID) || !h.Of(r.ClusterName, dl.Namespace, dl.Name) {
-			continue
-		}
-		r.release(ctx, dl, obs, &lock.Lease{Keys: obs.keys, Owner: r.Tokens.Owner(h), Holder: s.Holder, Fence: s.Fence})
-		break
 	}
 	// Leave the queues for holders that are no longer wanted. A waiter deeper
 	// in the queue than Inspect shows drops out when its heartbeats stop.
@@ -331,11 +422,15 @@ func (r *DistributedLockReconciler) acquire(ctx context.Context, dl *locksv1alph
 	ttl := time.Duration(dl.Spec.TTLSeconds) * time.Second
 	owner := r.Tokens.Owner(h)
 	nn := client.ObjectKeyFromObject(dl)
-	if heldBy(obs.states, h.Encode()) {
-		renewed, err := obs.handle.Locker.Renew(ctx, &lock.Lease{Keys: obs.keys, Owner: owner, Holder: h.Encode(), TTL: ttl, Fence: obs.states[0].Fence}, ttl)
+	if hs, ok := heldBy(obs.states, h.Encode()); ok {
+		renewed, err := obs.handle.Locker.Renew(ctx, &lock.Lease{Keys: obs.keys, Owner: owner, Holder: h.Encode(), TTL: ttl, Fence: hs.Fence, Acquired: hs.Acquired, Limit: maxHolders(dl)}, ttl)
 		if err == nil {
 			if renewed.Fence == 0 {
-				renewed.Fence = obs.states[0].Fence
+				renewed.Fence = hs.Fence
+			}
+			if !hs.Acquired.IsZero() {
+				// The hold began at the first acquisition, not at this recovery.
+				renewed.Acquired = hs.Acquired
 			}
 			r.Watchdog.Hold(r.ref(dl), obs.handle.Locker, renewed)
 			obs.mine = renewed
@@ -344,7 +439,7 @@ func (r *DistributedLockReconciler) acquire(ctx context.Context, dl *locksv1alph
 		}
 		log.Info("Could not recover held lease; acquiring anew", "holder", h.Identity, "error", err.Error())
 	}
-	lease, err := obs.handle.Locker.TryAcquire(ctx, lock.Request{Keys: obs.keys, TTL: ttl, Owner: owner, Holder: h.Encode(), Queue: true})
+	lease, err := obs.handle.Locker.TryAcquire(ctx, lock.Request{Keys: obs.keys, TTL: ttl, Owner: owner, Holder: h.Encode(), Queue: true, Limit: maxHolders(dl)})
 	var busy *lock.HeldError
 	switch {
 	case err == nil:

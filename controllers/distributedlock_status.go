@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/backend"
@@ -13,8 +14,11 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// maxWaitingInStatus bounds status.waiting.
-const maxWaitingInStatus = 10
+// maxWaitingInStatus bounds status.waiting, maxHoldersInStatus status.holders.
+const (
+	maxWaitingInStatus = 10
+	maxHoldersInStatus = 10
+)
 
 // computeStatus rebuilds a lock's status from what was observed. Timestamps of
 // an unchanged holder are carried over, so that renewals, which move the
@@ -32,17 +36,20 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 	switch {
 	case obs.scopeDenied != "":
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonScopeNotAllowed, obs.scopeDenied)
+		setManual(dl, obs, &st, set, metav1.ConditionFalse, locksv1alpha1.ReasonScopeNotAllowed, obs.scopeDenied)
 		meta.RemoveStatusCondition(&st.Conditions, locksv1alpha1.ConditionBackendReady)
 		return st
 	case obs.backendErr != nil:
 		set(locksv1alpha1.ConditionBackendReady, metav1.ConditionFalse, obs.backendReason, backend.Describe(obs.backendErr))
 		// What Redis holds is unknown: keep the last known holder, but say so.
 		st.Holder, st.FencingToken, st.AcquiredTime, st.ExpireTime, st.Waiting = old.Holder, old.FencingToken, old.AcquiredTime, old.ExpireTime, old.Waiting
+		st.Holders, st.HolderCount, st.Slots, st.QueueLength = old.Holders, old.HolderCount, old.Slots, old.QueueLength
 		msg := "The backend did not answer; the holder shown is the last one observed"
 		if obs.backendReason != locksv1alpha1.ReasonBackendUnreachable {
 			msg = "The backend cannot be used (see the BackendReady condition); the holder shown is the last one observed"
 		}
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionUnknown, locksv1alpha1.ReasonBackendUnavailable, msg)
+		setManual(dl, obs, &st, set, metav1.ConditionUnknown, locksv1alpha1.ReasonBackendUnavailable, msg)
 		return st
 	}
 	set(locksv1alpha1.ConditionBackendReady, metav1.ConditionTrue, locksv1alpha1.ReasonBackendReachable, "The backend answers")
@@ -64,8 +71,37 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 		}
 	}
 	st.Waiting = waitingStatus(obs.states)
+	var ours *locksv1alpha1.HolderStatus
+	if len(obs.states) > 0 {
+		k := obs.states[0]
+		st.HolderCount = ptr.To(int32(holderCount(k)))
+		st.QueueLength = ptr.To(int32(queueLength(k)))
+		for _, hs := range holdersOf(k) {
+			h := holder.Decode(hs.Holder)
+			acquired := metav1.NewTime(hs.Acquired)
+			e := locksv1alpha1.HolderStatus{Identity: h.Identity, Cluster: h.Cluster, Lock: h.Lock, Kind: h.Kind, Namespace: h.Namespace, Name: h.Name, FencingToken: hs.Fence}
+			if !hs.Acquired.IsZero() {
+				e.AcquiredTime = &acquired
+			}
+			if ours == nil && h.Of(cluster, dl.Namespace, dl.Name) {
+				ours = &e
+			}
+			if len(st.Holders) < maxHoldersInStatus {
+				st.Holders = append(st.Holders, e)
+			}
+		}
+	}
+	st.Slots = fmt.Sprintf("%d/%d", ptr.Deref(st.HolderCount, 0), maxHolders(dl))
+	setManual(dl, obs, &st, set, "", "", "")
 
 	switch {
+	case ours != nil && (held == nil || !holder.Decode(held.Holder).Of(cluster, dl.Namespace, dl.Name)):
+		// A semaphore: one of this lock's holders holds a slot, an older
+		// holder of another lock holds another.
+		ttl := time.Duration(dl.Spec.TTLSeconds) * time.Second
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired,
+			fmt.Sprintf("Held by %s with fencing token %d (%s slots taken); renewed every %v, the keys are freed at most %v after the holder stops",
+				ours.Identity, ours.FencingToken, st.Slots, ttl/3, ttl))
 	case held != nil && holder.Decode(held.Holder).Of(cluster, dl.Namespace, dl.Name):
 		// This operator renews the lease: it has no fixed expiry, and a time
 		// written here would be out of date after the first renewal.
@@ -77,6 +113,9 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 	case obs.lost != nil:
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonLost,
 			fmt.Sprintf("The lease of %s (fencing token %d) was lost: %s", holder.Decode(obs.lost.Lease.Holder).Identity, obs.lost.Lease.Fence, backend.Describe(obs.lost.Err)))
+	case held != nil && obs.waiting && obs.busy != nil:
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonWaiting,
+			fmt.Sprintf("Waiting at %s; the keys are held by %s (fencing token %d)", waitingFor(obs.busy, nil), st.Holder.Identity, st.FencingToken))
 	case held != nil && obs.waiting:
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonWaiting,
 			fmt.Sprintf("Waiting: the keys are held by %s (fencing token %d)", st.Holder.Identity, st.FencingToken))
@@ -85,7 +124,7 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 			fmt.Sprintf("The keys are held by %s (fencing token %d), not through this lock", st.Holder.Identity, st.FencingToken))
 	case obs.waiting:
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonWaiting,
-			fmt.Sprintf("Waiting in the queue behind %d waiter(s)", max(obs.busy.Position, 0)))
+			fmt.Sprintf("Waiting at %s, behind %d waiter(s)", waitingFor(obs.busy, nil), max(obs.busy.Position, 0)))
 	default:
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonFree, "No holder holds the keys")
 	}
@@ -117,4 +156,52 @@ func waitingStatus(states []lock.KeyState) []locksv1alpha1.WaiterStatus {
 		out[i] = locksv1alpha1.WaiterStatus{Identity: holder.Decode(w.Holder).Identity, Since: &since}
 	}
 	return out
+}
+
+// setManual sets the ManualHolderHeld condition: True only while spec.holder
+// itself holds the keys. With a status and reason given (the backend cannot
+// be used), a manual holder gets that; otherwise it is derived from obs.
+func setManual(dl *locksv1alpha1.DistributedLock, obs *observation, st *locksv1alpha1.DistributedLockStatus,
+	set func(t string, s metav1.ConditionStatus, reason, msg string), status metav1.ConditionStatus, reason, msg string) {
+	const t = locksv1alpha1.ConditionManualHolderHeld
+	spec := dl.Spec.Holder
+	switch {
+	case spec == nil:
+		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonNoManualHolder, "spec.holder is not set")
+	case obs.holdEnded != "":
+		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonHoldEnded,
+			fmt.Sprintf("The hold of %s ended: %s; change spec.holder to hold again", spec.Identity, obs.holdEnded))
+	case reason != "":
+		if status == metav1.ConditionUnknown && obs.mine == nil {
+			status = metav1.ConditionFalse
+		}
+		set(t, status, reason, msg)
+	case obs.mine != nil:
+		m := fmt.Sprintf("%s holds the keys with fencing token %d", spec.Identity, obs.mine.Fence)
+		if !obs.holdEnds.IsZero() {
+			m += fmt.Sprintf(" until %s", obs.holdEnds.UTC().Format(time.RFC3339))
+		}
+		set(t, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired, m)
+	case obs.lost != nil:
+		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonLost,
+			fmt.Sprintf("The lease of %s was lost: %s", spec.Identity, backend.Describe(obs.lost.Err)))
+	case obs.waiting && obs.busy != nil:
+		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonWaiting,
+			fmt.Sprintf("%s waits: %s", spec.Identity, waitingFor(obs.busy, st)))
+	default:
+		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonWaiting, fmt.Sprintf("%s does not hold the keys yet", spec.Identity))
+	}
+}
+
+// waitingFor says where a waiter stands: its position and whom it waits behind.
+func waitingFor(busy *lock.HeldError, st *locksv1alpha1.DistributedLockStatus) string {
+	pos := fmt.Sprintf("position %d of %d", max(busy.Position, 0)+1, max(busy.Waiters, busy.Position+1, 1))
+	switch {
+	case busy.Holder != "":
+		return fmt.Sprintf("%s, behind %s (fencing token %d)", pos, holder.Decode(busy.Holder).Identity, busy.Fence)
+	case st != nil && st.Holder != nil:
+		return fmt.Sprintf("%s, behind %s", pos, st.Holder.Identity)
+	default:
+		return pos
+	}
 }

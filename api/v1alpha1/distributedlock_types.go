@@ -348,7 +348,7 @@ type DistributedLockStatus struct {
 
 	// holderCount is how many holders hold the keys.
 	// +optional
-	HolderCount int32 `json:"holderCount,omitempty"`
+	HolderCount *int32 `json:"holderCount,omitempty"`
 
 	// slots is holderCount/maxHolders, for example "2/3".
 	// +optional
@@ -356,7 +356,7 @@ type DistributedLockStatus struct {
 
 	// queueLength is the exact number of waiters in the FIFO queue.
 	// +optional
-	QueueLength int32 `json:"queueLength,omitempty"`
+	QueueLength *int32 `json:"queueLength,omitempty"`
 
 	// fencingToken is the current holder's fencing token: strictly larger than
 	// every token issued before for these keys, below 2^53.

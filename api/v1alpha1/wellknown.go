@@ -11,7 +11,7 @@ const (
 	// gates a Job, a CronJob or a CronJob's job template. Users set it.
 	AnnotationLock = "lockwarden.io/lock"
 	// AnnotationContention overrides the lock's spec.contention for one Job
-	// or CronJob: Queue or Skip. Users set it.
+	// or CronJob: Queue, QueueLatest or Skip. Users set it.
 	AnnotationContention = "lockwarden.io/contention"
 	// LabelLock marks a Job the admission webhook gated, with the name of its
 	// lock; the operator watches only Jobs with this label.
@@ -41,8 +41,9 @@ const (
 	AnnotationSyncedFromCronJob = "lockwarden.io/synced-from-cronjob"
 )
 
-// Finalizer keeps a DistributedLock until its manual holder's lease is
-// released, and a gated Job until its lease is released.
+// Finalizer keeps every DistributedLock until its manual holder's lease (if
+// any) is released and its queue entries are gone, and a gated Job until its
+// lease is released.
 const Finalizer = "locks.lockwarden.io/release"
 
 // Environment variables the admission webhook adds to every container of a gated Job.

@@ -331,6 +331,16 @@ func (in *DistributedLockStatus) DeepCopyInto(out *DistributedLockStatus) {
 			(*in)[i].DeepCopyInto(&(*out)[i])
 		}
 	}
+	if in.HolderCount != nil {
+		in, out := &in.HolderCount, &out.HolderCount
+		*out = new(int32)
+		**out = **in
+	}
+	if in.QueueLength != nil {
+		in, out := &in.QueueLength, &out.QueueLength
+		*out = new(int32)
+		**out = **in
+	}
 	if in.AcquiredTime != nil {
 		in, out := &in.AcquiredTime, &out.AcquiredTime
 		*out = (*in).DeepCopy()
