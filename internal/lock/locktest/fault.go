@@ -134,8 +134,12 @@ type history struct {
 
 func (h *history) now() int64 { return int64(time.Since(h.start)) }
 
-func (h *history) add(client int, in regInput, call int64, out regOutput) {
-	ret := h.now()
+func (h *history) add(client int, in any, call int64, out any) {
+	h.addOp(client, in, call, out, h.now())
+}
+
+// addOp records an operation called at call that returned at ret.
+func (h *history) addOp(client int, in any, call int64, out any, ret int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
@@ -160,6 +164,14 @@ type Faults struct {
 	AcquireTimeout time.Duration
 	// FaultGap is the longest random pause between two faults. Default 200ms.
 	FaultGap time.Duration
+	// Limit, above 1, makes the clients take slots of a counting semaphore
+	// (lock.Request.Limit) instead of a mutex, and the history is checked
+	// against the semaphore model instead of the fenced register: tokens
+	// strictly increasing, and never more than Limit leases within their
+	// validity at once (see semaphoreModel). Clients then defaults to Limit+2.
+	// The count holds only while the backend keeps its state: restart
+	// servers with persistence (or after the TTL), not empty.
+	Limit int
 }
 
 // FaultSeeds returns the seeds a fault test runs: runs seeds from a random
@@ -192,12 +204,25 @@ func FaultSeeds(t *testing.T, runs int) []uint64 {
 // FaultTally counts what the fault runs exercised.
 type FaultTally struct {
 	acquired, rejected atomic.Int64
+	// Semaphore runs (Faults.Limit > 1): leases that ran out while their
+	// holder stalled, and runs in which Limit leases were valid at once.
+	expired, full atomic.Int64
+	semaphore     atomic.Bool
 }
 
 // Check fails t when the runs never acquired or never had a stale write
-// rejected: then the faults did not exercise fencing and the test proved nothing.
+// rejected: then the faults did not exercise fencing and the test proved
+// nothing. For semaphore runs: when no lease ran out while its holder
+// stalled, or no run ever had Limit leases valid at once.
 func (c *FaultTally) Check(t *testing.T) {
 	t.Helper()
+	if c.semaphore.Load() {
+		t.Logf("%d acquisitions, %d leases ran out in a stall, %d runs with every slot taken", c.acquired.Load(), c.expired.Load(), c.full.Load())
+		if !t.Failed() && (c.acquired.Load() == 0 || c.expired.Load() == 0 || c.full.Load() == 0) {
+			t.Errorf("the runs made %d acquisitions, %d leases ran out and %d runs filled every slot: the faults did not exercise the semaphore", c.acquired.Load(), c.expired.Load(), c.full.Load())
+		}
+		return
+	}
 	t.Logf("%d acquisitions, %d stale writes rejected", c.acquired.Load(), c.rejected.Load())
 	if !t.Failed() && (c.acquired.Load() == 0 || c.rejected.Load() == 0) {
 		t.Errorf("the runs made %d acquisitions and %d stale write attempts: the faults did not exercise fencing", c.acquired.Load(), c.rejected.Load())
@@ -217,6 +242,18 @@ func RunFaults(t *testing.T, name string, seed uint64, tally *FaultTally, f Faul
 				t.Logf("replay with LOCKWARDEN_FAULT_SEED=%d", seed)
 			}
 		})
+		if f.Limit > 1 {
+			st := semFaultRun(t, seed, f)
+			if tally != nil {
+				tally.semaphore.Store(true)
+				tally.acquired.Add(st.acquired)
+				tally.expired.Add(st.expired)
+				if st.peak >= f.Limit {
+					tally.full.Add(1)
+				}
+			}
+			return
+		}
 		a, r := faultRun(t, seed, f)
 		if tally != nil {
 			tally.acquired.Add(a)
