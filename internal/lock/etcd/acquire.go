@@ -22,8 +22,16 @@ import (
 // counts the queue). With req.Queue a request that cannot take the keys joins
 // (or refreshes its place in) the queue of every key, and must call again
 // within the waiter TTL to keep it; so req.Owner is required with Queue.
+// The HeldError's Holders is 1 when a lease holds the busy key, 0 when it is
+// free but others are queued ahead; Waiters is the exact number of waiters
+// (live: etcd deletes a waiter key when its lease expires), the caller
+// included.
+//
+// This backend holds one lease per key: a req.Limit above 1 (a semaphore)
+// is refused with a *lock.InvalidRequestError naming limit, before anything
+// is sent to etcd.
 func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareRequest(req, true)
+	req, err := prepare(req, true)
 	if err != nil {
 		return nil, err
 	}
@@ -40,7 +48,7 @@ func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease,
 // With Queue it leaves the queues when ctx ends. When ctx ends the error wraps
 // both ctx.Err() and the last attempt's error.
 func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareRequest(req, false)
+	req, err := prepare(req, false)
 	if err != nil {
 		return nil, err
 	}
@@ -124,6 +132,19 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 		return nil, fmt.Errorf("acquire keys %q: %w", req.Keys, ctx.Err())
 	}
 	return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, ctx.Err(), lastErr)
+}
+
+// prepare validates req (see lock.PrepareRequest) for this backend, which
+// holds one lease per key: Limit > 1 is refused.
+func prepare(req lock.Request, try bool) (lock.Request, error) {
+	req, err := lock.PrepareRequest(req, try)
+	if err != nil {
+		return req, err
+	}
+	if err := lock.RequireMutex(req.Limit); err != nil {
+		return req, err
+	}
+	return req, nil
 }
 
 // waitHint is what a failed attempt waits for: the deletion of key (or of
@@ -315,6 +336,7 @@ func (l *Locker) newLease(req lock.Request, fence int64, start time.Time) (*lock
 		TTL:      req.TTL,
 		Acquired: start,
 		Expires:  start.Add(validity),
+		Limit:    req.Limit,
 	}, nil
 }
 
@@ -395,6 +417,9 @@ func (l *Locker) firstBusy(req lock.Request, views []keyView, rev int64) (*lock.
 	for i, v := range views {
 		k := req.Keys[i]
 		he := &lock.HeldError{Key: k, Position: v.pos, Waiters: len(v.queue)}
+		if v.held {
+			he.Holders = 1
+		}
 		switch {
 		case v.held && req.Queue && v.pos > 0:
 			// Only the head watches the holder: the others wait for the

@@ -10,7 +10,15 @@ import (
 
 func TestConformanceSingle(t *testing.T) {
 	m := etcdtest.Start(t)
-	locktest.Run(t, lockerFactory(Config{Endpoints: []string{m.Addr}}), locktest.WithWaiterTTL(time.Second))
+	cfg := Config{Endpoints: []string{m.Addr}}
+	locktest.Run(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second))
+	// One lease per key: a semaphore (Limit > 1) is refused.
+	t.Run("MutexOnly", func(t *testing.T) { locktest.CheckMutexOnly(t, lockerFactory(cfg)) })
+	// A queue longer than Inspect lists: the exact count, holder and places.
+	// The waiters keep their place for 30 s: the check takes seconds.
+	t.Run("QueueVisibility", func(t *testing.T) {
+		locktest.CheckQueueVisibility(t, lockerFactory(cfg, WithWaiterTTL(30*time.Second)))
+	})
 }
 
 // TestConformanceCluster3Auth runs the suite on a 3-member cluster with etcd

@@ -401,6 +401,9 @@ func validateLease(lease *lock.Lease) error {
 	if lease == nil {
 		return &lock.InvalidRequestError{Field: "lease", Reason: "a lease is required"}
 	}
+	if err := lock.RequireMutex(lease.Limit); err != nil {
+		return err
+	}
 	if len(lease.Keys) == 0 || len(lease.Keys) > lock.MaxKeys {
 		return &lock.InvalidRequestError{Field: "keys", Reason: fmt.Sprintf("%d keys given, want 1 to %d", len(lease.Keys), lock.MaxKeys)}
 	}

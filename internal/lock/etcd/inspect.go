@@ -10,9 +10,6 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// maxInspectWaiters bounds KeyState.Waiters.
-const maxInspectWaiters = 10
-
 // inspectChunk is how many keys one read transaction covers: three reads a
 // key stay well below etcd's default limit of 128 operations a transaction.
 const inspectChunk = 32
@@ -21,8 +18,13 @@ const inspectChunk = 32
 // the holder and its fencing token (the last token issued, from the fence
 // record, when the key is free), Acquired as the acquiring client's clock
 // recorded it (etcd has no clock to offer), Expires from the etcd lease's
-// remaining TTL, and the oldest waiters with the time they joined, on the
-// joining client's clock.
+// remaining TTL, the lease as the one entry of Holders (HolderCount 0 or 1:
+// one lease per key), the oldest waiters (at most lock.MaxInspectWaiters)
+// with the time they joined, on the joining client's clock, and the exact
+// number of waiters (Queued). A waiter key lives as long as its waiter's
+// etcd lease, so every waiter key is a live waiter, as acquisitions count
+// them; the queue range read for the listing counts them all, in the same
+// transaction.
 func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, error) {
 	if len(keys) == 0 {
 		return nil, &lock.InvalidRequestError{Field: "keys", Reason: "at least one key is required"}
@@ -43,7 +45,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 			gets = append(gets,
 				clientv3.OpGet(l.holderKey(k)),
 				clientv3.OpGet(l.fenceKey(k)),
-				clientv3.OpGet(l.queuePrefix(k), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(maxInspectWaiters)))
+				clientv3.OpGet(l.queuePrefix(k), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(lock.MaxInspectWaiters)))
 		}
 		tctx, cancel := l.opCtx(ctx)
 		resp, err := l.etcd().Txn(tctx).Then(gets...).Commit()
@@ -62,7 +64,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 				if _, err := decodeValue(kvs[0].Value, &rec); err != nil {
 					return nil, l.unavailable(op, fmt.Errorf("holder of key %q: %w", k, err))
 				}
-				st.Held, st.Holder, st.Fence = true, rec.Holder, kvs[0].CreateRevision
+				st.Held, st.Holder, st.Fence, st.HolderCount = true, rec.Holder, kvs[0].CreateRevision, 1
 				if rec.Acquired > 0 {
 					st.Acquired = time.UnixMilli(rec.Acquired)
 				}
@@ -77,10 +79,15 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 					}
 					st.Expires = exp
 				}
+				st.Holders = []lock.HolderState{{Holder: st.Holder, Fence: st.Fence, Acquired: st.Acquired, Expires: st.Expires}}
 			} else if kvs := rs[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
 				st.Fence = kvs[0].ModRevision
 			}
-			for _, kv := range rs[2].GetResponseRange().GetKvs() {
+			// A range response's Count is the number of keys in the whole
+			// range, whatever its limit.
+			queue := rs[2].GetResponseRange()
+			st.Queued = int(queue.GetCount())
+			for _, kv := range queue.GetKvs() {
 				var rec waiterRecord
 				if _, err := decodeValue(kv.Value, &rec); err != nil {
 					return nil, l.unavailable(op, fmt.Errorf("waiter of key %q: %w", k, err))
