@@ -189,12 +189,12 @@ func printBanner(w io.Writer, root string, c *devcluster.Cluster, wanted []int, 
 	} else {
 		p("  kubectl apply -k config/samples                 # ClusterLockBackend dev-redis, locks billing (on dev) and")
 		p("                                                  # maintenance-window (inline endpoints), two CronJobs sharing billing")
-		p("  kubectl get dlock -w -o wide                    # NAME KEYS HOLDER FENCE HELD EXPIRES BACKEND AGE")
+		p("  kubectl get dlock -w -o wide                    # NAME KEYS HOLDER FENCE HELD SLOTS QUEUE EXPIRES BACKEND AGE")
 		p("  kubectl get jobs -w                             # every minute, the two CronJobs' Jobs run one at a time")
 		p("  kubectl apply -f config/samples/batch_v1_job_fenced.yaml")
 		p("  kubectl get job fenced-write -o jsonpath='{.metadata.annotations.lockwarden\\.io/fencing-token}'")
 		p("  kubectl describe dlock billing")
-		p("  kubectl wait --for=condition=Held dlock/maintenance-window")
+		p("  kubectl wait --for=condition=ManualHolderHeld dlock/maintenance-window")
 		p("  kubectl annotate cronjob ledger-compaction lockwarden.io/contention=Skip")
 		p("  kubectl delete -k config/samples")
 	}

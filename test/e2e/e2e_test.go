@@ -77,7 +77,7 @@ func TestKubectlShowsLocks(t *testing.T) {
 	if err := cluster.Client.Create(t.Context(), dl); err != nil {
 		t.Fatal(err)
 	}
-	kubectl(t, "", "wait", "--for=condition=Held", "dlock/window", "-n", ns, "--timeout=60s")
+	kubectl(t, "", "wait", "--for=condition=ManualHolderHeld", "dlock/window", "-n", ns, "--timeout=60s")
 	held, err := getLock(t.Context(), ns, "window")
 	if err != nil {
 		t.Fatal(err)
@@ -91,15 +91,15 @@ func TestKubectlShowsLocks(t *testing.T) {
 	if len(lines) != 2 {
 		t.Fatalf("kubectl get dlock:\n%s", out)
 	}
-	if got, want := strings.Fields(lines[0]), []string{"NAME", "KEYS", "HOLDER", "FENCE", "HELD", "EXPIRES", "AGE"}; !slices.Equal(got, want) {
+	if got, want := strings.Fields(lines[0]), []string{"NAME", "KEYS", "HOLDER", "FENCE", "HELD", "SLOTS", "QUEUE", "EXPIRES", "AGE"}; !slices.Equal(got, want) {
 		t.Errorf("kubectl get dlock columns = %v, want %v", got, want)
 	}
 	// The operator renews this lock's own lease, so EXPIRES is empty and the
 	// row has one field fewer than the header.
 	row := strings.Fields(lines[1])
-	if len(row) != 6 || row[0] != "window" || row[1] != `["window/db"]` || row[2] != "maintenance-by-alice" ||
-		row[3] != strconv.FormatInt(held.Status.FencingToken, 10) || row[4] != "True" {
-		t.Errorf("kubectl get dlock row = %q, want window, [\"window/db\"], maintenance-by-alice, %d, True, (no expiry), <age>", row, held.Status.FencingToken)
+	if len(row) != 8 || row[0] != "window" || row[1] != `["window/db"]` || row[2] != "maintenance-by-alice" ||
+		row[3] != strconv.FormatInt(held.Status.FencingToken, 10) || row[4] != "Acquired" || row[5] != "1/1" || row[6] != "0" {
+		t.Errorf("kubectl get dlock row = %q, want window, [\"window/db\"], maintenance-by-alice, %d, Acquired, 1/1, 0, (no expiry), <age>", row, held.Status.FencingToken)
 	}
 	wide := kubectl(t, "", "get", "dlocks", "-n", ns, "-o", "wide")
 	if !strings.Contains(wide, "BACKEND") || !strings.Contains(wide, "Reachable") {

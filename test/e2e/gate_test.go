@@ -35,7 +35,7 @@ func TestGateHoldsAgainstEdits(t *testing.T) {
 	if err := cluster.Client.Create(ctx, newBackendLock(ns, "gate", "gate/db", "maintenance-by-carol")); err != nil {
 		t.Fatal(err)
 	}
-	kubectl(t, "", "wait", "--for=condition=Held", "dlock/gate", "-n", ns, "--timeout=60s")
+	kubectl(t, "", "wait", "--for=condition=ManualHolderHeld", "dlock/gate", "-n", ns, "--timeout=60s")
 
 	job := &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gated", Annotations: map[string]string{locksv1alpha1.AnnotationLock: "gate"}},

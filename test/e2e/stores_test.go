@@ -78,17 +78,17 @@ func quickstartOn(t *testing.T, kind string) {
 	kubectl(t, sample, "apply", "-n", ns, "-f", "-")
 	const holder = "maintenance-by-alice"
 	kubectl(t, "", "patch", "dlock", "billing", "-n", ns, "--type=merge", "-p", `{"spec":{"holder":{"identity":"`+holder+`"}}}`)
-	kubectl(t, "", "wait", "--for=condition=Held", "dlock/billing", "-n", ns, "--timeout=90s")
+	kubectl(t, "", "wait", "--for=condition=ManualHolderHeld", "dlock/billing", "-n", ns, "--timeout=90s")
 
 	out := kubectl(t, "", "get", "dlock", "billing", "-n", ns)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 2 {
 		t.Fatalf("kubectl get dlock billing:\n%s", out)
 	}
-	// NAME KEYS HOLDER FENCE HELD (EXPIRES, empty: the operator renews a manual holder's lease) AGE
+	// NAME KEYS HOLDER FENCE HELD SLOTS QUEUE (EXPIRES, empty: the operator renews a manual holder's lease) AGE
 	row := strings.Fields(lines[1])
-	if len(row) < 5 || row[0] != "billing" || row[2] != holder || row[4] != "True" {
-		t.Fatalf("kubectl get dlock billing row = %q, want billing, keys, %s, <token>, True, ...\n%s", row, holder, out)
+	if len(row) < 5 || row[0] != "billing" || row[2] != holder || row[4] != "Acquired" {
+		t.Fatalf("kubectl get dlock billing row = %q, want billing, keys, %s, <token>, Acquired, ...\n%s", row, holder, out)
 	}
 	manualToken, err := strconv.ParseInt(row[3], 10, 64)
 	if err != nil || manualToken <= 0 {
