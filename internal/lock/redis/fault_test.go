@@ -44,21 +44,22 @@ func TestFaultsFencedRegister(t *testing.T) {
 
 // TestFaultsSemaphore runs the semaphore fault test of locktest (at most
 // Limit leases valid at once, tokens strictly increasing) while a server is
-// killed and restarted, or paused: on a standalone server, the master of a
-// Sentinel group, a 3-node Redlock with 2 slots (all 3 nodes needed) and a
-// 5-node Redlock with 3 slots (4 needed). Standalone and Sentinel restart
-// with their data (appendfsync always): a server restarted empty forgets its
-// holders, and the count is not guaranteed then (docs/safety.md,
-// "Semaphores"); the Redlock nodes restart empty, like the mutex test's.
+// killed and restarted, or paused, as in TestFaultsFencedRegister: on a
+// standalone server, the master of a Sentinel group, a 3-node Redlock with 2
+// slots (all 3 nodes needed) and a 5-node Redlock with 3 slots (4 needed).
+// The servers restart with their data (appendfsync always): one restarted
+// empty forgets its holders, and the count is not guaranteed then, only the
+// tokens (docs/safety.md, "Semaphores").
 func TestFaultsSemaphore(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fault runs take several seconds")
 	}
-	single := redistest.Start(t, redistest.WithPersistence())
-	master := redistest.Start(t, redistest.WithPersistence())
+	keep := redistest.WithPersistence()
+	single := redistest.Start(t, keep)
+	master := redistest.Start(t, keep)
 	sentinels := redistest.StartSentinels(t, master, 3, "semmaster")
-	redlock3 := redistest.StartN(t, 3)
-	redlock5 := redistest.StartN(t, 5)
+	redlock3 := redistest.StartN(t, 3, keep)
+	redlock5 := redistest.StartN(t, 5, keep)
 	type setup struct {
 		name    string
 		cfg     Config
