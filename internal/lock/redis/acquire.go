@@ -17,10 +17,20 @@ import (
 // (or refreshes its place in) the queue of every key, and must call again
 // within the waiter TTL to keep it; so req.Owner is required with Queue.
 //
-// In Redlock mode the keys must be taken on a majority of the nodes within the
-// lease's validity (TTL minus elapsed time minus drift); otherwise whatever
-// was taken is released on every node and the error matches lock.ErrQuorum,
-// or is a *lock.HeldError when a majority of nodes said the keys are busy.
+// With req.Limit N > 1 the request takes one of N slots of each key (a
+// counting semaphore): a slot is free for it when no mutex holds the key and
+// its place in the queue (or the queue's length, when it is not queued) is
+// below the number of free slots. A mutex request needs the key free of
+// semaphore holders too. The *lock.HeldError of a busy key counts its holders
+// and names the oldest.
+//
+// In Redlock mode the keys must be taken on a quorum of the nodes within the
+// lease's validity (TTL minus elapsed time minus drift): a majority for a
+// mutex, floor(M*N/(N+1)) + 1 of M nodes for a semaphore of N slots
+// (quorumFor); otherwise whatever was taken is released on every node and the
+// error matches lock.ErrQuorum (a *QuorumError saying how many nodes agreed
+// and were needed), or is a *lock.HeldError when too many nodes said the keys
+// are busy for a quorum to be possible.
 func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
 	req, err := lock.PrepareRequest(req, true)
 	if err != nil {
@@ -230,6 +240,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	})
 	var (
 		acquired   []result[acquireReply]
+		busyNodes  []*node
 		fence      int64
 		busy       []*lock.HeldError
 		errs       []error
@@ -248,6 +259,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 			fence = max(fence, r.val.fence)
 		default:
 			busy = append(busy, r.val.held)
+			busyNodes = append(busyNodes, r.node)
 			errs = append(errs, &lock.NodeError{Node: r.node.name, Err: r.val.held})
 			if t := r.val.holderTTL; t > 0 && (hint == 0 || t < hint) {
 				hint = t
@@ -267,6 +279,12 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	validity := req.TTL - elapsed - drift(req.TTL)
 	if agreed >= quorum && validity > 0 {
 		l.tickets.Delete(req.Owner)
+		if req.Queue && req.Holders() > 1 && len(busyNodes) > 0 {
+			// The nodes that refused keep the owner queued: there it would
+			// hold a place ahead of the next waiters, and a semaphore's
+			// quorum may need those nodes.
+			l.leaveQueues(ctx, busyNodes, req.Keys, req.Owner)
+		}
 		lease := &lock.Lease{
 			Keys:     req.Keys,
 			Owner:    req.Owner,

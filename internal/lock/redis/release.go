@@ -10,7 +10,9 @@ import (
 // Release deletes the keys the lease's owner token still holds, on every node,
 // and publishes their release (see lock.Locker). It returns an error matching
 // lock.ErrNotHeld when the owner held none of them; in Redlock mode a majority
-// of the nodes must answer, or the error matches lock.ErrQuorum.
+// of the nodes must answer, or the error matches lock.ErrQuorum. A semaphore
+// lease (lease.Limit > 1) releases the owner's slots and leaves the other
+// holders' alone.
 func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	if err := validateLease(lease); err != nil {
 		return err
@@ -73,19 +75,7 @@ func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error
 	if owner == "" {
 		return &lock.InvalidRequestError{Field: "owner", Reason: "the owner token of the waiter is required"}
 	}
-	rk := l.redisKeys(keys, "lock", "queue", "deadlines", "waiters", "slots")
-	args := append([]any{owner}, l.channelArgs(keys)...)
-	res := fanOut(ctx, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
-		v, err := run(ctx, dequeueScript, n.client, "dequeue", rk, args...)
-		if err != nil {
-			return 0, err
-		}
-		left, err := asInt(v)
-		if err != nil {
-			return 0, fmt.Errorf("dequeue script: %w", err)
-		}
-		return left, nil
-	})
+	res := l.dequeueOn(ctx, l.nodes, keys, owner)
 	responded := 0
 	var errs []error
 	for _, r := range res {
@@ -100,6 +90,34 @@ func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error
 		return l.failure(fmt.Sprintf("dequeue from keys %q", keys), responded, errs)
 	}
 	return nil
+}
+
+func (l *Locker) dequeueOn(ctx context.Context, nodes []*node, keys []string, owner string) []result[int64] {
+	rk := l.redisKeys(keys, "lock", "queue", "deadlines", "waiters", "slots")
+	args := append([]any{owner}, l.channelArgs(keys)...)
+	return fanOut(ctx, nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
+		v, err := run(ctx, dequeueScript, n.client, "dequeue", rk, args...)
+		if err != nil {
+			return 0, err
+		}
+		left, err := asInt(v)
+		if err != nil {
+			return 0, fmt.Errorf("dequeue script: %w", err)
+		}
+		return left, nil
+	})
+}
+
+// leaveQueues removes the owner from the keys' queues on some nodes, best
+// effort, even when ctx has ended.
+func (l *Locker) leaveQueues(ctx context.Context, nodes []*node, keys []string, owner string) {
+	cctx, cancel := l.cleanupContext(ctx)
+	defer cancel()
+	for _, r := range l.dequeueOn(cctx, nodes, keys, owner) {
+		if r.err != nil {
+			l.log.V(2).Info("Leaving the queue failed on node; the place expires with the waiter TTL", "node", r.node.name, "keys", keys, "err", r.err.Error())
+		}
+	}
 }
 
 // validateKeys checks a key list given outside a Request.

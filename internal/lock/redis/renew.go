@@ -17,7 +17,9 @@ import (
 // is never taken again behind the caller's back. When the nodes could not be
 // reached the error matches lock.ErrBackendUnavailable (or lock.ErrQuorum in
 // Redlock mode): the lease may still be held until its Expires, so the caller
-// may try again before then. Redlock needs a majority of the nodes.
+// may try again before then. Redlock needs a majority of the nodes, or for a
+// semaphore lease (lease.Limit > 1, which renews the owner's slots) the
+// quorum of quorumFor(lease.Limit).
 func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
 	if err := validateRenew(lease, ttl); err != nil {
 		return nil, err

@@ -56,11 +56,12 @@ local nowUsStr = t[1] .. usec
 -- '(' .. now in milliseconds: an exclusive lower bound of live entries.
 local afterNowMs = '(' .. t[1] .. string.sub(usec, 1, 3)
 
--- Prune waiters that missed their heartbeat. A key whose queue keys do not
--- exist has nobody to prune, no queue head and nothing to clean up below.
+-- Prune waiters that missed their heartbeat. A key whose queue and slot keys
+-- do not exist has nobody to prune, no queue head, no semaphore holder and
+-- nothing to clean up below: one EXISTS per key on the fast path.
 local queued = {}
 for i = 1, n do
-  if redis.call('EXISTS', key(i, 4), key(i, 5), key(i, 6)) > 0 then
+  if redis.call('EXISTS', key(i, 4), key(i, 5), key(i, 6), key(i, 7)) > 0 then
     queued[i] = true
     local dead = redis.call('ZRANGEBYSCORE', key(i, 5), '-inf', afterNowMs)
     for _, w in ipairs(dead) do
@@ -77,7 +78,7 @@ local mine = {}
 for i = 1, n do
   local cur = redis.call('GET', key(i, 1))
   local slots = 0
-  if not cur then slots = redis.call('ZCOUNT', key(i, 7), afterNowMs, '+inf') end
+  if not cur and queued[i] then slots = redis.call('ZCOUNT', key(i, 7), afterNowMs, '+inf') end
   if cur == owner then
     mine[i] = true
   elseif cur then
