@@ -194,7 +194,10 @@ type run struct {
 // order of events, when each Pod runs. Two runs overlap when a Pod starts
 // running while another one has not ended yet.
 type podRecorder struct {
-	mu       sync.Mutex
+	mu sync.Mutex
+	// limit is how many runs may overlap (a lock's maxHolders; 1: none);
+	// most is the most that did.
+	limit, most int
 	seq      int
 	runs     map[types.UID]*run
 	order    []*run
@@ -205,6 +208,12 @@ type podRecorder struct {
 
 // recordPods starts recording the Pods of ns until the test ends.
 func recordPods(t *testing.T, ns string) *podRecorder {
+	t.Helper()
+	return recordPodsLimit(t, ns, 1)
+}
+
+// recordPodsLimit records the Pods of ns, of which up to limit may run at once.
+func recordPodsLimit(t *testing.T, ns string, limit int) *podRecorder {
 	t.Helper()
 	cs, err := kubernetes.NewForConfig(cluster.Config)
 	if err != nil {
@@ -229,7 +238,7 @@ func recordPods(t *testing.T, ns string) *podRecorder {
 		cancel()
 		t.Fatal(err)
 	}
-	r := &podRecorder{runs: map[types.UID]*run{}, running: map[types.UID]*run{}}
+	r := &podRecorder{limit: limit, runs: map[types.UID]*run{}, running: map[types.UID]*run{}}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -276,12 +285,15 @@ func (r *podRecorder) observe(ctx context.Context, typ watch.EventType, pod *cor
 			}
 		}
 		r.mu.Lock()
-		for _, other := range r.running {
-			r.overlaps = append(r.overlaps, fmt.Sprintf("%s (token %d) started running at event %d while %s (token %d, since event %d) was running",
-				ru.pod, ru.token, seq, other.pod, other.token, other.start))
+		if len(r.running) >= r.limit {
+			for _, other := range r.running {
+				r.overlaps = append(r.overlaps, fmt.Sprintf("%s (token %d) started running at event %d while %s (token %d, since event %d) was running, %d running in all",
+					ru.pod, ru.token, seq, other.pod, other.token, other.start, len(r.running)+1))
+			}
 		}
 		r.runs[pod.UID] = ru
 		r.running[pod.UID] = ru
+		r.most = max(r.most, len(r.running))
 		r.order = append(r.order, ru)
 		r.mu.Unlock()
 	case !running && wasRunning:
@@ -316,6 +328,13 @@ func (r *podRecorder) snapshot() []run {
 	return out
 }
 
+// maxConcurrent returns the most runs that overlapped.
+func (r *podRecorder) maxConcurrent() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.most
+}
+
 // finished returns the runs that ended.
 func (r *podRecorder) finished() []run {
 	return slices.DeleteFunc(r.snapshot(), func(ru run) bool { return ru.end == 0 })
@@ -335,10 +354,22 @@ func (r *podRecorder) check(t *testing.T) {
 		t.Errorf("overlapping runs: %s", o)
 	}
 	var prev int64
-	for i, ru := range r.snapshot() {
+	runs := r.snapshot()
+	for i, ru := range runs {
 		t.Logf("run %d: pod %s (job %s, schedule %s) token %d, events %d..%d", i+1, ru.pod, ru.job, ru.schedule, ru.token, ru.start, ru.end)
-		if ru.token <= prev {
+		if r.limit == 1 && ru.token <= prev {
 			t.Errorf("run %d (pod %s): fencing token %d does not rise above the previous run's %d", i+1, ru.pod, ru.token, prev)
+		}
+		// Holders of a semaphore's slots may start their Pods in another
+		// order than they acquired, but a run that started after another
+		// ended acquired after it: its token is larger.
+		for _, before := range runs[:i] {
+			if r.limit > 1 && before.end != 0 && before.end < ru.start && ru.token <= before.token {
+				t.Errorf("run %d (pod %s) started after %s ended but has fencing token %d, not above its %d", i+1, ru.pod, before.pod, ru.token, before.token)
+			}
+			if r.limit > 1 && ru.token == before.token {
+				t.Errorf("runs %s and %s share fencing token %d", before.pod, ru.pod, ru.token)
+			}
 		}
 		if ru.token != ru.jobToken {
 			t.Errorf("run %d (pod %s): the Pod's fencing-token annotation %d differs from its Job's %d", i+1, ru.pod, ru.token, ru.jobToken)
