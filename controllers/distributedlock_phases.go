@@ -160,6 +160,7 @@ func (r *DistributedLockReconciler) report(dl *locksv1alpha1.DistributedLock, ob
 		metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(1)
 		if len(obs.states) > 0 {
 			metrics.QueueDepth.WithLabelValues(dl.Namespace, dl.Name).Set(float64(queueLength(obs.states[0])))
+			metrics.LockHolders.WithLabelValues(dl.Namespace, dl.Name).Set(float64(holderCount(obs.states[0])))
 		}
 	}
 	if obs.lost != nil {
@@ -506,6 +507,7 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 	}
 	r.mu.Unlock()
 	metrics.QueueDepth.DeleteLabelValues(dl.Namespace, dl.Name)
+	metrics.LockHolders.DeleteLabelValues(dl.Namespace, dl.Name)
 	metrics.BackendUp.DeleteLabelValues(dl.Namespace, dl.Name)
 	controllerutil.RemoveFinalizer(dl, locksv1alpha1.Finalizer)
 	return ctrl.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, dl))

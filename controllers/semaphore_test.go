@@ -9,24 +9,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	batchv1 "k8s.io/api/batch/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/metrics"
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 )
 
-// TestSemaphoreRunsThreeJobsAtATimeInFIFOOrder: ten Jobs on a lock with
+// TestSemaphoreRunsThreeJobsAtATimeInFIFOOrder: fourteen Jobs on a lock with
 // maxHolders 3. Never more than three run; the first three run at once, the
 // others wait with their place in line on the Job (lockwarden.io/queue-position)
 // and in the Waiting Event; each completion starts the oldest waiter, woken
 // by the release notification (well before the fallback requeue), with a
 // fencing token larger than every token before; the lock's status shows the
-// slots, the holders and the exact queue length at each step.
+// slots, the holders and the exact queue length at each step, and so does
+// lockwarden_queue_depth (11 at first: more than the 10 waiters status lists).
 func TestSemaphoreRunsThreeJobsAtATimeInFIFOOrder(t *testing.T) {
-	const slots, jobs = 3, 10
+	const slots, jobs = 3, 14
 	rdb := redistest.Start(t)
 	startManager(t, managerOptions{})
 	ns := newNamespace(t, nil)
@@ -85,6 +88,12 @@ func TestSemaphoreRunsThreeJobsAtATimeInFIFOOrder(t *testing.T) {
 			slices.Sort(want)
 			return st.Slots == "3/3" && ptr.Deref(st.HolderCount, -1) == slots && ptr.Deref(st.QueueLength, -1) == int32(len(waiting)) && slices.Equal(holders, want),
 				fmt.Sprintf("slots %q, holderCount %v, queueLength %v, holders %v (want %v)", st.Slots, ptr.Deref(st.HolderCount, -1), ptr.Deref(st.QueueLength, -1), holders, want)
+		})
+		// The metrics are set right after the status write.
+		eventually(t, 10*time.Second, "lockwarden_queue_depth and lockwarden_lock_holders", func() (bool, string) {
+			depth := testutil.ToFloat64(metrics.QueueDepth.WithLabelValues(ns, "exports"))
+			holders := testutil.ToFloat64(metrics.LockHolders.WithLabelValues(ns, "exports"))
+			return depth == float64(len(waiting)) && holders == slots, fmt.Sprintf("depth %v (want %d), holders %v", depth, len(waiting), holders)
 		})
 		if done == 0 {
 			// The Waiting Event says where the last Job stands.

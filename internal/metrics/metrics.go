@@ -68,10 +68,16 @@ var (
 		Help: "Leases the operator holds and renews now.",
 	})
 
-	// QueueDepth is the length of each lock's FIFO queue, as last observed.
+	// QueueDepth is the exact length of each lock's FIFO queue, as last observed.
 	QueueDepth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "lockwarden_queue_depth",
-		Help: "Waiters in a DistributedLock's FIFO queue (first key), as last observed.",
+		Help: "Waiters in a DistributedLock's FIFO queue (its first key; the exact count, not only those listed in status), as last observed.",
+	}, []string{"namespace", "lock"})
+
+	// LockHolders is how many holders hold each lock's keys, as last observed.
+	LockHolders = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "lockwarden_lock_holders",
+		Help: "Holders of a DistributedLock's first key (up to its spec.maxHolders), as last observed.",
 	}, []string{"namespace", "lock"})
 
 	// BackendUp is 1 while a lock's backend answers, 0 when it does not.
@@ -83,5 +89,5 @@ var (
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(Acquisitions, WaitSeconds, HoldSeconds, Renewals, RenewalBatches,
-		LeasesLost, OrphansReleased, LeasesHeld, QueueDepth, BackendUp)
+		LeasesLost, OrphansReleased, LeasesHeld, QueueDepth, LockHolders, BackendUp)
 }
