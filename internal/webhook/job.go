@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -48,15 +49,21 @@ func (g *JobGate) SetupWithManager(mgr ctrl.Manager) error {
 
 // Default gates a Job that names a lock, or whose CronJob does: it suspends
 // it, labels it, adds the finalizer and the environment variables that carry
-// the fencing token. Jobs that name no lock are left untouched.
+// the fencing token, and copies its CronJob's maximum wait unless it has
+// its own. Jobs that name no lock are left untouched.
 func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 	log := logf.FromContext(ctx).WithName("job-gate")
-	name, contention, source, found, err := g.lockOf(ctx, job)
+	s, found, err := g.settingsOf(ctx, job)
 	if err != nil || !found {
 		return err
 	}
+	name, contention, source := s.lock, s.contention, s.source
 	path := field.NewPath("metadata", "annotations")
-	if errs := validateAnnotations(name, contention, path, source); len(errs) > 0 {
+	errs := validateAnnotations(name, contention, path, source)
+	if s.hasMaxWait {
+		errs = append(errs, validateMaxWait(s.maxWait, path, s.maxWaitSource)...)
+	}
+	if len(errs) > 0 {
 		return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, errs)
 	}
 	dl, err := g.getLock(ctx, job.Namespace, name)
@@ -81,6 +88,9 @@ func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 		}
 	}
 	Gate(job, name, contention)
+	if s.hasMaxWait {
+		job.Annotations[locksv1alpha1.AnnotationMaxWait] = s.maxWait
+	}
 	log.V(1).Info("Gated Job", "job", job.Name, "generateName", job.GenerateName, "namespace", job.Namespace, "lock", name)
 	return nil
 }
@@ -98,10 +108,10 @@ func Gate(job *batchv1.Job, lock, contention string) {
 	if contention != "" {
 		job.Annotations[locksv1alpha1.AnnotationContention] = contention
 	}
-	// A new Job never arrives holding the lock, or having lost or skipped
-	// it: drop what it claims (only the controller writes these) and
-	// suspend it.
-	for _, k := range []string{locksv1alpha1.AnnotationFencingToken, locksv1alpha1.AnnotationHolder, locksv1alpha1.AnnotationLost, locksv1alpha1.AnnotationSkipped} {
+	// A new Job never arrives holding the lock, having lost or skipped it,
+	// or with a place in its queue: drop what it claims (only the
+	// controller writes these) and suspend it.
+	for _, k := range OperatorAnnotations {
 		delete(job.Annotations, k)
 		delete(job.Spec.Template.Annotations, k)
 	}
@@ -122,6 +132,13 @@ func Gate(job *batchv1.Job, lock, contention string) {
 	}
 }
 
+// OperatorAnnotations are the annotations only the operator writes on a
+// gated Job (and its pod template): a new Job never carries them.
+var OperatorAnnotations = []string{
+	locksv1alpha1.AnnotationFencingToken, locksv1alpha1.AnnotationHolder, locksv1alpha1.AnnotationLost, locksv1alpha1.AnnotationSkipped,
+	locksv1alpha1.AnnotationQueuePosition, locksv1alpha1.AnnotationWaitingFor,
+}
+
 // withEnv sets the variables in add, replacing any of the same name.
 func withEnv(have, add []corev1.EnvVar) []corev1.EnvVar {
 	out := slices.DeleteFunc(slices.Clone(have), func(e corev1.EnvVar) bool {
@@ -130,32 +147,70 @@ func withEnv(have, add []corev1.EnvVar) []corev1.EnvVar {
 	return append(out, add...)
 }
 
-// lockOf finds the lock that gates job: its own annotation, or its owning
-// CronJob's (the owner reference's UID must match the CronJob found). source
-// says where a CronJob's annotation came from, for error messages.
-func (g *JobGate) lockOf(ctx context.Context, job *batchv1.Job) (name, contention, source string, found bool, err error) {
-	if v, ok := job.Annotations[locksv1alpha1.AnnotationLock]; ok {
-		return v, job.Annotations[locksv1alpha1.AnnotationContention], "", true, nil
+// gateSettings are the lockwarden annotations that apply to a Job.
+type gateSettings struct {
+	lock, contention string
+	// source says where lock and contention came from ("" for the Job's
+	// own annotations, "on CronJob <name>: " for its CronJob's), for messages.
+	source string
+	// maxWait is the Job's lockwarden.io/max-wait annotation, else its
+	// CronJob's (hasMaxWait: either has one); maxWaitSource says which, as
+	// source does.
+	maxWait, maxWaitSource string
+	hasMaxWait             bool
+}
+
+// settingsOf finds the lock that gates job: its own annotation, or its
+// owning CronJob's (the owner reference's UID must match the CronJob found),
+// with the contention from the same place; and the maximum wait: the Job's
+// own, else its CronJob's.
+func (g *JobGate) settingsOf(ctx context.Context, job *batchv1.Job) (gateSettings, bool, error) {
+	var s gateSettings
+	lock, ownLock := job.Annotations[locksv1alpha1.AnnotationLock]
+	maxWait, ownMaxWait := job.Annotations[locksv1alpha1.AnnotationMaxWait]
+	if ownLock {
+		s.lock, s.contention = lock, job.Annotations[locksv1alpha1.AnnotationContention]
 	}
+	if ownMaxWait {
+		s.maxWait, s.hasMaxWait = maxWait, true
+	}
+	if ownLock && ownMaxWait {
+		return s, true, nil
+	}
+	cj, err := g.ownerOf(ctx, job)
+	if err != nil {
+		return s, false, err
+	}
+	if cj != nil {
+		source := fmt.Sprintf("on CronJob %s: ", cj.Name)
+		if v, ok := cj.Annotations[locksv1alpha1.AnnotationLock]; ok && !ownLock {
+			s.lock, s.contention, s.source, ownLock = v, cj.Annotations[locksv1alpha1.AnnotationContention], source, true
+		}
+		if v, ok := cj.Annotations[locksv1alpha1.AnnotationMaxWait]; ok && !ownMaxWait {
+			s.maxWait, s.maxWaitSource, s.hasMaxWait = v, source, true
+		}
+	}
+	return s, ownLock, nil
+}
+
+// ownerOf returns the Job's owning CronJob, or nil when it has none (or
+// it is gone, or a CronJob of the same name that is not the owner).
+func (g *JobGate) ownerOf(ctx context.Context, job *batchv1.Job) (*batchv1.CronJob, error) {
 	ref := ownerCronJob(job)
 	if ref == nil {
-		return "", "", "", false, nil
+		return nil, nil
 	}
 	var cj batchv1.CronJob
 	if err := g.Reader.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: ref.Name}, &cj); err != nil {
 		if apierrors.IsNotFound(err) {
-			return "", "", "", false, nil
+			return nil, nil
 		}
-		return "", "", "", false, fmt.Errorf("read CronJob %s/%s that owns the Job: %w", job.Namespace, ref.Name, err)
+		return nil, fmt.Errorf("read CronJob %s/%s that owns the Job: %w", job.Namespace, ref.Name, err)
 	}
 	if cj.UID != ref.UID {
-		return "", "", "", false, nil // a CronJob of the same name, not the owner
+		return nil, nil // a CronJob of the same name, not the owner
 	}
-	v, ok := cj.Annotations[locksv1alpha1.AnnotationLock]
-	if !ok {
-		return "", "", "", false, nil
-	}
-	return v, cj.Annotations[locksv1alpha1.AnnotationContention], fmt.Sprintf("on CronJob %s: ", cj.Name), true, nil
+	return &cj, nil
 }
 
 // ownerCronJob returns the controlling owner reference of kind CronJob, if any.
@@ -186,12 +241,21 @@ func validateAnnotations(lock, contention string, path *field.Path, source strin
 			fmt.Sprintf("%sa lock that gates Jobs must have a name of at most %d characters (it is stored as a label value); rename the DistributedLock", source, validation.LabelValueMaxLength)))
 	}
 	switch locksv1alpha1.Contention(contention) {
-	case "", locksv1alpha1.ContentionQueue, locksv1alpha1.ContentionSkip:
+	case "", locksv1alpha1.ContentionQueue, locksv1alpha1.ContentionQueueLatest, locksv1alpha1.ContentionSkip:
 	default:
 		errs = append(errs, field.Invalid(path.Key(locksv1alpha1.AnnotationContention), contention,
-			source+`must be "Queue" (wait in FIFO order) or "Skip" (do not run while the lock is held), or be left out to use the lock's spec.contention`))
+			source+`must be "Queue" (wait in FIFO order), "QueueLatest" (wait, but a CronJob keeps only its newest waiting Job) or "Skip" (do not run while the lock is held), or be left out to use the lock's spec.contention`))
 	}
 	return errs
+}
+
+// validateMaxWait checks the value of a max-wait annotation.
+func validateMaxWait(maxWait string, path *field.Path, source string) field.ErrorList {
+	if d, err := time.ParseDuration(maxWait); err != nil || d <= 0 {
+		return field.ErrorList{field.Invalid(path.Key(locksv1alpha1.AnnotationMaxWait), maxWait,
+			source+`must be a positive duration such as "45m", "2h" or "1h30m" (units s, m, h), or be left out to use the lock's spec.maxWaitSeconds`)}
+	}
+	return nil
 }
 
 // getLock reads a lock from the cache, then from the API server (the cache

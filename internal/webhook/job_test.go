@@ -135,9 +135,10 @@ func TestGate(t *testing.T) {
 			want: makeJob("j").Label("team", "payments").Annotation("owner", "ops").Finalizer("example.com/keep").
 				TemplateAnnotation("prometheus.io/scrape", "true").GatedBy("billing", "").Container("main", gateEnv("billing")...).Obj(),
 		},
-		"a fencing token, holder, lost or skipped mark the user wrote is removed": {
+		"a fencing token, holder, lost or skipped mark, or queue place the user wrote is removed": {
 			job: makeJob("j").
 				Annotation(locksv1alpha1.AnnotationFencingToken, "999999").Annotation(locksv1alpha1.AnnotationHolder, "me").
+				Annotation(locksv1alpha1.AnnotationQueuePosition, "1/1").Annotation(locksv1alpha1.AnnotationWaitingFor, "nobody").
 				Annotation(locksv1alpha1.AnnotationLost, "forged").Annotation(locksv1alpha1.AnnotationSkipped, "forged").
 				TemplateAnnotation(locksv1alpha1.AnnotationLost, "forged").
 				TemplateAnnotation(locksv1alpha1.AnnotationFencingToken, "999999").TemplateAnnotation(locksv1alpha1.AnnotationHolder, "me").
@@ -186,6 +187,7 @@ func TestValidateAnnotations(t *testing.T) {
 		"lock with dots":            {lock: "billing.ledger-2"},
 		"contention Queue":          {lock: "billing", contention: "Queue"},
 		"contention Skip":           {lock: "billing", contention: "Skip"},
+		"contention QueueLatest":    {lock: "billing", contention: "QueueLatest"},
 		"empty lock name":           {lock: "", wantFields: []string{lockField}, wantText: []string{"must name a DistributedLock"}},
 		"upper case lock name":      {lock: "Billing", wantFields: []string{lockField}, wantText: []string{`"Billing"`, "lowercase"}},
 		"lock name with a slash":    {lock: "team/billing", wantFields: []string{lockField}},
@@ -193,7 +195,7 @@ func TestValidateAnnotations(t *testing.T) {
 		"lock name of 63 letters":   {lock: strings.Repeat("a", 63)},
 		"lock name of 64 letters":   {lock: strings.Repeat("a", 64), wantFields: []string{lockField}, wantText: []string{"at most 63 characters", "label value"}},
 		"lower case contention":     {lock: "billing", contention: "queue", wantFields: []string{contentionField}, wantText: []string{`"queue"`, `"Queue"`, `"Skip"`}},
-		"unknown contention":        {lock: "billing", contention: "Wait", wantFields: []string{contentionField}, wantText: []string{`"Queue" (wait in FIFO order)`, `"Skip"`, "spec.contention"}},
+		"unknown contention":        {lock: "billing", contention: "Wait", wantFields: []string{contentionField}, wantText: []string{`"Queue" (wait in FIFO order)`, `"QueueLatest"`, `"Skip"`, "spec.contention"}},
 		"both wrong":                {lock: "Billing", contention: "Wait", wantFields: []string{lockField, contentionField}},
 		"the CronJob is named":      {lock: "Billing", source: "on CronJob nightly: ", wantFields: []string{lockField}, wantText: []string{"on CronJob nightly: must name"}},
 		"the CronJob is named, too": {lock: "billing", contention: "Wait", source: "on CronJob nightly: ", wantFields: []string{contentionField}, wantText: []string{"on CronJob nightly: must be"}},
@@ -230,6 +232,9 @@ func TestDefault(t *testing.T) {
 	nightly := cronJob("nightly", "uid-nightly", map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationContention: "Skip"})
 	lockField := "metadata.annotations[lockwarden.io/lock]"
 	contentionField := "metadata.annotations[lockwarden.io/contention]"
+	maxWaitField := "metadata.annotations[lockwarden.io/max-wait]"
+	patient := cronJob("patient", "uid-patient", map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationMaxWait: "2h"})
+	badWait := cronJob("impatient", "uid-impatient", map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationMaxWait: "soon"})
 
 	cases := map[string]struct {
 		cached   []client.Object // in Reader (the cache) and APIReader
@@ -306,6 +311,76 @@ func TestDefault(t *testing.T) {
 			job:      makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Annotation(locksv1alpha1.AnnotationContention, "skip").Container("main").Obj(),
 			wantErr:  []string{contentionField},
 			wantText: []string{`"Queue"`, `"Skip"`},
+		},
+		"a Job's max wait is kept": {
+			cached: []client.Object{dlock("default", "billing")},
+			job:    makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Annotation(locksv1alpha1.AnnotationMaxWait, "45m").Container("main").Obj(),
+			want:   makeJob("j").Annotation(locksv1alpha1.AnnotationMaxWait, "45m").GatedBy("billing", "").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"a CronJob's max wait is copied onto its Job": {
+			cached: []client.Object{dlock("default", "billing"), patient},
+			job:    makeJob("patient-1").OwnedBy("patient", "uid-patient", true).Container("main").Obj(),
+			want: makeJob("patient-1").OwnedBy("patient", "uid-patient", true).Annotation(locksv1alpha1.AnnotationMaxWait, "2h").
+				GatedBy("billing", "").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"a CronJob's max wait also applies when the Job names the lock itself": {
+			cached: []client.Object{dlock("default", "billing"), patient},
+			job:    makeJob("patient-1").OwnedBy("patient", "uid-patient", true).Annotation(locksv1alpha1.AnnotationLock, "billing").Container("main").Obj(),
+			want: makeJob("patient-1").OwnedBy("patient", "uid-patient", true).Annotation(locksv1alpha1.AnnotationMaxWait, "2h").
+				GatedBy("billing", "").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"a Job's own max wait wins over its CronJob's": {
+			cached: []client.Object{dlock("default", "billing"), patient},
+			job:    makeJob("patient-1").OwnedBy("patient", "uid-patient", true).Annotation(locksv1alpha1.AnnotationMaxWait, "10m").Container("main").Obj(),
+			want: makeJob("patient-1").OwnedBy("patient", "uid-patient", true).Annotation(locksv1alpha1.AnnotationMaxWait, "10m").
+				GatedBy("billing", "").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"an unparsable max wait is refused naming the annotation and a valid value": {
+			cached:   []client.Object{dlock("default", "billing")},
+			job:      makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Annotation(locksv1alpha1.AnnotationMaxWait, "45 minutes").Container("main").Obj(),
+			wantErr:  []string{maxWaitField},
+			wantText: []string{`"45 minutes"`, "positive duration", `"45m"`},
+		},
+		"a max wait without a unit is refused": {
+			cached:  []client.Object{dlock("default", "billing")},
+			job:     makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Annotation(locksv1alpha1.AnnotationMaxWait, "45").Container("main").Obj(),
+			wantErr: []string{maxWaitField},
+		},
+		"a zero max wait is refused": {
+			cached:  []client.Object{dlock("default", "billing")},
+			job:     makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Annotation(locksv1alpha1.AnnotationMaxWait, "0s").Container("main").Obj(),
+			wantErr: []string{maxWaitField},
+		},
+		"a negative max wait is refused": {
+			cached:  []client.Object{dlock("default", "billing")},
+			job:     makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Annotation(locksv1alpha1.AnnotationMaxWait, "-5m").Container("main").Obj(),
+			wantErr: []string{maxWaitField},
+		},
+		"an empty max wait is refused": {
+			cached:  []client.Object{dlock("default", "billing")},
+			job:     makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Annotation(locksv1alpha1.AnnotationMaxWait, "").Container("main").Obj(),
+			wantErr: []string{maxWaitField},
+		},
+		"a CronJob's bad max wait is refused naming the CronJob": {
+			cached:   []client.Object{dlock("default", "billing"), badWait},
+			job:      makeJob("impatient-1").OwnedBy("impatient", "uid-impatient", true).Container("main").Obj(),
+			wantErr:  []string{maxWaitField},
+			wantText: []string{"on CronJob impatient: ", `"soon"`, `"45m"`},
+		},
+		"a Job's good max wait hides its CronJob's bad one": {
+			cached: []client.Object{dlock("default", "billing"), badWait},
+			job:    makeJob("impatient-1").OwnedBy("impatient", "uid-impatient", true).Annotation(locksv1alpha1.AnnotationMaxWait, "1h").Container("main").Obj(),
+			want: makeJob("impatient-1").OwnedBy("impatient", "uid-impatient", true).Annotation(locksv1alpha1.AnnotationMaxWait, "1h").
+				GatedBy("billing", "").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"a Job with a max wait but no lock is left alone": {
+			cached: []client.Object{dlock("default", "billing")},
+			job:    makeJob("j").Annotation(locksv1alpha1.AnnotationMaxWait, "soon").Container("main").Obj(),
+		},
+		"contention QueueLatest is accepted": {
+			cached: []client.Object{dlock("default", "billing")},
+			job:    makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Annotation(locksv1alpha1.AnnotationContention, "QueueLatest").Container("main").Obj(),
+			want:   makeJob("j").GatedBy("billing", "QueueLatest").Container("main", gateEnv("billing")...).Obj(),
 		},
 		"a bad lock name is refused naming the annotation": {
 			job:     makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "Billing").Container("main").Obj(),
