@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
@@ -105,6 +107,11 @@ func (s *suite) semAtMostLimit(t *testing.T) {
 	wantHolders(t, l, key)
 }
 
+// raceTTL outlives a round of the race on a slow machine (under -race, a
+// round of 100 racers on Redlock-5 has taken 18 s): the winners must hold
+// until the round ends.
+const raceTTL = 2 * time.Minute
+
 // semRace: in each round many goroutines on several lockers race for a free
 // key with N slots; exactly N win (the winners hold for the rest of the
 // round), their fences are distinct, and a shared counter incremented by
@@ -129,6 +136,7 @@ func (s *suite) semRace(t *testing.T) {
 			l := lockers[g%len(lockers)]
 			wg.Go(func() {
 				<-start
+				b := wait.Backoff{Duration: time.Millisecond, Factor: 1.5, Jitter: 1, Steps: 1 << 30, Cap: 20 * time.Millisecond}
 				for {
 					select {
 					case <-full:
@@ -137,7 +145,9 @@ func (s *suite) semRace(t *testing.T) {
 						return
 					default:
 					}
-					lease, err := l.TryAcquire(ctx, semReq(key, n, fmt.Sprintf("racer-%d", g)))
+					req := semReq(key, n, fmt.Sprintf("racer-%d", g))
+					req.TTL = raceTTL
+					lease, err := l.TryAcquire(ctx, req)
 					if err == nil {
 						h := holding.Add(1)
 						for p := peak.Load(); h > p && !peak.CompareAndSwap(p, h); p = peak.Load() {
@@ -161,7 +171,7 @@ func (s *suite) semRace(t *testing.T) {
 						return
 					case <-ctx.Done():
 						return
-					case <-time.After(time.Millisecond):
+					case <-time.After(b.Step()):
 					}
 				}
 			})
@@ -170,6 +180,11 @@ func (s *suite) semRace(t *testing.T) {
 		wg.Wait()
 		if len(errs) > 0 {
 			t.Fatalf("round %d: unexpected errors: %v", round, errors.Join(errs...))
+		}
+		for _, le := range leases {
+			if time.Until(le.Expires) < raceTTL/2 {
+				t.Fatalf("round %d took more than half the %v TTL: the winners' leases may have expired", round, raceTTL)
+			}
 		}
 		if len(leases) != n || peak.Load() != n {
 			t.Fatalf("round %d: %d racers hold the key (peak %d), want exactly %d", round, len(leases), peak.Load(), n)
