@@ -14,8 +14,8 @@ import (
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
-// CronJobReconciler copies the lockwarden.io/lock and lockwarden.io/contention
-// annotations of a CronJob (as `kubectl annotate cronjob` sets them) into its
+// CronJobReconciler copies the lockwarden.io/lock, lockwarden.io/contention
+// and lockwarden.io/max-wait annotations of a CronJob (as `kubectl annotate cronjob` sets them) into its
 // job template. The CronJob's Jobs then carry the annotation themselves, so
 // the admission webhook sees only annotated Jobs and can refuse them while it
 // is down (failurePolicy Fail) without touching any other Job.
@@ -45,7 +45,7 @@ func (r *CronJobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if cj.Spec.JobTemplate.Annotations == nil {
 		cj.Spec.JobTemplate.Annotations = map[string]string{}
 	}
-	for _, k := range []string{locksv1alpha1.AnnotationLock, locksv1alpha1.AnnotationContention, locksv1alpha1.AnnotationSyncedFromCronJob} {
+	for _, k := range syncedKeys {
 		if v, ok := want[k]; ok {
 			cj.Spec.JobTemplate.Annotations[k] = v
 		} else {
@@ -71,17 +71,22 @@ func syncedAnnotations(cj *batchv1.CronJob) map[string]string {
 		return map[string]string{}
 	}
 	want := map[string]string{locksv1alpha1.AnnotationLock: lock, locksv1alpha1.AnnotationSyncedFromCronJob: "true"}
-	if c, ok := cj.Annotations[locksv1alpha1.AnnotationContention]; ok {
-		want[locksv1alpha1.AnnotationContention] = c
+	for _, k := range []string{locksv1alpha1.AnnotationContention, locksv1alpha1.AnnotationMaxWait} {
+		if v, ok := cj.Annotations[k]; ok {
+			want[k] = v
+		}
 	}
 	return want
 }
+
+// syncedKeys are the job-template annotations the CronJobReconciler manages.
+var syncedKeys = []string{locksv1alpha1.AnnotationLock, locksv1alpha1.AnnotationContention, locksv1alpha1.AnnotationMaxWait, locksv1alpha1.AnnotationSyncedFromCronJob}
 
 func needsSync(have, want map[string]string) bool {
 	if want == nil {
 		return false
 	}
-	for _, k := range []string{locksv1alpha1.AnnotationLock, locksv1alpha1.AnnotationContention, locksv1alpha1.AnnotationSyncedFromCronJob} {
+	for _, k := range syncedKeys {
 		hv, hok := have[k]
 		wv, wok := want[k]
 		if hok != wok || hv != wv {

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -37,12 +38,18 @@ type JobReconciler struct {
 	// tracker carries reconcile requests from the backend (releases) and the
 	// watchdog (lost leases), and remembers waiting Jobs.
 	*tracker
+
+	// waits remembers the queue positions reported and the Jobs ended
+	// without running (set by SetupWithManager; nil remembers nothing).
+	waits *waitMemory
 }
 
-// The Job controller patches gated Jobs (fencing token, suspend, finalizer)
-// and deletes the Jobs of CronJobs whose contention is Skip; it reads
-// CronJobs to name them in Events.
+// The Job controller patches gated Jobs (fencing token, suspend, finalizer,
+// queue position), marks the status of Jobs that end without running
+// (FailureTarget), and deletes the Jobs of CronJobs whose contention is Skip;
+// it reads CronJobs to name them in Events.
 // +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;patch;delete
+// +kubebuilder:rbac:groups=batch,resources=jobs/status,verbs=patch
 // +kubebuilder:rbac:groups=batch,resources=cronjobs,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -55,6 +62,7 @@ func (r *JobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 			// a lease still renewed for it has no holder.
 			ref := holder.Ref{Kind: jobKind, Namespace: req.Namespace, Name: req.Name}
 			releaseOrphan(ctx, r.Deps, ref, nil, "the Job is gone, or no longer carries the lock label")
+			r.waits.forget(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
@@ -71,7 +79,11 @@ func (r *JobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	switch phaseOf(&job) {
+	phase := phaseOf(&job)
+	if r.waits.hasEnded(&job) {
+		phase = phaseDone // ended without running; the cache may not show it yet
+	}
+	switch phase {
 	case phaseDone:
 		return r.reconcileRelease(ctx, g)
 	case phaseLostReported:
@@ -93,14 +105,15 @@ const (
 	phaseHolding jobPhase = "Holding"
 	// phaseLostReported: its lease was lost and that was recorded on it.
 	phaseLostReported jobPhase = "LostReported"
-	// phaseDone: finished or being deleted; its lease is released.
+	// phaseDone: finished, ended without running (Skipped, WaitTimedOut,
+	// Superseded) or being deleted; its lease is released.
 	phaseDone jobPhase = "Done"
 )
 
 // phaseOf decides a gated Job's phase from the Job alone.
 func phaseOf(job *batchv1.Job) jobPhase {
 	switch {
-	case !job.DeletionTimestamp.IsZero() || jobFinished(job):
+	case !job.DeletionTimestamp.IsZero() || jobFinished(job) || endedWithoutRunning(job):
 		return phaseDone
 	case job.Annotations[locksv1alpha1.AnnotationLost] != "":
 		return phaseLostReported
@@ -147,6 +160,23 @@ func jobFinished(job *batchv1.Job) bool {
 	return false
 }
 
+// endedWithoutRunning tells whether lockwarden ended the Job while it
+// waited: its FailureTarget condition (which kube-controller-manager's Job
+// controller turns into Failed) has one of lockwarden's reasons. A
+// FailureTarget with another reason (a running Job's pod failure policy)
+// is not the end: its pods may still run.
+func endedWithoutRunning(job *batchv1.Job) bool {
+	for _, c := range job.Status.Conditions {
+		if c.Type == batchv1.JobFailureTarget && c.Status == corev1.ConditionTrue {
+			switch c.Reason {
+			case locksv1alpha1.JobReasonSkipped, locksv1alpha1.JobReasonWaitTimedOut, locksv1alpha1.JobReasonSuperseded:
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func jobRef(job *batchv1.Job) holder.Ref {
 	return holder.Ref{Kind: jobKind, Namespace: job.Namespace, Name: job.Name}
 }
@@ -178,11 +208,28 @@ func (r *JobReconciler) wakeWaiting(index, value string) {
 			r.Log.Error(err, "Listing the Jobs of a lock failed; they try again at their next requeue", "lock", klog.KObj(&dl))
 			continue
 		}
-		for i := range jobs.Items {
-			j := &jobs.Items[i]
-			if j.Annotations[locksv1alpha1.AnnotationFencingToken] == "" && !jobFinished(j) {
-				r.enqueue(client.ObjectKeyFromObject(j))
-			}
+		r.enqueueWaiting(jobs.Items, "")
+	}
+}
+
+// wakeLockWaiters enqueues the waiting Jobs of one lock but except, so that
+// they see their new place in the queue at once (after a Job of the lock
+// started or ended) rather than at their next requeue.
+func (r *JobReconciler) wakeLockWaiters(ctx context.Context, namespace, lockName, except string) {
+	var jobs batchv1.JobList
+	if err := r.Client.List(ctx, &jobs, client.InNamespace(namespace), client.MatchingLabels{locksv1alpha1.LabelLock: lockName}); err != nil {
+		r.Log.V(1).Info("Listing the Jobs of a lock failed; they see their place at their next requeue", "lock", lockName, "error", err.Error())
+		return
+	}
+	r.enqueueWaiting(jobs.Items, except)
+}
+
+// enqueueWaiting enqueues the Jobs that wait for their lock, but except.
+func (r *JobReconciler) enqueueWaiting(jobs []batchv1.Job, except string) {
+	for i := range jobs {
+		j := &jobs[i]
+		if j.Name != except && phaseOf(j) == phaseWaiting {
+			r.enqueue(client.ObjectKeyFromObject(j))
 		}
 	}
 }
@@ -190,6 +237,9 @@ func (r *JobReconciler) wakeWaiting(index, value string) {
 // SetupWithManager registers the reconciler (use the package's SetupWithManager,
 // which also registers the field indexes it looks locks up by).
 func (r *JobReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.waits == nil {
+		r.waits = newWaitMemory()
+	}
 	r.Registry.OnRelease(r.onRelease)
 	r.Registry.OnHealth(r.onHealth)
 	return ctrl.NewControllerManagedBy(mgr).
@@ -227,4 +277,79 @@ func describeHolder(identity string, fence int64) string {
 		return "another waiter ahead in the queue"
 	}
 	return fmt.Sprintf("%s (fencing token %d)", identity, fence)
+}
+
+// waitMemory is what the Job reconciler remembers about waiting Jobs between
+// reconciles: the queue position each last reported, so that the Waiting
+// Event is recorded when the position changes rather than at every requeue,
+// and the Jobs it ended without running, so that a reconcile that reads
+// such a Job from a cache that lags behind never acquires for it. A nil
+// *waitMemory remembers nothing.
+type waitMemory struct {
+	mu        sync.Mutex
+	positions map[types.NamespacedName]string
+	ended     map[types.NamespacedName]types.UID
+}
+
+func newWaitMemory() *waitMemory {
+	return &waitMemory{positions: map[types.NamespacedName]string{}, ended: map[types.NamespacedName]types.UID{}}
+}
+
+// positionChanged records position as nn's and reports whether it differs
+// from the one recorded before.
+func (m *waitMemory) positionChanged(nn types.NamespacedName, position string) bool {
+	if m == nil {
+		return true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if prev, ok := m.positions[nn]; ok && prev == position {
+		return false
+	}
+	m.positions[nn] = position
+	return true
+}
+
+// markEnded remembers that the Job ended without running.
+func (m *waitMemory) markEnded(job *batchv1.Job) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	nn := client.ObjectKeyFromObject(job)
+	delete(m.positions, nn)
+	m.ended[nn] = job.UID
+}
+
+// hasEnded tells whether this Job (this UID) was ended without running.
+func (m *waitMemory) hasEnded(job *batchv1.Job) bool {
+	if m == nil {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	uid, ok := m.ended[client.ObjectKeyFromObject(job)]
+	return ok && uid == job.UID
+}
+
+// stopWaiting forgets nn's position (it acquired, or is done).
+func (m *waitMemory) stopWaiting(nn types.NamespacedName) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.positions, nn)
+}
+
+// forget drops everything remembered about nn (the Job is gone).
+func (m *waitMemory) forget(nn types.NamespacedName) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.positions, nn)
+	delete(m.ended, nn)
 }

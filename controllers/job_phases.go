@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -27,9 +29,10 @@ import (
 const lockMissingRequeue = 30 * time.Second
 
 // reconcileWaiting tries to acquire the lock for a suspended Job; on success
-// it hands the Job the fencing token and unsuspends it.
+// it hands the Job the fencing token and unsuspends it. A Job that waited
+// past its maximum wait, or that a newer Job of its CronJob supersedes
+// (contention QueueLatest), ends without running.
 func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl.Result, error) {
-	log := logf.FromContext(ctx)
 	job := g.job
 	if g.dl == nil {
 		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventLockNotFound, "Wait",
@@ -42,6 +45,17 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 		// with the lease held, never acquire again (that would issue a new
 		// fencing token while the Job may already run with this one).
 		return r.startJob(ctx, g, lease)
+	}
+	limit, deadline := maxWait(job, g.dl)
+	if limit > 0 && !r.Clock.Now().Before(deadline) {
+		return r.end(ctx, g, ending{reason: locksv1alpha1.JobReasonWaitTimedOut, eventType: corev1.EventTypeWarning,
+			note: fmt.Sprintf("Waited %v for lock %s, longer than its maximum wait of %v; the Job ends without running", r.Clock.Since(job.CreationTimestamp.Time).Round(time.Second), g.dl.Name, limit)})
+	}
+	contention := contentionOf(g)
+	if contention == locksv1alpha1.ContentionQueueLatest {
+		if res, done, err := r.supersedeOlder(ctx, g); done || err != nil {
+			return res, err
+		}
 	}
 	if job.Spec.Suspend == nil || !*job.Spec.Suspend {
 		// Someone unsuspended the Job without the lock: suspend it again.
@@ -56,16 +70,12 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 	}
 	h, res, ok := r.backendFor(ctx, g, "Acquire")
 	if !ok {
-		return res, nil
+		return untilDeadline(res, limit, deadline, r.Clock.Now()), nil
 	}
-	contention := locksv1alpha1.Contention(job.Annotations[locksv1alpha1.AnnotationContention])
-	if contention == "" {
-		contention = g.dl.Spec.Contention
-	}
-	ttl := time.Duration(g.dl.Spec.TTLSeconds) * time.Second
-	keys := backend.EngineKeys(g.dl)
-	lease, err := h.Locker.TryAcquire(ctx, lock.Request{Keys: keys, TTL: ttl, Owner: g.owner, Holder: g.holder.Encode(), Queue: contention != locksv1alpha1.ContentionSkip})
+	lease, err := h.Locker.TryAcquire(ctx, lock.Request{Keys: backend.EngineKeys(g.dl), TTL: lockTTL(g.dl), Owner: g.owner, Holder: g.holder.Encode(),
+		Queue: contention != locksv1alpha1.ContentionSkip, Limit: int(g.dl.Spec.MaxHolders)})
 	var busy *lock.HeldError
+	var invalid *lock.InvalidRequestError
 	switch {
 	case err == nil:
 		return r.start(ctx, g, h, lease)
@@ -74,21 +84,231 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 		return r.skip(ctx, g, busy)
 	case errors.As(err, &busy):
 		metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultBusy).Inc()
-		nn := client.ObjectKeyFromObject(job)
-		was := !r.startWaiting(nn, r.Clock.Now())
-		if !was {
-			r.notifyLock(job)
-			h := holder.Decode(busy.Holder)
-			r.eventf(job, corev1.EventTypeNormal, locksv1alpha1.EventWaiting, "Acquire", "Waiting for lock %s, held by %s", g.dl.Name, describeHolder(h.Identity, busy.Fence))
-		}
-		log.V(1).Info("Waiting for lock", "lock", g.dl.Name, "position", busy.Position)
-		return ctrl.Result{RequeueAfter: waitingRequeue}, nil
+		res, err := r.wait(ctx, g, busy)
+		return untilDeadline(res, limit, deadline, r.Clock.Now()), err
+	case errors.As(err, &invalid):
+		// The lock asks for what its backend cannot do (maxHolders > 1 on
+		// a store without semaphores): retrying soon does not help; a
+		// change of the lock's spec or backend wakes the Job.
+		metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultError).Inc()
+		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.ReasonInvalidBackend, "Acquire",
+			"Lock %s cannot be acquired: %s; the Job stays suspended until the lock or its backend changes", g.dl.Name, invalid.Error())
+		return untilDeadline(ctrl.Result{RequeueAfter: lockMissingRequeue}, limit, deadline, r.Clock.Now()), nil
 	default:
 		metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultError).Inc()
-		log.Error(err, "Acquiring lock failed", "lock", g.dl.Name)
+		logf.FromContext(ctx).Error(err, "Acquiring lock failed", "lock", g.dl.Name)
 		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Acquire", "Lock %s: %s", g.dl.Name, backend.Describe(err))
-		return ctrl.Result{RequeueAfter: backendRetry}, nil
+		return untilDeadline(ctrl.Result{RequeueAfter: backendRetry}, limit, deadline, r.Clock.Now()), nil
 	}
+}
+
+// contentionOf is the Job's contention: its annotation, else its lock's.
+func contentionOf(g *gatedJob) locksv1alpha1.Contention {
+	if c := locksv1alpha1.Contention(g.job.Annotations[locksv1alpha1.AnnotationContention]); c != "" {
+		return c
+	}
+	return g.dl.Spec.Contention
+}
+
+func lockTTL(dl *locksv1alpha1.DistributedLock) time.Duration {
+	return time.Duration(dl.Spec.TTLSeconds) * time.Second
+}
+
+// maxWait is how long the Job may wait for its lock (0: no bound) and when
+// that ends, counted from the Job's creation so that it holds across
+// restarts of the operator. The Job's lockwarden.io/max-wait annotation (the
+// admission webhook copies its CronJob's there) wins over the lock's
+// spec.maxWaitSeconds; an annotation that is not a positive duration (the
+// webhook refuses those) is ignored.
+func maxWait(job *batchv1.Job, dl *locksv1alpha1.DistributedLock) (time.Duration, time.Time) {
+	var limit time.Duration
+	if d, err := time.ParseDuration(job.Annotations[locksv1alpha1.AnnotationMaxWait]); err == nil && d > 0 {
+		limit = d
+	} else if dl != nil && dl.Spec.MaxWaitSeconds > 0 {
+		limit = time.Duration(dl.Spec.MaxWaitSeconds) * time.Second
+	}
+	if limit == 0 {
+		return 0, time.Time{}
+	}
+	return limit, job.CreationTimestamp.Add(limit)
+}
+
+// untilDeadline shortens a waiting Job's requeue so that it ends at its
+// maximum wait, not up to a requeue period later.
+func untilDeadline(res ctrl.Result, limit time.Duration, deadline, now time.Time) ctrl.Result {
+	if limit == 0 || res.RequeueAfter == 0 {
+		return res
+	}
+	if left := deadline.Sub(now); left < res.RequeueAfter {
+		res.RequeueAfter = max(left, time.Millisecond)
+	}
+	return res
+}
+
+// wait shows a Job that waits in the queue where it is: the queue-position
+// and waiting-for annotations, updated when they change, and a Waiting
+// Event when its position changes.
+func (r *JobReconciler) wait(ctx context.Context, g *gatedJob, busy *lock.HeldError) (ctrl.Result, error) {
+	job := g.job
+	nn := client.ObjectKeyFromObject(job)
+	if r.startWaiting(nn, r.Clock.Now()) {
+		r.notifyLock(job)
+	}
+	position, waitingFor := describeWait(busy)
+	if r.waits.positionChanged(nn, position) {
+		hd := holder.Decode(busy.Holder)
+		where := ""
+		if position != "" {
+			where = fmt.Sprintf("position %d of %d, ", busy.Position+1, max(busy.Waiters, busy.Position+1))
+		}
+		r.eventf(job, corev1.EventTypeNormal, locksv1alpha1.EventWaiting, "Acquire", "Waiting for lock %s: %sbehind %s", g.dl.Name, where, describeHolder(hd.Identity, busy.Fence))
+	}
+	logf.FromContext(ctx).V(1).Info("Waiting for lock", "lock", g.dl.Name, "position", position)
+	if job.Annotations[locksv1alpha1.AnnotationQueuePosition] != position || job.Annotations[locksv1alpha1.AnnotationWaitingFor] != waitingFor {
+		// Only these two keys: no optimistic lock needed, and a Job that
+		// started meanwhile is not touched otherwise.
+		before := job.DeepCopy()
+		setOrDelete(&job.ObjectMeta, locksv1alpha1.AnnotationQueuePosition, position)
+		setOrDelete(&job.ObjectMeta, locksv1alpha1.AnnotationWaitingFor, waitingFor)
+		if err := r.Client.Patch(ctx, job, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
+			return ctrl.Result{}, fmt.Errorf("show the Job's place in the queue: %w", err)
+		}
+	}
+	return ctrl.Result{RequeueAfter: waitingRequeue}, nil
+}
+
+// describeWait returns a waiting Job's queue-position annotation
+// ("position/length", 1 = next; empty when it is not queued) and its
+// waiting-for annotation.
+func describeWait(busy *lock.HeldError) (position, waitingFor string) {
+	if busy.Position >= 0 {
+		position = fmt.Sprintf("%d/%d", busy.Position+1, max(busy.Waiters, busy.Position+1))
+	}
+	var parts []string
+	if busy.Holder != "" {
+		held := "held by " + describeHolder(holder.Decode(busy.Holder).Identity, busy.Fence)
+		if busy.Holders > 1 {
+			held += fmt.Sprintf(" and %d other holder(s)", busy.Holders-1)
+		}
+		parts = append(parts, held)
+	}
+	if busy.Position > 0 {
+		parts = append(parts, fmt.Sprintf("%d waiter(s) ahead", busy.Position))
+	}
+	if len(parts) == 0 {
+		parts = append(parts, fmt.Sprintf("key %s is busy", busy.Key))
+	}
+	return position, strings.Join(parts, ", ")
+}
+
+func setOrDelete(m *metav1.ObjectMeta, k, v string) {
+	if v == "" {
+		delete(m.Annotations, k)
+		return
+	}
+	setAnnotation(m, k, v)
+}
+
+// supersedeOlder applies contention QueueLatest: among the waiting Jobs of
+// one CronJob on this lock only the newest (by creation, then name) keeps
+// waiting. A Job with a newer waiting sibling ends (done); the newest wakes
+// its older siblings, which end at once. Running Jobs are not waiting and
+// are never affected; a Job without a CronJob waits as with Queue.
+func (r *JobReconciler) supersedeOlder(ctx context.Context, g *gatedJob) (res ctrl.Result, done bool, err error) {
+	job := g.job
+	cj := cronJobOf(job)
+	if cj == nil {
+		return ctrl.Result{}, false, nil
+	}
+	var jobs batchv1.JobList
+	if err := r.Client.List(ctx, &jobs, client.InNamespace(job.Namespace), client.MatchingLabels{locksv1alpha1.LabelLock: g.dl.Name}); err != nil {
+		return ctrl.Result{}, false, fmt.Errorf("list the Jobs of lock %s: %w", g.dl.Name, err)
+	}
+	var newest *batchv1.Job
+	var older []types.NamespacedName
+	for i := range jobs.Items {
+		j := &jobs.Items[i]
+		if j.UID == job.UID || phaseOf(j) != phaseWaiting || r.waits.hasEnded(j) {
+			continue
+		}
+		if o := cronJobOf(j); o == nil || o.UID != cj.UID {
+			continue
+		}
+		if _, _, held := r.Watchdog.Holding(jobRef(j)); held {
+			continue // acquired; its start is on its way
+		}
+		switch {
+		case newerJob(j, job) && (newest == nil || newerJob(j, newest)):
+			newest = j
+		case newerJob(job, j):
+			older = append(older, client.ObjectKeyFromObject(j))
+		}
+	}
+	if newest == nil {
+		for _, nn := range older {
+			r.enqueue(nn)
+		}
+		return ctrl.Result{}, false, nil
+	}
+	res, err = r.end(ctx, g, ending{reason: locksv1alpha1.JobReasonSuperseded, eventType: corev1.EventTypeNormal,
+		note: fmt.Sprintf("Superseded by the newer Job %s of CronJob %s, which waits for lock %s in its place (contention QueueLatest); the Job ends without running", newest.Name, cj.Name, g.dl.Name)})
+	return res, true, err
+}
+
+// newerJob tells whether a was created after b (by creation time, then name).
+func newerJob(a, b *batchv1.Job) bool {
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return b.CreationTimestamp.Before(&a.CreationTimestamp)
+	}
+	return a.Name > b.Name
+}
+
+// ending is why a waiting Job ends without running.
+type ending struct {
+	// reason is the FailureTarget condition's reason and the Event's
+	// (JobReasonSkipped, JobReasonWaitTimedOut, JobReasonSuperseded).
+	reason    string
+	eventType string
+	// note is the condition's message and the Event's.
+	note string
+	// annotations are set on the Job with the removal of its finalizer.
+	annotations map[string]string
+}
+
+// end makes a waiting Job terminal without ever running it: it leaves the
+// queue, says why in an Event (on the Job and on its CronJob), and adds a
+// FailureTarget condition with the reason to the Job's status, with the
+// startTime a finished Job needs. kube-controller-manager's Job controller
+// turns the FailureTarget into Failed with the same reason and message;
+// the Job is never unsuspended, so it never has a pod. Then the Job is done
+// with as a finished one: its finalizer and waiting annotations are removed.
+func (r *JobReconciler) end(ctx context.Context, g *gatedJob, e ending) (ctrl.Result, error) {
+	job := g.job
+	if h, err := r.Registry.For(ctx, g.ref, g.dl); err == nil && h.Locker != nil {
+		if err := h.Locker.Dequeue(ctx, backend.EngineKeys(g.dl), g.owner); err != nil {
+			logf.FromContext(ctx).V(1).Info("Leaving the queue failed; the entry expires without heartbeats", "error", err.Error())
+		}
+	}
+	r.eventf(job, e.eventType, e.reason, "End", "%s", e.note)
+	if cj := cronJobOf(job); cj != nil {
+		r.eventf(cj, e.eventType, e.reason, "End", "Job %s: %s", job.Name, e.note)
+	}
+	before := job.DeepCopy()
+	now := metav1.NewTime(r.Clock.Now())
+	if job.Status.StartTime == nil {
+		job.Status.StartTime = &now // kube-apiserver refuses a Failed Job without one
+	}
+	job.Status.Conditions = append(job.Status.Conditions, batchv1.JobCondition{
+		Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: e.reason, Message: e.note, LastProbeTime: now, LastTransitionTime: now,
+	})
+	if err := r.Client.Status().Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		return ctrl.Result{}, fmt.Errorf("mark the Job %s: %w", e.reason, err)
+	}
+	r.waits.markEnded(job)
+	r.notifyLock(job)
+	r.wakeLockWaiters(ctx, job.Namespace, g.dl.Name, job.Name)
+	logf.FromContext(ctx).Info("Ended waiting Job without running it", "lock", g.dl.Name, "reason", e.reason)
+	return r.release(ctx, g, e.annotations)
 }
 
 // start hands an acquired lease to the watchdog and starts the Job.
@@ -96,6 +316,7 @@ func (r *JobReconciler) start(ctx context.Context, g *gatedJob, h backend.Handle
 	r.Watchdog.Hold(g.ref, h.Locker, lease)
 	metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultAcquired).Inc()
 	since := r.stopWaiting(client.ObjectKeyFromObject(g.job), lease.Acquired)
+	r.waits.stopWaiting(client.ObjectKeyFromObject(g.job))
 	metrics.WaitSeconds.WithLabelValues(jobKind).Observe(r.Clock.Since(since).Seconds())
 	logf.FromContext(ctx).Info("Acquired lock for Job", "lock", g.dl.Name, "fence", lease.Fence)
 	res, err := r.startJob(ctx, g, lease)
@@ -103,6 +324,7 @@ func (r *JobReconciler) start(ctx context.Context, g *gatedJob, h backend.Handle
 		return res, err // still held and renewed: the next reconcile starts it with this lease
 	}
 	r.eventf(g.job, corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire", "Acquired lock %s with fencing token %d; started", g.dl.Name, lease.Fence)
+	r.wakeLockWaiters(ctx, g.job.Namespace, g.dl.Name, g.job.Name) // the others moved up
 	r.Recorder.Eventf(g.dl, g.job, corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire", "Acquired by Job %s with fencing token %d", g.job.Name, lease.Fence)
 	return res, nil
 }
@@ -118,6 +340,8 @@ func (r *JobReconciler) startJob(ctx context.Context, g *gatedJob, lease *lock.L
 	setAnnotation(&job.ObjectMeta, locksv1alpha1.AnnotationHolder, g.holder.Identity)
 	setAnnotation(&job.Spec.Template.ObjectMeta, locksv1alpha1.AnnotationFencingToken, fence)
 	setAnnotation(&job.Spec.Template.ObjectMeta, locksv1alpha1.AnnotationHolder, g.holder.Identity)
+	delete(job.Annotations, locksv1alpha1.AnnotationQueuePosition)
+	delete(job.Annotations, locksv1alpha1.AnnotationWaitingFor)
 	suspend := false
 	job.Spec.Suspend = &suspend
 	if err := r.Client.Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
@@ -135,18 +359,21 @@ func setAnnotation(m *metav1.ObjectMeta, k, v string) {
 	m.Annotations[k] = v
 }
 
-// skip records why a Job with contention Skip does not run. A CronJob's Job
-// is deleted (its run is skipped, as the CronJob's events say); a plain Job
-// stays suspended, with the reason on it.
+// skip records why a Job with contention Skip does not run. A plain Job
+// ends Failed with reason Skipped (see end), the reason also in its
+// lockwarden.io/skipped annotation; a CronJob's Job is deleted (its run is
+// skipped, as the CronJob's events say).
 func (r *JobReconciler) skip(ctx context.Context, g *gatedJob, busy *lock.HeldError) (ctrl.Result, error) {
 	job := g.job
 	hd := holder.Decode(busy.Holder)
 	reason := fmt.Sprintf("lock %s is held by %s", g.dl.Name, describeHolder(hd.Identity, busy.Fence))
-	r.eventf(job, corev1.EventTypeNormal, locksv1alpha1.EventSkipped, "Skip", "Not run: %s (contention Skip)", reason)
 	cj := cronJobOf(job)
-	if cj != nil {
-		r.eventf(cj, corev1.EventTypeNormal, locksv1alpha1.EventSkipped, "Skip", "Skipped Job %s: %s (contention Skip)", job.Name, reason)
+	if cj == nil {
+		return r.end(ctx, g, ending{reason: locksv1alpha1.JobReasonSkipped, eventType: corev1.EventTypeNormal,
+			note: fmt.Sprintf("Not run: %s (contention Skip)", reason), annotations: map[string]string{locksv1alpha1.AnnotationSkipped: reason}})
 	}
+	r.eventf(job, corev1.EventTypeNormal, locksv1alpha1.EventSkipped, "Skip", "Not run: %s (contention Skip)", reason)
+	r.eventf(cj, corev1.EventTypeNormal, locksv1alpha1.EventSkipped, "Skip", "Skipped Job %s: %s (contention Skip)", job.Name, reason)
 	before := job.DeepCopy()
 	setAnnotation(&job.ObjectMeta, locksv1alpha1.AnnotationSkipped, reason)
 	controllerutil.RemoveFinalizer(job, locksv1alpha1.Finalizer)
@@ -154,10 +381,8 @@ func (r *JobReconciler) skip(ctx context.Context, g *gatedJob, busy *lock.HeldEr
 		return ctrl.Result{}, fmt.Errorf("mark Job skipped: %w", err)
 	}
 	r.Registry.Forget(g.ref)
-	if cj != nil {
-		if err := r.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
-			return ctrl.Result{}, fmt.Errorf("delete skipped Job: %w", err)
-		}
+	if err := r.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+		return ctrl.Result{}, fmt.Errorf("delete skipped Job: %w", err)
 	}
 	logf.FromContext(ctx).Info("Skipped Job", "reason", reason)
 	return ctrl.Result{}, nil
@@ -187,8 +412,8 @@ func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Re
 		return res, nil
 	}
 	fence, _ := strconv.ParseInt(g.job.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
-	ttl := time.Duration(g.dl.Spec.TTLSeconds) * time.Second
-	renewed, err := h.Locker.Renew(ctx, &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, TTL: ttl}, ttl)
+	ttl := lockTTL(g.dl)
+	renewed, err := h.Locker.Renew(ctx, &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, TTL: ttl, Limit: int(g.dl.Spec.MaxHolders)}, ttl)
 	switch {
 	case err == nil:
 		if renewed.Fence == 0 {
@@ -299,9 +524,15 @@ func (r *JobReconciler) handleLost(ctx context.Context, g *gatedJob, cause error
 	return ctrl.Result{}, nil
 }
 
-// reconcileRelease releases the lease of a finished or deleted Job, leaves
-// the queue, and removes the finalizer.
+// reconcileRelease releases the lease of a finished, ended or deleted Job,
+// leaves the queue, and removes the finalizer.
 func (r *JobReconciler) reconcileRelease(ctx context.Context, g *gatedJob) (ctrl.Result, error) {
+	return r.release(ctx, g, nil)
+}
+
+// release is reconcileRelease; it also sets the given annotations on the
+// Job with the removal of its finalizer and waiting annotations.
+func (r *JobReconciler) release(ctx context.Context, g *gatedJob, annotations map[string]string) (ctrl.Result, error) {
 	job := g.job
 	log := logf.FromContext(ctx)
 	lease, locker, held := r.Watchdog.Holding(g.ref)
@@ -309,7 +540,7 @@ func (r *JobReconciler) reconcileRelease(ctx context.Context, g *gatedJob) (ctrl
 		if h, err := r.Registry.For(ctx, g.ref, g.dl); err == nil {
 			locker = h.Locker
 			fence, _ := strconv.ParseInt(job.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
-			lease = &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence}
+			lease = &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, Limit: int(g.dl.Spec.MaxHolders)}
 		}
 	}
 	if locker != nil {
@@ -338,8 +569,20 @@ func (r *JobReconciler) reconcileRelease(ctx context.Context, g *gatedJob) (ctrl
 	}
 	r.Registry.Forget(g.ref)
 	r.forget(types.NamespacedName{Namespace: job.Namespace, Name: job.Name})
+	r.waits.stopWaiting(types.NamespacedName{Namespace: job.Namespace, Name: job.Name})
 	before := job.DeepCopy()
-	if controllerutil.RemoveFinalizer(job, locksv1alpha1.Finalizer) {
+	changed := controllerutil.RemoveFinalizer(job, locksv1alpha1.Finalizer)
+	for _, k := range []string{locksv1alpha1.AnnotationQueuePosition, locksv1alpha1.AnnotationWaitingFor} {
+		if _, ok := job.Annotations[k]; ok {
+			delete(job.Annotations, k)
+			changed = true
+		}
+	}
+	for k, v := range annotations {
+		setAnnotation(&job.ObjectMeta, k, v)
+		changed = true
+	}
+	if changed {
 		// Optimistic: the patch replaces the whole finalizer list, so it
 		// must not apply to a Job whose other finalizers changed meanwhile.
 		if err := r.Client.Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); client.IgnoreNotFound(err) != nil {
