@@ -54,9 +54,6 @@ import (
 	"github.com/lockwarden/lockwarden/internal/netguard"
 )
 
-// maxInspectWaiters bounds the waiters Inspect reports per key.
-const maxInspectWaiters = 10
-
 // client is what the Locker needs from a go-redis client (*goredis.Client,
 // including the Sentinel failover client, satisfies it).
 type client interface {
