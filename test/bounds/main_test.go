@@ -1,0 +1,129 @@
+// Package bounds checks, against kube-controller-manager's real Job
+// controller, how lockwarden ends a gated Job that must not run (contention
+// Skip, a maximum wait that passed, a newer Job of its CronJob with
+// contention QueueLatest): lockwarden marks the suspended Job with a
+// FailureTarget condition with its reason, and the Job controller turns
+// that into Failed with the same reason, without ever creating a Pod.
+//
+// The cluster is a real kube-apiserver and etcd (envtest) with lockwarden's
+// webhook configuration, plus kube-controller-manager running only the Job
+// controller (no scheduler and no kubelet: a Pod it creates stays Pending,
+// which is enough to see that it was created). The manager runs in this
+// process as cmd/main.go runs it (internal/manager, from command-line
+// flags), as an administrator: this suite is about the Job's lifecycle, not
+// RBAC (test/hostile runs the manager as its ServiceAccount).
+package bounds
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/lockwarden/lockwarden/internal/manager"
+	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
+	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
+)
+
+// jobController is kube-controller-manager's name for its Job controller.
+const jobController = "job-controller"
+
+// operatorNamespace is where the manager keeps its owner key.
+const operatorNamespace = "lockwarden-system"
+
+// env is the control plane; nil under -short.
+var env *kubetest.Env
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run()) // every test needs the control plane: they skip
+	}
+	level := zapcore.ErrorLevel
+	if os.Getenv("LOCKWARDEN_TEST_LOG") != "" {
+		level = zapcore.Level(-2)
+	}
+	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(level)))
+	e, err := kubetest.StartEnv(kubetest.WithWebhooks())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	env = e
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	err = setUp(ctx, stopped)
+	code := 1
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "set up the bounds suite:", err)
+	} else {
+		code = m.Run()
+	}
+	cancel()
+	if err == nil {
+		if err := <-stopped; err != nil {
+			fmt.Fprintln(os.Stderr, "the manager stopped with:", err)
+			code = 1
+		}
+	}
+	if err := e.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop envtest:", err)
+	}
+	os.Exit(code)
+}
+
+// setUp starts kube-controller-manager's Job controller and the manager;
+// stopped receives the manager's result once ctx ends.
+func setUp(ctx context.Context, stopped chan<- error) error {
+	if err := env.StartControllers(jobController); err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := env.Client.Create(sctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNamespace}}); err != nil {
+		return err
+	}
+	probePort, err := freeport.Take()
+	if err != nil {
+		return err
+	}
+	host, port, certDir := env.Webhook()
+	o, err := manager.ParseFlags([]string{
+		"--leader-election-namespace=" + operatorNamespace,
+		"--metrics-bind-address=0",
+		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probePort),
+		"--webhook-cert-mode=external",
+		"--webhook-cert-dir=" + certDir,
+		"--webhook-host=" + host,
+		fmt.Sprintf("--webhook-port=%d", port),
+		"--cluster-name=bounds",
+		"--endpoint-allow=127.0.0.1/32", // the tests' Redis servers are on loopback
+	})
+	if err != nil {
+		return err
+	}
+	go func() { stopped <- manager.Run(ctx, env.Config, o) }()
+	ready := fmt.Sprintf("http://127.0.0.1:%d/readyz", probePort)
+	return wait.PollUntilContextCancel(sctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, ready, nil)
+		if err != nil {
+			return false, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+}
