@@ -102,6 +102,9 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		// moment (OnHealth), with no status write in between.
 		return ctrl.Result{RequeueAfter: connectingRequeue}, nil
 	}
+	if err := r.forceRelease(ctx, &dl, obs); err != nil {
+		return ctrl.Result{}, err
+	}
 	if obs.ready() {
 		// Bring the backend in line with spec.holder; what happened is
 		// recorded in obs.

@@ -41,6 +41,24 @@ const (
 	AnnotationSyncedFromCronJob = "lockwarden.io/synced-from-cronjob"
 )
 
+// Annotations on DistributedLocks.
+const (
+	// AnnotationForceRelease asks the operator to take a lease away from a
+	// holder of this lock: its value is the holder's fencing token (as
+	// status.holders shows it). Anyone who may update the lock may ask; the
+	// admission webhook records who in AnnotationForceReleaseBy, the
+	// operator releases the lease, records Event ForceReleased (who, which
+	// holder, which token) and removes both annotations. The holder is
+	// treated as having lost its lease (the lock's onLost applies). Only
+	// holders that acquired through this lock, in this cluster, can be
+	// released this way.
+	AnnotationForceRelease = "lockwarden.io/force-release"
+	// AnnotationForceReleaseBy is set by the admission webhook to the user
+	// who set AnnotationForceRelease; a value set by anyone else is replaced
+	// or removed.
+	AnnotationForceReleaseBy = "lockwarden.io/force-release-by"
+)
+
 // Finalizer keeps every DistributedLock until its manual holder's lease (if
 // any) is released and its queue entries are gone, and a gated Job until its
 // lease is released.
@@ -183,6 +201,13 @@ const (
 	// EventHoldEnded: a manual holder's until or maxHoldSeconds passed and
 	// its lease was released.
 	EventHoldEnded = "HoldEnded"
+	// EventForceReleased: a holder's lease was taken away on request
+	// (AnnotationForceRelease): on the lock and on the holding Job.
+	EventForceReleased = "ForceReleased"
+	// EventForceReleaseRefused: a force-release request could not be carried
+	// out (no holder of this lock has that token, or no admission record of
+	// who asked).
+	EventForceReleaseRefused = "ForceReleaseRefused"
 	// EventTerminated: a Job's pods were stopped because its lease was lost and
 	// the lock's onLost is Terminate.
 	EventTerminated = "Terminated"

@@ -291,7 +291,8 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 	return mgr, nil
 }
 
-// setupWebhook serves the Job admission webhook; with self-signed
+// setupWebhook serves the admission webhooks (the Job gate and the
+// force-release audit); with self-signed
 // certificates it first waits for the rotator to write them.
 func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry) error {
 	gate := &webhook.JobGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check}
@@ -299,6 +300,7 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry) erro
 		if err := gate.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("set up the Job webhook: %w", err)
 		}
+		(&webhook.ForceReleaseAudit{}).SetupWithManager(mgr)
 		return mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker())
 	}
 	ns, name, _ := strings.Cut(o.webhookService, "/")
@@ -323,6 +325,7 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry) erro
 		if err := gate.SetupWithManager(mgr); err != nil {
 			ctrl.Log.WithName("setup").Error(err, "Setting up the Job webhook failed")
 		}
+		(&webhook.ForceReleaseAudit{}).SetupWithManager(mgr)
 	}()
 	return mgr.AddReadyzCheck("webhook-certificate", func(*http.Request) error {
 		select {

@@ -62,6 +62,12 @@ var (
 		Help: "Leases lost while held: expired during a backend outage, or taken over.",
 	}, []string{"kind"})
 
+	// ForceReleases counts leases taken away on request (lockwarden.io/force-release).
+	ForceReleases = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lockwarden_force_releases_total",
+		Help: "Leases taken away from their holder on request (lockwarden.io/force-release), by holder kind.",
+	}, []string{"kind"})
+
 	// LeasesHeld is the number of leases the operator holds and renews now.
 	LeasesHeld = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "lockwarden_leases_held",
@@ -89,5 +95,5 @@ var (
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(Acquisitions, WaitSeconds, HoldSeconds, Renewals, RenewalBatches,
-		LeasesLost, OrphansReleased, LeasesHeld, QueueDepth, LockHolders, BackendUp)
+		LeasesLost, OrphansReleased, ForceReleases, LeasesHeld, QueueDepth, LockHolders, BackendUp)
 }

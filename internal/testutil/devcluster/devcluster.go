@@ -173,7 +173,8 @@ type Cluster struct {
 	MetricsURL string
 	// ProbeURL is the base of the operator's /healthz and /readyz.
 	ProbeURL string
-	// WebhookURL is where the API server calls the operator's Job webhook.
+	// WebhookURL is where the API server calls the operator's webhooks
+	// (https://host:port; each webhook's path follows).
 	WebhookURL string
 
 	opts   Options
@@ -484,7 +485,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		c.ports.webhook, c.ports.metrics, c.ports.probe = p[0], p[1], p[2]
 		c.MetricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", c.ports.metrics)
 		c.ProbeURL = fmt.Sprintf("http://127.0.0.1:%d", c.ports.probe)
-		c.WebhookURL = fmt.Sprintf("https://127.0.0.1:%d/mutate-batch-v1-job", c.ports.webhook)
+		c.WebhookURL = fmt.Sprintf("https://127.0.0.1:%d", c.ports.webhook)
 		if err := c.applyWebhookConfiguration(ctx); err != nil {
 			return err
 		}

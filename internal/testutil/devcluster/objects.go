@@ -76,8 +76,9 @@ func (c *Cluster) applyWebhookConfiguration(ctx context.Context) error {
 }
 
 // WebhookConfiguration reads the MutatingWebhookConfiguration in path
-// (config/webhook/manifests.yaml) and points every webhook at url, trusting caPEM.
-func WebhookConfiguration(path, url string, caPEM []byte) (*admissionregistrationv1.MutatingWebhookConfiguration, error) {
+// (config/webhook/manifests.yaml) and points every webhook at its service
+// path on base (https://host:port), trusting caPEM.
+func WebhookConfiguration(path, base string, caPEM []byte) (*admissionregistrationv1.MutatingWebhookConfiguration, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -91,6 +92,11 @@ func WebhookConfiguration(path, url string, caPEM []byte) (*admissionregistratio
 	}
 	wh.Name = WebhookConfigurationName
 	for i := range wh.Webhooks {
+		svc := wh.Webhooks[i].ClientConfig.Service
+		if svc == nil || svc.Path == nil {
+			return nil, fmt.Errorf("%s: webhook %s names no service path", path, wh.Webhooks[i].Name)
+		}
+		url := base + *svc.Path
 		wh.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM}
 	}
 	return &wh, nil
