@@ -11,7 +11,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -497,10 +496,56 @@ func TestWaitMemoryReportsAPositionOnce(t *testing.T) {
 	}
 }
 
-// jobGone reports whether a Job is deleted (or being deleted).
-func jobGone(t *testing.T, namespace, name string) bool {
-	t.Helper()
-	var j batchv1.Job
-	err := env.Client.Get(context.Background(), types.NamespacedName{Namespace: namespace, Name: name}, &j)
-	return apierrors.IsNotFound(err) || !j.DeletionTimestamp.IsZero()
+func TestQueuePositionChangedByOthersIsRestored(t *testing.T) {
+	rdb := redistest.Start(t)
+	startManager(t, managerOptions{})
+	ns := newNamespace(t, nil)
+	c := env.Client
+	create(t, makeLock("billing", ns, rdb.Addr).obj())
+	create(t, makeJob("holder", ns).lock("billing").obj())
+	waitRunning(t, c, 10*time.Second, ns, "holder")
+	create(t, makeJob("waiter", ns).lock("billing").obj())
+	w := waitPosition(t, ns, "waiter", "1/1")
+	heldBy := w.Annotations[locksv1alpha1.AnnotationWaitingFor]
+
+	// Someone claims the Job is first of many.
+	w.Annotations[locksv1alpha1.AnnotationQueuePosition] = "1/99"
+	w.Annotations[locksv1alpha1.AnnotationWaitingFor] = "nobody"
+	if err := c.Update(context.Background(), w); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "the waiting annotations to be restored", func() (bool, string) {
+		j := getJob(t, c, ns, "waiter")
+		return j.Annotations[locksv1alpha1.AnnotationQueuePosition] == "1/1" && j.Annotations[locksv1alpha1.AnnotationWaitingFor] == heldBy, fmt.Sprint(j.Annotations)
+	})
+	eventually(t, 5*time.Second, "a Tampered Event on the Job", func() (bool, string) {
+		ok, e := hasEvent(t, ns, "waiter", locksv1alpha1.EventTampered)
+		return ok && strings.Contains(e, "place in the queue"), e
+	})
+}
+
+func TestWaitMemoryTellsTamperingFromALaggingCache(t *testing.T) {
+	t.Parallel()
+	nn := types.NamespacedName{Namespace: "ns", Name: "a"}
+	first, second, third := waitShown{"3/3", "x"}, waitShown{"2/2", "y"}, waitShown{"1/1", "z"}
+	m := newWaitMemory()
+	if m.tampered(nn, waitShown{"9/9", "forged"}, first) {
+		t.Error("before the operator wrote anything, nothing counts as tampered")
+	}
+	m.wroteShown(nn, first)
+	m.wroteShown(nn, second)
+	for name, tc := range map[string]struct {
+		seen waitShown
+		want bool
+	}{
+		"what it wrote last":                {second, false},
+		"what it wrote before (cache lags)": {first, false},
+		"what it writes now":                {third, false},
+		"removed by someone":                {waitShown{}, true},
+		"forged":                            {waitShown{"1/99", "nobody"}, true},
+	} {
+		if got := m.tampered(nn, tc.seen, third); got != tc.want {
+			t.Errorf("%s: tampered = %v, want %v", name, got, tc.want)
+		}
+	}
 }

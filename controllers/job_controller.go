@@ -281,18 +281,53 @@ func describeHolder(identity string, fence int64) string {
 
 // waitMemory is what the Job reconciler remembers about waiting Jobs between
 // reconciles: the queue position each last reported, so that the Waiting
-// Event is recorded when the position changes rather than at every requeue,
-// and the Jobs it ended without running, so that a reconcile that reads
-// such a Job from a cache that lags behind never acquires for it. A nil
-// *waitMemory remembers nothing.
+// Event is recorded when the position changes rather than at every requeue;
+// the waiting annotations last written on each, so that a change by someone
+// else is told apart from the cache lagging behind; and the Jobs it ended
+// without running, so that a reconcile that reads such a Job from a cache
+// that lags behind never acquires for it. A nil *waitMemory remembers nothing.
 type waitMemory struct {
 	mu        sync.Mutex
 	positions map[types.NamespacedName]string
+	shown     map[types.NamespacedName][2]waitShown
 	ended     map[types.NamespacedName]types.UID
 }
 
+// waitShown are the queue-position and waiting-for annotations written on a Job.
+type waitShown struct{ position, waitingFor string }
+
 func newWaitMemory() *waitMemory {
-	return &waitMemory{positions: map[types.NamespacedName]string{}, ended: map[types.NamespacedName]types.UID{}}
+	return &waitMemory{
+		positions: map[types.NamespacedName]string{},
+		shown:     map[types.NamespacedName][2]waitShown{},
+		ended:     map[types.NamespacedName]types.UID{},
+	}
+}
+
+// wroteShown remembers the waiting annotations written on nn, and the ones
+// written before them (none, at first).
+func (m *waitMemory) wroteShown(nn types.NamespacedName, s waitShown) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.shown[nn] = [2]waitShown{m.shown[nn][1], s}
+}
+
+// tampered tells whether the waiting annotations seen on nn are none of
+// what the operator writes now, wrote last, or wrote before (a cache that
+// lags behind the last write shows that): someone else changed them,
+// or removed them. After a restart of the operator nothing counts: it
+// remembers no writes.
+func (m *waitMemory) tampered(nn types.NamespacedName, seen, want waitShown) bool {
+	if m == nil || seen == want {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	wrote, ok := m.shown[nn]
+	return ok && seen != wrote[0] && seen != wrote[1]
 }
 
 // positionChanged records position as nn's and reports whether it differs
@@ -319,6 +354,7 @@ func (m *waitMemory) markEnded(job *batchv1.Job) {
 	defer m.mu.Unlock()
 	nn := client.ObjectKeyFromObject(job)
 	delete(m.positions, nn)
+	delete(m.shown, nn)
 	m.ended[nn] = job.UID
 }
 
@@ -341,6 +377,7 @@ func (m *waitMemory) stopWaiting(nn types.NamespacedName) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.positions, nn)
+	delete(m.shown, nn)
 }
 
 // forget drops everything remembered about nn (the Job is gone).
@@ -351,5 +388,6 @@ func (m *waitMemory) forget(nn types.NamespacedName) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.positions, nn)
+	delete(m.shown, nn)
 	delete(m.ended, nn)
 }

@@ -164,7 +164,10 @@ func (r *JobReconciler) wait(ctx context.Context, g *gatedJob, busy *lock.HeldEr
 		r.eventf(job, corev1.EventTypeNormal, locksv1alpha1.EventWaiting, "Acquire", "Waiting for lock %s: %sbehind %s", g.dl.Name, where, describeHolder(hd.Identity, busy.Fence))
 	}
 	logf.FromContext(ctx).V(1).Info("Waiting for lock", "lock", g.dl.Name, "position", position)
-	if job.Annotations[locksv1alpha1.AnnotationQueuePosition] != position || job.Annotations[locksv1alpha1.AnnotationWaitingFor] != waitingFor {
+	seen := waitShown{job.Annotations[locksv1alpha1.AnnotationQueuePosition], job.Annotations[locksv1alpha1.AnnotationWaitingFor]}
+	want := waitShown{position, waitingFor}
+	if seen != want {
+		tampered := r.waits.tampered(nn, seen, want)
 		// Only these two keys: no optimistic lock needed, and a Job that
 		// started meanwhile is not touched otherwise.
 		before := job.DeepCopy()
@@ -172,6 +175,11 @@ func (r *JobReconciler) wait(ctx context.Context, g *gatedJob, busy *lock.HeldEr
 		setOrDelete(&job.ObjectMeta, locksv1alpha1.AnnotationWaitingFor, waitingFor)
 		if err := r.Client.Patch(ctx, job, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
 			return ctrl.Result{}, fmt.Errorf("show the Job's place in the queue: %w", err)
+		}
+		r.waits.wroteShown(nn, want)
+		if tampered {
+			r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventTampered, "Restore",
+				"The Job's lockwarden annotations were changed by someone other than lockwarden; restored its place in the queue of lock %s (%s)", g.dl.Name, position)
 		}
 	}
 	return ctrl.Result{RequeueAfter: waitingRequeue}, nil
