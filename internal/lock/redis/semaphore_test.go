@@ -121,3 +121,37 @@ func TestRedlockSemaphoreNeedsMoreThanMajority(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRedlockSemaphoreLeavesQueueOfRefusingNode: a queued semaphore request
+// that one node refuses (its slots are full there) but a quorum grants holds
+// the lease, and must not stay queued on the refusing node, where it would
+// keep a place ahead of the next waiters until its waiter TTL ran out.
+func TestRedlockSemaphoreLeavesQueueOfRefusingNode(t *testing.T) {
+	servers := redistest.StartN(t, 5)
+	ctx := context.Background()
+	node0 := newTestLocker(t, Config{Addrs: []string{servers[0].Addr}})
+	for range 2 {
+		if _, err := node0.TryAcquire(ctx, lock.Request{Keys: []string{"k"}, TTL: time.Minute, Holder: "planted", Limit: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := newTestLocker(t, Config{Addrs: addrs(servers)})
+	owner, err := lock.NewOwnerToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"k"}, TTL: time.Minute, Holder: "w", Owner: owner, Queue: true, Limit: 2})
+	if err != nil {
+		t.Fatalf("semaphore of 2 on 4 of 5 nodes (4 needed): %v", err)
+	}
+	st, err := node0.Inspect(ctx, []string{"k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st[0].Queued != 0 || st[0].HolderCount != 2 {
+		t.Fatalf("refusing node: Inspect = %+v, want the 2 planted holders and nobody queued", st[0])
+	}
+	if err := l.Release(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+}
