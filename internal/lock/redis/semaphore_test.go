@@ -155,3 +155,43 @@ func TestRedlockSemaphoreLeavesQueueOfRefusingNode(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRedlockSemaphoreFenceWriteBack: when one node's counter is ahead, it
+// issues a larger token than the others; the lease takes the largest, and the
+// write-back records it as the slot's fence and counter on every node, so
+// that Inspect on any quorum reports it and the next token is larger.
+func TestRedlockSemaphoreFenceWriteBack(t *testing.T) {
+	servers := redistest.StartN(t, 3)
+	ctx := context.Background()
+	ahead := time.Now().Add(time.Hour).UnixMicro()
+	if err := servers[0].Client().Set(ctx, "{k}:fence", ahead, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	l := newTestLocker(t, Config{Addrs: addrs(servers)})
+	lease, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"k"}, TTL: time.Minute, Holder: "a", Limit: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease.Fence != ahead+1 {
+		t.Fatalf("fence %d, want %d (the node ahead)", lease.Fence, ahead+1)
+	}
+	for i, s := range servers {
+		st, err := newTestLocker(t, Config{Addrs: []string{s.Addr}}).Inspect(ctx, []string{"k"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st[0].Holders) != 1 || st[0].Holders[0].Fence != lease.Fence {
+			t.Fatalf("node %d: Inspect = %+v, want the slot with fence %d", i, st[0], lease.Fence)
+		}
+		if c, err := s.Client().Get(ctx, "{k}:fence").Int64(); err != nil || c < lease.Fence {
+			t.Fatalf("node %d: counter %d (%v), want at least %d", i, c, err, lease.Fence)
+		}
+	}
+	next, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"k"}, TTL: time.Minute, Holder: "b", Limit: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Fence <= lease.Fence {
+		t.Fatalf("next fence %d, want > %d", next.Fence, lease.Fence)
+	}
+}
