@@ -82,7 +82,10 @@ func TestJobGatingOnEveryStore(t *testing.T) {
 				create(t, makeJob(n, ns).ownedBy(owner).obj())
 				if i == 0 {
 					waitRunning(t, c, 20*time.Second, ns, n)
+					continue
 				}
+				// FIFO is the order of joining the queue: one at a time.
+				waitQueued(t, ns, "billing", i)
 			}
 			eventually(t, 20*time.Second, "three waiters in the lock's status", func() (bool, string) {
 				dl := getLock(t, ns, "billing")

@@ -91,6 +91,15 @@ func running(j *batchv1.Job) bool {
 	return j.Spec.Suspend != nil && !*j.Spec.Suspend && !jobFinished(j)
 }
 
+// waitQueued waits until the lock's status lists n waiters.
+func waitQueued(t *testing.T, ns, lock string, n int) {
+	t.Helper()
+	eventually(t, 20*time.Second, fmt.Sprintf("%d waiter(s) in the queue of lock %s", n, lock), func() (bool, string) {
+		dl := getLock(t, ns, lock)
+		return len(dl.Status.Waiting) == n, fmt.Sprintf("%+v", dl.Status.Waiting)
+	})
+}
+
 // waitRunning waits until the Job is unsuspended and returns it.
 func waitRunning(t *testing.T, c client.Client, timeout time.Duration, namespace, name string) *batchv1.Job {
 	t.Helper()
@@ -204,7 +213,12 @@ func TestJobsOfTwoCronJobsRunOneAtATimeInFIFOOrder(t *testing.T) {
 		create(t, makeJob(n, ns).ownedBy(owner).obj())
 		if i == 0 {
 			waitRunning(t, c, 10*time.Second, ns, n)
+			continue
 		}
+		// FIFO is the order in which Jobs join the queue: let each join
+		// before the next is created (Jobs created in the same instant
+		// may join in either order).
+		waitQueued(t, ns, "billing", i)
 	}
 	// Every waiter is queued before the first holder finishes.
 	eventually(t, 10*time.Second, "five waiters in the lock's status", func() (bool, string) {
