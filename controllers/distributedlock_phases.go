@@ -54,11 +54,11 @@ type observation struct {
 	events []pendingEvent
 }
 
-type pendingEvent struct{ eventtype, reason, action, note string }
+type pendingEvent struct{ reason, action, note string }
 
-// event adds an Event to record on the lock after the status write.
-func (o *observation) event(eventtype, reason, action, format string, args ...any) {
-	o.events = append(o.events, pendingEvent{eventtype, reason, action, fmt.Sprintf(format, args...)})
+// event adds a Normal Event to record on the lock after the status write.
+func (o *observation) event(reason, action, format string, args ...any) {
+	o.events = append(o.events, pendingEvent{reason, action, fmt.Sprintf(format, args...)})
 }
 
 func (o *observation) ready() bool { return o.scopeDenied == "" && o.backendErr == nil }
@@ -126,7 +126,7 @@ func (r *DistributedLockReconciler) gather(ctx context.Context, dl *locksv1alpha
 // recordEvents records the Events a reconcile collected in obs.
 func (r *DistributedLockReconciler) recordEvents(dl *locksv1alpha1.DistributedLock, obs *observation) {
 	for _, e := range obs.events {
-		r.Recorder.Eventf(dl, nil, e.eventtype, e.reason, e.action, "%s", e.note)
+		r.Recorder.Eventf(dl, nil, corev1.EventTypeNormal, e.reason, e.action, "%s", e.note)
 	}
 }
 
@@ -194,7 +194,7 @@ func (r *DistributedLockReconciler) reconcileHolder(ctx context.Context, dl *loc
 			want = nil
 			if prev := meta.FindStatusCondition(dl.Status.Conditions, locksv1alpha1.ConditionManualHolderHeld); prev == nil ||
 				prev.Reason != locksv1alpha1.ReasonHoldEnded || prev.ObservedGeneration != dl.Generation {
-				obs.event(corev1.EventTypeNormal, locksv1alpha1.EventHoldEnded, "Release",
+				obs.event(locksv1alpha1.EventHoldEnded, "Release",
 					"The hold of %s ended: %s; it does not hold or wait any more", h.Identity, why)
 			}
 		} else if ok {
@@ -270,7 +270,7 @@ func (r *DistributedLockReconciler) releaseUnwanted(ctx context.Context, dl *loc
 	switch err := locker.Release(ctx, l); {
 	case err == nil:
 		metrics.HoldSeconds.WithLabelValues(lockKind).Observe(obs.now.Sub(l.Acquired).Seconds())
-		obs.event(corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release",
+		obs.event(locksv1alpha1.EventReleased, "Release",
 			"Released the keys held by %s (fencing token %d)", holder.Decode(l.Holder).Identity, l.Fence)
 	case errors.Is(err, lock.ErrNotHeld):
 	default:
@@ -401,7 +401,7 @@ func (r *DistributedLockReconciler) release(ctx context.Context, dl *locksv1alph
 	switch {
 	case err == nil:
 		metrics.HoldSeconds.WithLabelValues(lockKind).Observe(obs.now.Sub(l.Acquired).Seconds())
-		obs.event(corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release",
+		obs.event(locksv1alpha1.EventReleased, "Release",
 			"Released the keys held by %s (fencing token %d)", holder.Decode(l.Holder).Identity, l.Fence)
 		log.Info("Released lease", "holder", holder.Decode(l.Holder).Identity, "fence", l.Fence)
 	case errors.Is(err, lock.ErrNotHeld):
@@ -452,7 +452,7 @@ func (r *DistributedLockReconciler) acquire(ctx context.Context, dl *locksv1alph
 		if states, err := obs.handle.Locker.Inspect(ctx, obs.keys); err == nil {
 			obs.states = states
 		}
-		obs.event(corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire",
+		obs.event(locksv1alpha1.EventAcquired, "Acquire",
 			"Acquired %v for %s with fencing token %d", dl.Spec.Keys, h.Identity, lease.Fence)
 		log.Info("Acquired lease", "holder", h.Identity, "fence", lease.Fence)
 	case errors.As(err, &busy):

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -74,8 +75,8 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 	var ours *locksv1alpha1.HolderStatus
 	if len(obs.states) > 0 {
 		k := obs.states[0]
-		st.HolderCount = ptr.To(int32(holderCount(k)))
-		st.QueueLength = ptr.To(int32(queueLength(k)))
+		st.HolderCount = ptr.To(clampInt32(holderCount(k)))
+		st.QueueLength = ptr.To(clampInt32(queueLength(k)))
 		for _, hs := range holdersOf(k) {
 			h := holder.Decode(hs.Holder)
 			acquired := metav1.NewTime(hs.Acquired)
@@ -204,4 +205,9 @@ func waitingFor(busy *lock.HeldError, st *locksv1alpha1.DistributedLockStatus) s
 	default:
 		return pos
 	}
+}
+
+// clampInt32 converts a count for status, saturating at the int32 range.
+func clampInt32(n int) int32 {
+	return int32(min(max(n, 0), math.MaxInt32))
 }

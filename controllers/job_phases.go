@@ -46,17 +46,6 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 		// fencing token while the Job may already run with this one).
 		return r.startJob(ctx, g, lease)
 	}
-	limit, deadline := maxWait(job, g.dl)
-	if limit > 0 && !r.Clock.Now().Before(deadline) {
-		return r.end(ctx, g, ending{reason: locksv1alpha1.JobReasonWaitTimedOut, eventType: corev1.EventTypeWarning,
-			note: fmt.Sprintf("Waited %v for lock %s, longer than its maximum wait of %v; the Job ends without running", r.Clock.Since(job.CreationTimestamp.Time).Round(time.Second), g.dl.Name, limit)})
-	}
-	contention := contentionOf(g)
-	if contention == locksv1alpha1.ContentionQueueLatest {
-		if res, done, err := r.supersedeOlder(ctx, g); done || err != nil {
-			return res, err
-		}
-	}
 	if job.Spec.Suspend == nil || !*job.Spec.Suspend {
 		// Someone unsuspended the Job without the lock: suspend it again.
 		before := job.DeepCopy()
@@ -67,6 +56,18 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 		}
 		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventUnsuspendedWithoutLock, "Suspend",
 			"The Job was unsuspended before it held lock %s; it waits for its turn", g.dl.Name)
+	}
+	limit, deadline := maxWait(job, g.dl)
+	if limit > 0 && !r.Clock.Now().Before(deadline) {
+		return r.end(ctx, g, ending{reason: locksv1alpha1.JobReasonWaitTimedOut, eventType: corev1.EventTypeWarning,
+			note: fmt.Sprintf("Waited for lock %s since %s, longer than its maximum wait of %v; the Job ends without running",
+				g.dl.Name, job.CreationTimestamp.UTC().Format(time.RFC3339), limit)})
+	}
+	contention := contentionOf(g)
+	if contention == locksv1alpha1.ContentionQueueLatest {
+		if res, done, err := r.supersedeOlder(ctx, g); done || err != nil {
+			return res, err
+		}
 	}
 	h, res, ok := r.backendFor(ctx, g, "Acquire")
 	if !ok {

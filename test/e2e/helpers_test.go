@@ -198,12 +198,12 @@ type podRecorder struct {
 	// limit is how many runs may overlap (a lock's maxHolders; 1: none);
 	// most is the most that did.
 	limit, most int
-	seq      int
-	runs     map[types.UID]*run
-	order    []*run
-	running  map[types.UID]*run
-	overlaps []string
-	err      error
+	seq         int
+	runs        map[types.UID]*run
+	order       []*run
+	running     map[types.UID]*run
+	overlaps    []string
+	err         error
 }
 
 // recordPods starts recording the Pods of ns until the test ends.
