@@ -29,6 +29,8 @@ func Describe(err error) string {
 		return ce.Error()
 	case errors.Is(err, ErrConnecting):
 		return ErrConnecting.Error()
+	case errors.Is(err, lock.ErrInvalidRequest):
+		return err.Error() // the operator's and the engine's own words, naming the field
 	case errors.Is(err, lock.ErrLost) || errors.Is(err, lock.ErrNotHeld):
 		if !errors.As(err, &ne) {
 			return err.Error() // the engine's and the operator's own words
