@@ -407,14 +407,14 @@ func TestMaxWait(t *testing.T) {
 		lockSecs   int32
 		want       time.Duration
 	}{
-		"no bound":                        {want: 0},
-		"the lock's":                      {lockSecs: 600, want: 10 * time.Minute},
-		"the annotation's":                {annotation: "45m", want: 45 * time.Minute},
-		"the annotation wins, longer":     {annotation: "2h", lockSecs: 600, want: 2 * time.Hour},
-		"the annotation wins, shorter":    {annotation: "30s", lockSecs: 600, want: 30 * time.Second},
-		"a bad annotation is ignored":     {annotation: "soon", lockSecs: 600, want: 10 * time.Minute},
-		"a zero annotation is ignored":    {annotation: "0s", want: 0},
-		"a negative annotation is ignore": {annotation: "-1m", lockSecs: 60, want: time.Minute},
+		"no bound":                         {want: 0},
+		"the lock's":                       {lockSecs: 600, want: 10 * time.Minute},
+		"the annotation's":                 {annotation: "45m", want: 45 * time.Minute},
+		"the annotation wins, longer":      {annotation: "2h", lockSecs: 600, want: 2 * time.Hour},
+		"the annotation wins, shorter":     {annotation: "30s", lockSecs: 600, want: 30 * time.Second},
+		"a bad annotation is ignored":      {annotation: "soon", lockSecs: 600, want: 10 * time.Minute},
+		"a zero annotation is ignored":     {annotation: "0s", want: 0},
+		"a negative annotation is ignored": {annotation: "-1m", lockSecs: 60, want: time.Minute},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
