@@ -549,3 +549,46 @@ func TestWaitMemoryTellsTamperingFromALaggingCache(t *testing.T) {
 		}
 	}
 }
+
+func TestSyncedAnnotationsCarryTheMaxWait(t *testing.T) {
+	t.Parallel()
+	cj := func(ann, tmpl map[string]string) *batchv1.CronJob {
+		c := &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Annotations: ann}}
+		c.Spec.JobTemplate.Annotations = tmpl
+		return c
+	}
+	synced := locksv1alpha1.AnnotationSyncedFromCronJob
+	tests := map[string]struct {
+		cj   *batchv1.CronJob
+		want map[string]string
+	}{
+		"lock, contention and max wait": {
+			cj: cj(map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationContention: "QueueLatest", locksv1alpha1.AnnotationMaxWait: "45m"}, nil),
+			want: map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationContention: "QueueLatest",
+				locksv1alpha1.AnnotationMaxWait: "45m", synced: "true"},
+		},
+		"lock only": {
+			cj:   cj(map[string]string{locksv1alpha1.AnnotationLock: "billing"}, nil),
+			want: map[string]string{locksv1alpha1.AnnotationLock: "billing", synced: "true"},
+		},
+		"lock removed: the synced ones go": {
+			cj:   cj(nil, map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationMaxWait: "45m", synced: "true"}),
+			want: map[string]string{},
+		},
+		"the user's own template annotations stay": {
+			cj: cj(nil, map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationMaxWait: "45m"}),
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			got := syncedAnnotations(tc.cj)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("syncedAnnotations (-want,+got):\n%s", diff)
+			}
+			if tc.want != nil && !needsSync(tc.cj.Spec.JobTemplate.Annotations, got) {
+				t.Errorf("needsSync(%v, %v) says nothing to do", tc.cj.Spec.JobTemplate.Annotations, got)
+			}
+		})
+	}
+}
