@@ -61,7 +61,10 @@ func createBackend(t *testing.T, ns string, spec locksv1alpha1.LockBackendSpec) 
 func TestJobGatingOnEveryStore(t *testing.T) {
 	for _, sc := range storeCases {
 		t.Run(sc.name, func(t *testing.T) {
-			const ttl = 6 * time.Second
+			// The lease must outlive the restart below: its last renewal
+			// (at most ttl/3 before the stop), the downtime and the new
+			// manager's start, which takes seconds on a loaded machine.
+			const ttl = 9 * time.Second
 			m1 := startManager(t, managerOptions{})
 			ns := newNamespace(t, nil)
 			c := env.Client
@@ -97,7 +100,7 @@ func TestJobGatingOnEveryStore(t *testing.T) {
 			// (renewals are due every TTL/3), and a new one takes over.
 			m1.stop()
 			stopped := time.Now()
-			time.Sleep(time.Until(stopped.Add(ttl / 2)))
+			time.Sleep(time.Until(stopped.Add(ttl/3 + 500*time.Millisecond)))
 			startManager(t, managerOptions{})
 			// Two TTLs later the first still holds with the same token, and nobody else runs.
 			for deadline := time.Now().Add(2 * ttl); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {

@@ -33,8 +33,9 @@ const (
 	// slow holder cannot build a backlog. A Job without a CronJob waits as
 	// with Queue.
 	ContentionQueueLatest Contention = "QueueLatest"
-	// ContentionSkip makes the workload give up without running: it ends
-	// Failed with reason Skipped.
+	// ContentionSkip makes the workload give up without running: a plain
+	// Job ends Failed with reason Skipped; a CronJob's Job is deleted (its
+	// run is skipped; Events on the CronJob say why).
 	ContentionSkip Contention = "Skip"
 )
 
@@ -103,7 +104,8 @@ type DistributedLockSpec struct {
 	// contention is what a gated Job does when the lock is held: Queue (default:
 	// wait in FIFO order), QueueLatest (wait, but a CronJob keeps only its
 	// newest waiting Job; older ones end with reason Superseded) or Skip (do
-	// not run; the Job ends with reason Skipped). A Job's
+	// not run: a plain Job ends with reason Skipped, a CronJob's Job is
+	// deleted). A Job's
 	// lockwarden.io/contention annotation overrides it.
 	// +optional
 	// +kubebuilder:default=Queue
