@@ -104,6 +104,18 @@ func TestTenantCannotBypassTheGate(t *testing.T) {
 			change: func(j *batchv1.Job) { j.Annotations[locksv1alpha1.AnnotationSkipped] = "forged" },
 			want:   []string{"the annotation lockwarden.io/skipped", "only lockwarden"},
 		},
+		"extend the maximum wait": {
+			change: func(j *batchv1.Job) { j.Annotations[locksv1alpha1.AnnotationMaxWait] = "720h" },
+			want:   []string{"the annotation lockwarden.io/max-wait", "only lockwarden"},
+		},
+		"forge a place in the queue": {
+			change: func(j *batchv1.Job) { j.Annotations[locksv1alpha1.AnnotationQueuePosition] = "1/9" },
+			want:   []string{"the annotation lockwarden.io/queue-position", "only lockwarden"},
+		},
+		"forge whom it waits for": {
+			change: func(j *batchv1.Job) { j.Annotations[locksv1alpha1.AnnotationWaitingFor] = "nobody" },
+			want:   []string{"the annotation lockwarden.io/waiting-for", "only lockwarden"},
+		},
 		"forge a fencing token on the Job": {
 			change: func(j *batchv1.Job) { j.Annotations[locksv1alpha1.AnnotationFencingToken] = "999" },
 			want:   []string{"the annotation lockwarden.io/fencing-token of Job", "only lockwarden"},
