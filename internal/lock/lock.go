@@ -48,7 +48,9 @@ type Request struct {
 	// lease exclusive (a mutex), N > 1 a counting semaphore with N slots,
 	// each holder with its own fencing token (strictly increasing per key
 	// across all holders). Every request for a key should give the same
-	// Limit; each request is admitted against its own. With Queue, waiters
+	// Limit; a request is admitted against the smallest limit of its own and
+	// the live holders', so no holder shares a key with more holders than
+	// its own Limit allows. With Queue, waiters
 	// are admitted in FIFO order: the first free slots go to the oldest
 	// waiters. At most MaxLimit. A backend without semaphores refuses
 	// Limit > 1 with an InvalidRequestError naming Limit.

@@ -35,6 +35,7 @@ func RunSemaphore(t *testing.T, newLocker func(t *testing.T) lock.Locker, opts .
 	t.Run("ExpiredSlotIsFreed", s.semExpiry)
 	t.Run("RenewRebuiltLease", s.semRenewRebuilt)
 	t.Run("MixedWithMutex", s.semMixed)
+	t.Run("MixedLimitsKeepEveryHoldersBound", s.semMixedLimits)
 	t.Run("MultiKeyAllOrNothing", s.semMultiKey)
 	t.Run("InspectBounds", s.semInspectBounds)
 }
@@ -562,4 +563,25 @@ func (s *suite) semInspectBounds(t *testing.T) {
 	for _, le := range held {
 		mustRelease(t, l, le)
 	}
+}
+
+// semMixedLimits: two locks name the same key with different limits (two
+// namespaces' locks on a Global key, say). A request with the larger limit
+// never takes the key past the bound a holder acquired with: holders of a
+// Limit-2 lease never see a third holder, whatever limit it asks for.
+func (s *suite) semMixedLimits(t *testing.T) {
+	l := s.newLocker(t)
+	ctx := ctxT(t, 20*time.Second)
+	key := keys(t, 1)[0]
+	small := mustAcquire(t, l, semReq(key, 2, "small"))
+	big := mustAcquire(t, l, semReq(key, 5, "big")) // 2 holders: within both bounds
+	_, err := l.TryAcquire(ctx, semReq(key, 5, "third"))
+	if he := wantHeldError(t, err, key); he.Holders != 2 {
+		t.Fatalf("a third holder with limit 5 beside a limit-2 holder: HeldError = %+v, want busy with 2 holders", he)
+	}
+	mustRelease(t, l, small)
+	third := mustAcquire(t, l, semReq(key, 5, "third")) // the limit-2 holder is gone
+	wantHolders(t, l, key, big, third)
+	mustRelease(t, l, big)
+	mustRelease(t, l, third)
 }

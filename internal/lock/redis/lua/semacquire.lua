@@ -18,7 +18,9 @@
 --   9 limit: how many holders the key admits (at least 2)
 -- A key is free for the owner when it holds a slot already, or when no mutex
 -- holds it and the owner's position in the live queue (its rank, or the queue
--- length when it is not queued) is below the free slots (limit - holders).
+-- length when it is not queued) is below the free slots: the smallest limit
+-- of the request and of the live holders, minus the holders. So a request
+-- with a larger limit never takes a key past the bound a holder acquired with.
 -- Returns {1, fence} when every key was taken, otherwise
 --   {0, busy key index, oldest holder, its fence, position (-1: not queued),
 --    queue length, PTTL ms of the first slot to expire, ticket, holder count}.
@@ -82,11 +84,20 @@ for i = 1, n do
     mine[i] = true
   else
     local count = redis.call('ZCARD', key(i, 7))
+    -- Every holder keeps its own bound: the key admits no more holders
+    -- than the smallest limit among the request and the live holders.
+    local eff = limit
+    if count > 0 then
+      for _, v in ipairs(redis.call('HVALS', key(i, 9))) do
+        local l = tonumber(string.match(v, '^%d+ %d+ (%d+) ') or '')
+        if l and l < eff then eff = l end
+      end
+    end
     local pos = 0
     if queued[i] then
       pos = redis.call('ZRANK', key(i, 4), owner) or redis.call('ZCARD', key(i, 4))
     end
-    if pos >= limit - count then
+    if pos >= eff - count then
       busy, bHolders = i, count
       local first = redis.call('ZRANGE', key(i, 8), 0, 0)
       if first[1] then
