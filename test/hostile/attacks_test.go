@@ -105,7 +105,9 @@ func TestOversizedReplyDoesNotTakeTheManagerDown(t *testing.T) {
 		t.Errorf("BackendReady says %q; want the category %s", c.Message, netguard.CategoryReplyTooLarge)
 	}
 	waitResyncs(t, 2)
-	if grown := heapSys() - before; grown > 256<<20 {
+	// HeapSys can shrink (the runtime returns memory): only growth counts.
+	if after := heapSys(); after > before && after-before > 256<<20 {
+		grown := after - before
 		t.Errorf("the heap grew by %d MiB while the manager talked to the server; want no reply-sized allocation", grown>>20)
 	}
 	// The manager is up and still serves everyone else.
