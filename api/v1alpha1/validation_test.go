@@ -74,8 +74,14 @@ func TestInvalidSpecsAreRefusedNamingTheField(t *testing.T) {
 		"ttl below the minimum":    {func(s *locksv1alpha1.DistributedLockSpec) { s.TTLSeconds = 4 }, []string{"spec.ttlSeconds", "greater than or equal to 5"}},
 		"ttl above the maximum":    {func(s *locksv1alpha1.DistributedLockSpec) { s.TTLSeconds = 86401 }, []string{"spec.ttlSeconds", "less than or equal to 86400"}},
 		"unknown scope":            {func(s *locksv1alpha1.DistributedLockSpec) { s.Scope = "Cluster" }, []string{"spec.scope", `"Namespace", "Global"`}},
-		"unknown contention":       {func(s *locksv1alpha1.DistributedLockSpec) { s.Contention = "Wait" }, []string{"spec.contention", `"Queue", "Skip"`}},
-		"unknown onLost":           {func(s *locksv1alpha1.DistributedLockSpec) { s.OnLost = "Kill" }, []string{"spec.onLost", `"Ignore", "Terminate"`}},
+		"unknown contention":       {func(s *locksv1alpha1.DistributedLockSpec) { s.Contention = "Wait" }, []string{"spec.contention", `"Queue", "QueueLatest", "Skip"`}},
+		"too many holders":         {func(s *locksv1alpha1.DistributedLockSpec) { s.MaxHolders = 101 }, []string{"spec.maxHolders", "100"}},
+		"negative holders":         {func(s *locksv1alpha1.DistributedLockSpec) { s.MaxHolders = -1 }, []string{"spec.maxHolders", "1"}},
+		"negative maximum wait":    {func(s *locksv1alpha1.DistributedLockSpec) { s.MaxWaitSeconds = -5 }, []string{"spec.maxWaitSeconds", "1"}},
+		"negative maximum hold": {func(s *locksv1alpha1.DistributedLockSpec) {
+			s.Holder = &locksv1alpha1.ManualHolder{Identity: "m", MaxHoldSeconds: -1}
+		}, []string{"spec.holder.maxHoldSeconds", "1"}},
+		"unknown onLost": {func(s *locksv1alpha1.DistributedLockSpec) { s.OnLost = "Kill" }, []string{"spec.onLost", `"Ignore", "Terminate"`}},
 		"empty holder identity": {func(s *locksv1alpha1.DistributedLockSpec) {
 			s.Holder = &locksv1alpha1.ManualHolder{Identity: ""}
 		}, []string{"spec.holder.identity", "at least 1"}},
