@@ -16,19 +16,14 @@ package bounds
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"net/http"
-	"os"
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/lockwarden/lockwarden/internal/manager"
 	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
@@ -45,41 +40,10 @@ const operatorNamespace = "lockwarden-system"
 var env *kubetest.Env
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() {
-		os.Exit(m.Run()) // every test needs the control plane: they skip
-	}
-	level := zapcore.ErrorLevel
-	if os.Getenv("LOCKWARDEN_TEST_LOG") != "" {
-		level = zapcore.Level(-2)
-	}
-	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(level)))
-	e, err := kubetest.StartEnv(kubetest.WithWebhooks())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	env = e
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan error, 1)
-	err = setUp(ctx, stopped)
-	code := 1
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "set up the bounds suite:", err)
-	} else {
-		code = m.Run()
-	}
-	cancel()
-	if err == nil {
-		if err := <-stopped; err != nil {
-			fmt.Fprintln(os.Stderr, "the manager stopped with:", err)
-			code = 1
-		}
-	}
-	if err := e.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stop envtest:", err)
-	}
-	os.Exit(code)
+	kubetest.Main(m, "bounds", func(ctx context.Context, e *kubetest.Env, stopped chan<- error) error {
+		env = e
+		return setUp(ctx, stopped)
+	}, kubetest.WithWebhooks())
 }
 
 // setUp starts kube-controller-manager's Job controller and the manager;

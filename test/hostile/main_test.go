@@ -16,18 +16,13 @@ package hostile
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"net/http"
-	"os"
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/util/wait"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/lockwarden/lockwarden/internal/manager"
 	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
@@ -48,41 +43,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() {
-		os.Exit(m.Run()) // every test needs the control plane: they skip
-	}
-	level := zapcore.ErrorLevel
-	if os.Getenv("LOCKWARDEN_TEST_LOG") != "" {
-		level = zapcore.Level(-2)
-	}
-	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(level)))
-	e, err := kubetest.StartEnv(kubetest.WithWebhooks())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	env = e
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan error, 1)
-	err = setUp(ctx, stopped)
-	code := 1
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "set up the hostile-tenant suite:", err)
-	} else {
-		code = m.Run()
-	}
-	cancel()
-	if err == nil {
-		if err := <-stopped; err != nil {
-			fmt.Fprintln(os.Stderr, "the manager stopped with:", err)
-			code = 1
-		}
-	}
-	if err := e.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stop envtest:", err)
-	}
-	os.Exit(code)
+	kubetest.Main(m, "hostile-tenant", func(ctx context.Context, e *kubetest.Env, stopped chan<- error) error {
+		env = e
+		return setUp(ctx, stopped)
+	}, kubetest.WithWebhooks())
 }
 
 // setUp installs lockwarden's RBAC and admission policy, makes both
