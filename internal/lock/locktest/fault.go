@@ -287,19 +287,7 @@ func faultRun(t *testing.T, seed uint64, f Faults) (acquired, rejected int64) {
 	var values atomic.Int64
 	var wg sync.WaitGroup
 
-	if f.Inject != nil {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(seed, 0)) //nolint:gosec // G404: a seeded, replayable test schedule, not a secret
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(f.FaultGap/4 + time.Duration(rng.Int64N(int64(f.FaultGap)))):
-				}
-				f.Inject(ctx, rng)
-			}
-		})
-	}
+	injectFaults(ctx, &wg, f, seed)
 
 	for c := range f.Clients {
 		l := f.NewLocker(t)
@@ -369,4 +357,23 @@ func faultRun(t *testing.T, seed uint64, f Faults) (acquired, rejected int64) {
 	}
 	t.Logf("%d operations: %d acquisitions, %d stale writes rejected", len(h.ops), acquired, rejected)
 	return acquired, rejected
+}
+
+// injectFaults runs f.Inject (if set) at random gaps around f.FaultGap, on a
+// schedule replayable from seed, until ctx ends.
+func injectFaults(ctx context.Context, wg *sync.WaitGroup, f Faults, seed uint64) {
+	if f.Inject == nil {
+		return
+	}
+	wg.Go(func() {
+		rng := rand.New(rand.NewPCG(seed, 0)) //nolint:gosec // G404: a seeded, replayable test schedule, not a secret
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(f.FaultGap/4 + time.Duration(rng.Int64N(int64(f.FaultGap)))):
+			}
+			f.Inject(ctx, rng)
+		}
+	})
 }

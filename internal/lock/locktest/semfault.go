@@ -100,19 +100,7 @@ func semFaultRun(t *testing.T, seed uint64, f Faults) semFaultStats {
 		expired   int64
 		intervals [][2]int64
 	)
-	if f.Inject != nil {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(seed, 0)) //nolint:gosec // G404: a seeded, replayable test schedule, not a secret
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(f.FaultGap/4 + time.Duration(rng.Int64N(int64(f.FaultGap)))):
-				}
-				f.Inject(ctx, rng)
-			}
-		})
-	}
+	injectFaults(ctx, &wg, f, seed)
 	for c := range f.Clients {
 		l := f.NewLocker(t)
 		wg.Go(func() {
