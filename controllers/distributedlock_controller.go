@@ -54,6 +54,17 @@ type DistributedLockReconciler struct {
 	// warned remembers the generation a spec warning was last given for, so
 	// that it is given once per change, not on every resync.
 	warned map[warning]int64
+	// holdEnded remembers the generation whose manual hold ended (its
+	// until or maxHoldSeconds passed), so that a reconcile reading the lock
+	// from a cache that does not show the HoldEnded condition yet does not
+	// take the lock again.
+	holdEnded map[types.NamespacedName]endedHold
+}
+
+// endedHold is a manual hold that ended: the lock's generation, and why.
+type endedHold struct {
+	generation int64
+	why        string
 }
 
 type warning struct {

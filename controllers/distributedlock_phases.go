@@ -50,6 +50,9 @@ type observation struct {
 	// maxHoldSeconds passed); holdEnds is when a running hold will end.
 	holdEnded string
 	holdEnds  time.Time
+	// holdEndedShown: the hold ended before this operator started, and
+	// status already says why.
+	holdEndedShown bool
 	// events are recorded once the status is written.
 	events []pendingEvent
 }
@@ -187,17 +190,22 @@ func (r *DistributedLockReconciler) reconcileHolder(ctx context.Context, dl *loc
 	if dl.Spec.Holder != nil {
 		h := r.manualHolder(dl, dl.Spec.Holder.Identity)
 		want = &h
-		if end, why, ok := r.holdEnd(dl, obs, h); ok && !obs.now.Before(end) {
+		nn := client.ObjectKeyFromObject(dl)
+		if why, ended := r.endedBefore(dl); ended {
+			// Ended for this generation of the spec: stays released, also
+			// when this reconcile reads a cache that does not show it yet.
+			obs.holdEnded, obs.holdEndedShown = why, why == ""
+			want = nil
+		} else if end, why, ok := r.holdEnd(dl, obs, h); ok && !obs.now.Before(end) {
 			// The hold is over: release it (below, as for a removed holder)
 			// and acquire nothing until the spec changes.
 			obs.holdEnded = why
 			want = nil
-			if prev := meta.FindStatusCondition(dl.Status.Conditions, locksv1alpha1.ConditionManualHolderHeld); prev == nil ||
-				prev.Reason != locksv1alpha1.ReasonHoldEnded || prev.ObservedGeneration != dl.Generation {
-				obs.event(locksv1alpha1.EventHoldEnded, "Release",
-					"The hold of %s ended: %s; it does not hold or wait any more", h.Identity, why)
-			}
-		} else if ok {
+			r.mu.Lock()
+			r.holdEnded[nn] = endedHold{generation: dl.Generation, why: why}
+			r.mu.Unlock()
+			obs.event(locksv1alpha1.EventHoldEnded, "Release",
+				"The hold of %s ended: %s; it does not hold or wait any more", h.Identity, why)		} else if ok {
 			obs.holdEnds = end
 		}
 	}
@@ -225,16 +233,26 @@ func (r *DistributedLockReconciler) reconcileHolder(ctx context.Context, dl *loc
 	}
 }
 
+// endedBefore tells whether the manual hold of this generation of the spec
+// ended already, and why: from memory, or after a restart from status (why
+// empty: status keeps its message).
+func (r *DistributedLockReconciler) endedBefore(dl *locksv1alpha1.DistributedLock) (string, bool) {
+	r.mu.Lock()
+	e, ok := r.holdEnded[client.ObjectKeyFromObject(dl)]
+	r.mu.Unlock()
+	if ok && e.generation == dl.Generation {
+		return e.why, true
+	}
+	c := meta.FindStatusCondition(dl.Status.Conditions, locksv1alpha1.ConditionManualHolderHeld)
+	return "", c != nil && c.Reason == locksv1alpha1.ReasonHoldEnded && c.ObservedGeneration == dl.Generation
+}
+
 // holdEnd returns when the manual holder's hold ends (spec.holder.until, or
 // maxHoldSeconds after it acquired) and why; ok is false while it has no end.
 // A hold that ended for this generation of the spec stays ended (status
 // says so), so that the released holder does not queue again.
 func (r *DistributedLockReconciler) holdEnd(dl *locksv1alpha1.DistributedLock, obs *observation, h holder.Holder) (end time.Time, why string, ok bool) {
 	spec := dl.Spec.Holder
-	if c := meta.FindStatusCondition(dl.Status.Conditions, locksv1alpha1.ConditionManualHolderHeld); c != nil &&
-		c.Reason == locksv1alpha1.ReasonHoldEnded && c.ObservedGeneration == dl.Generation {
-		return obs.now, c.Message, true
-	}
 	if spec.Until != nil {
 		end, why, ok = spec.Until.Time, fmt.Sprintf("spec.holder.until (%s) passed", spec.Until.UTC().Format(time.RFC3339)), true
 	}
@@ -507,6 +525,7 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 	nn := client.ObjectKeyFromObject(dl)
 	r.forget(nn)
 	r.mu.Lock()
+	delete(r.holdEnded, nn)
 	for w := range r.warned {
 		if w.nn == nn {
 			delete(r.warned, w)

@@ -169,6 +169,8 @@ func setManual(dl *locksv1alpha1.DistributedLock, obs *observation, st *locksv1a
 	switch {
 	case spec == nil:
 		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonNoManualHolder, "spec.holder is not set")
+	case obs.holdEndedShown:
+		// Status says so already, with why (kept from before a restart).
 	case obs.holdEnded != "":
 		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonHoldEnded,
 			fmt.Sprintf("The hold of %s ended: %s; change spec.holder to hold again", spec.Identity, obs.holdEnded))

@@ -140,6 +140,7 @@ func NewDistributedLockReconciler(d Deps, o LockOptions) *DistributedLockReconci
 		LockOptions: o,
 		tracker:     newTracker(lockKind, func() client.Object { return &locksv1alpha1.DistributedLock{} }),
 		warned:      map[warning]int64{},
+		holdEnded:   map[types.NamespacedName]endedHold{},
 	}
 }
 
