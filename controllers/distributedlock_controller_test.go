@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/backend"
@@ -153,9 +154,13 @@ func TestSecondHolderWaitsThenAcquiresWithLargerToken(t *testing.T) {
 
 func patchHolder(t *testing.T, namespace, name string, h *locksv1alpha1.ManualHolder) {
 	t.Helper()
-	dl := getLock(t, namespace, name)
-	dl.Spec.Holder = h
-	if err := env.Client.Update(context.Background(), dl); err != nil {
+	// The operator writes status meanwhile: retry a conflicting update.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		dl := getLock(t, namespace, name)
+		dl.Spec.Holder = h
+		return env.Client.Update(context.Background(), dl)
+	})
+	if err != nil {
 		t.Fatalf("update spec.holder of %s: %v", name, err)
 	}
 }

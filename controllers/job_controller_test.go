@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -115,15 +116,20 @@ func waitRunning(t *testing.T, c client.Client, timeout time.Duration, namespace
 func complete(t *testing.T, c client.Client, j *batchv1.Job) {
 	t.Helper()
 	now := metav1.Now()
-	j = getJob(t, c, j.Namespace, j.Name)
-	j.Status.StartTime = &now
-	j.Status.CompletionTime = &now
-	j.Status.Succeeded = 1
-	j.Status.Conditions = append(j.Status.Conditions,
-		batchv1.JobCondition{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, LastTransitionTime: now, LastProbeTime: now},
-		batchv1.JobCondition{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, LastTransitionTime: now, LastProbeTime: now})
-	if err := c.Status().Update(context.Background(), j); err != nil {
-		t.Fatalf("mark Job %s complete: %v", j.Name, err)
+	name := j.Name
+	// The operator may patch the Job meanwhile: retry a conflicting update.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		j := getJob(t, c, j.Namespace, name)
+		j.Status.StartTime = &now
+		j.Status.CompletionTime = &now
+		j.Status.Succeeded = 1
+		j.Status.Conditions = append(j.Status.Conditions,
+			batchv1.JobCondition{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, LastTransitionTime: now, LastProbeTime: now},
+			batchv1.JobCondition{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, LastTransitionTime: now, LastProbeTime: now})
+		return c.Status().Update(context.Background(), j)
+	})
+	if err != nil {
+		t.Fatalf("mark Job %s complete: %v", name, err)
 	}
 }
 
