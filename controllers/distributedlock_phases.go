@@ -205,7 +205,8 @@ func (r *DistributedLockReconciler) reconcileHolder(ctx context.Context, dl *loc
 			r.holdEnded[nn] = endedHold{generation: dl.Generation, why: why}
 			r.mu.Unlock()
 			obs.event(locksv1alpha1.EventHoldEnded, "Release",
-				"The hold of %s ended: %s; it does not hold or wait any more", h.Identity, why)		} else if ok {
+				"The hold of %s ended: %s; it does not hold or wait any more", h.Identity, why)
+		} else if ok {
 			obs.holdEnds = end
 		}
 	}
