@@ -1,0 +1,117 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/go-logr/logr/funcr"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
+)
+
+func setPolicy(t *testing.T, s *redistest.Server, policy string) {
+	t.Helper()
+	if err := s.Client().ConfigSet(context.Background(), "maxmemory-policy", policy).Err(); err != nil {
+		t.Fatalf("CONFIG SET maxmemory-policy %s on %s: %v", policy, s.Addr, err)
+	}
+}
+
+// TestCheckServersFindsEvictingNodes: a Redlock node whose maxmemory-policy
+// may evict keys (allkeys-lru, and volatile-ttl, which picks among keys with
+// a TTL such as every lock key) is named with the policy found and the fix;
+// a node with noeviction is not, and setting noeviction clears the finding.
+func TestCheckServersFindsEvictingNodes(t *testing.T) {
+	servers := redistest.StartN(t, 3)
+	setPolicy(t, servers[0], "allkeys-lru")
+	setPolicy(t, servers[2], "volatile-ttl")
+	l := newTestLocker(t, Config{Addrs: addrs(servers)})
+	ctx := context.Background()
+
+	findings, err := l.CheckServers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(findings) != 2 {
+		t.Fatalf("findings = %v, want one for %s and one for %s", findings, servers[0].Addr, servers[2].Addr)
+	}
+	for i, want := range []struct{ node, policy string }{{servers[0].Addr, "allkeys-lru"}, {servers[2].Addr, "volatile-ttl"}} {
+		f := findings[i]
+		if f.Node != want.node || f.Setting != "maxmemory-policy" || f.Found != want.policy || f.Want != "noeviction" {
+			t.Errorf("finding %d = %+v, want node %s with maxmemory-policy %s", i, f, want.node, want.policy)
+		}
+		msg := f.String()
+		for _, sub := range []string{want.node, want.policy, "CONFIG SET maxmemory-policy noeviction", "redis.conf"} {
+			if !strings.Contains(msg, sub) {
+				t.Errorf("finding %q does not say %q", msg, sub)
+			}
+		}
+	}
+
+	setPolicy(t, servers[0], "noeviction")
+	setPolicy(t, servers[2], "noeviction")
+	if findings, err := l.CheckServers(ctx); err != nil || len(findings) != 0 {
+		t.Fatalf("after setting noeviction everywhere: findings %v, error %v; want none", findings, err)
+	}
+}
+
+// TestCheckServersWithoutConfigPermission: a user whose ACL does not allow
+// CONFIG still uses the locks; the check says at debug level that it could
+// not verify the setting and reports no finding and no error, even where
+// the policy is unsafe (it cannot know).
+func TestCheckServersWithoutConfigPermission(t *testing.T) {
+	s := redistest.Start(t)
+	setPolicy(t, s, "allkeys-lru")
+	admin := s.Client()
+	if err := admin.Do(context.Background(), "ACL", "SETUSER", "locks", "on", ">secret", "~*", "&*", "+@all", "-config").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var logged []string
+	log := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		logged = append(logged, prefix+" "+args)
+	}, funcr.Options{Verbosity: 1})
+	l := newTestLocker(t, Config{Addrs: []string{s.Addr}, Username: "locks", Password: "secret"}, WithLogger(log))
+	ctx := context.Background()
+
+	findings, err := l.CheckServers(ctx)
+	if err != nil || len(findings) != 0 {
+		t.Fatalf("CheckServers without CONFIG: findings %v, error %v; want neither", findings, err)
+	}
+	mu.Lock()
+	all := strings.Join(logged, "\n")
+	mu.Unlock()
+	if !strings.Contains(all, "Could not verify") || !strings.Contains(all, s.Addr) || !strings.Contains(all, "NOPERM") {
+		t.Errorf("log = %q, want a debug line saying the setting of %s could not be verified (NOPERM)", all, s.Addr)
+	}
+	lease, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"k"}, TTL: lock.MinTTL * 10})
+	if err != nil {
+		t.Fatalf("the locks must work without CONFIG: %v", err)
+	}
+	if err := l.Release(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCheckServersWithANodeDown: the nodes that answer are checked, and the
+// error names the one that does not.
+func TestCheckServersWithANodeDown(t *testing.T) {
+	servers := redistest.StartN(t, 3)
+	setPolicy(t, servers[1], "allkeys-lfu")
+	servers[2].Kill()
+	l := newTestLocker(t, Config{Addrs: addrs(servers)})
+	findings, err := l.CheckServers(context.Background())
+	var ne *lock.NodeError
+	if !errors.As(err, &ne) || ne.Node != servers[2].Addr {
+		t.Errorf("error = %v, want a NodeError naming %s", err, servers[2].Addr)
+	}
+	if got := fmt.Sprint(findings); len(findings) != 1 || findings[0].Node != servers[1].Addr || findings[0].Found != "allkeys-lfu" {
+		t.Errorf("findings = %s, want one for %s (allkeys-lfu)", got, servers[1].Addr)
+	}
+}
