@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
@@ -48,12 +50,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 	}
 	now := l.opts.clock.Now()
 	rk := l.redisKeys(keys, allParts...)
-	// One node reports the oldest holders; Redlock needs every node's full
-	// list to count the holders held on a quorum.
-	maxHolders := lock.MaxInspectHolders
-	if len(l.nodes) > 1 {
-		maxHolders = lock.MaxLimit
-	}
+	maxHolders := l.inspectMaxHolders()
 	res := fanOut(ctx, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) ([]keyView, error) {
 		v, err := run(ctx, inspectScript, n.client, "inspect", rk, lock.MaxInspectWaiters, maxHolders)
 		if err != nil {
@@ -82,6 +79,150 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 		out[i] = l.keyState(k, now, views, i)
 	}
 	return out, nil
+}
+
+var _ lock.BatchInspector = (*Locker)(nil)
+
+// inspectMaxHolders is how many holders per key a node reports: the oldest
+// lock.MaxInspectHolders from one node; Redlock needs every node's full
+// list to count the holders held on a quorum.
+func (l *Locker) inspectMaxHolders() int {
+	if len(l.nodes) > 1 {
+		return lock.MaxLimit
+	}
+	return lock.MaxInspectHolders
+}
+
+// inspectChunkKeys bounds the lock keys one inspect script call of
+// InspectMany reads: a script runs alone on its node, and a bounded call
+// keeps other clients' commands (renewals, acquisitions) from waiting long
+// behind it. The calls of one InspectMany still go in one pipeline.
+const inspectChunkKeys = 128
+
+// inspectTimePerKey is the node timeout InspectMany adds per lock key to the
+// per-node timeout: a batch of many locks takes longer than one call.
+const inspectTimePerKey = 50 * time.Microsecond
+
+// inspectChunk is one inspect script call of InspectMany: the locks (by
+// index into its keys) whose keys it reads, in order.
+type inspectChunk struct {
+	locks []int
+	keys  []string
+}
+
+// inspectBatch is one node's answer to InspectMany: by lock, its keys'
+// views or why the node did not answer for it.
+type inspectBatch struct {
+	views [][]keyView
+	errs  []error
+}
+
+// InspectMany reports what Inspect would for each set of keys, with one
+// pipelined round trip per node for all of them (see lock.BatchInspector):
+// the keys of many locks go to the inspect script together, a bounded number
+// per call, and every call to a node in one pipeline. States and errors are
+// by index; an invalid set of keys fails alone.
+func (l *Locker) InspectMany(ctx context.Context, keys [][]string) ([][]lock.KeyState, []error) {
+	out := make([][]lock.KeyState, len(keys))
+	errs := make([]error, len(keys))
+	var chunks []inspectChunk
+	var cur inspectChunk
+	total := 0
+	for i, k := range keys {
+		if err := validateKeys(fmt.Sprintf("keys[%d]", i), k); err != nil {
+			errs[i] = err
+			continue
+		}
+		if len(cur.keys)+len(k) > inspectChunkKeys && len(cur.locks) > 0 {
+			chunks = append(chunks, cur)
+			cur = inspectChunk{}
+		}
+		cur.locks = append(cur.locks, i)
+		cur.keys = append(cur.keys, k...)
+		total += len(k)
+	}
+	if len(cur.locks) > 0 {
+		chunks = append(chunks, cur)
+	}
+	if len(chunks) == 0 {
+		return out, errs
+	}
+	now := l.opts.clock.Now()
+	timeout := l.opts.nodeTimeout + time.Duration(total)*inspectTimePerKey
+	perNode := fanOut(ctx, l.nodes, timeout, func(ctx context.Context, n *node) (inspectBatch, error) {
+		return l.inspectPipeline(ctx, n, keys, chunks), nil
+	})
+	for _, c := range chunks {
+		for _, i := range c.locks {
+			var views [][]keyView
+			var nodeErrs []error
+			for _, pn := range perNode {
+				if err := pn.val.errs[i]; err != nil {
+					nodeErrs = append(nodeErrs, &lock.NodeError{Node: pn.node.name, Err: err})
+					continue
+				}
+				views = append(views, pn.val.views[i])
+			}
+			if len(views) < l.quorum {
+				errs[i] = l.failure(fmt.Sprintf("inspect keys %q", keys[i]), len(views), nodeErrs)
+				continue
+			}
+			st := make([]lock.KeyState, len(keys[i]))
+			for j, k := range keys[i] {
+				st[j] = l.keyState(k, now, views, j)
+			}
+			out[i] = st
+		}
+	}
+	return out, errs
+}
+
+// inspectPipeline runs the inspect script for every chunk in one pipeline
+// on node n. When the node lost its script cache it retries once with EVAL
+// (inspect writes nothing).
+func (l *Locker) inspectPipeline(ctx context.Context, n *node, keys [][]string, chunks []inspectChunk) inspectBatch {
+	maxHolders := l.inspectMaxHolders()
+	exec := func(eval bool) []*goredis.Cmd {
+		pipe := n.client.Pipeline()
+		cmds := make([]*goredis.Cmd, len(chunks))
+		for k, c := range chunks {
+			rk := l.redisKeys(c.keys, allParts...)
+			if eval {
+				cmds[k] = inspectScript.Eval(ctx, pipe, rk, lock.MaxInspectWaiters, maxHolders)
+			} else {
+				cmds[k] = inspectScript.EvalSha(ctx, pipe, rk, lock.MaxInspectWaiters, maxHolders)
+			}
+		}
+		_, _ = pipe.Exec(ctx) // per-command errors are read below
+		return cmds
+	}
+	cmds := exec(false)
+	for _, c := range cmds {
+		if goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			cmds = exec(true)
+			break
+		}
+	}
+	b := inspectBatch{views: make([][]keyView, len(keys)), errs: make([]error, len(keys))}
+	for k, c := range chunks {
+		v, err := cmds[k].Result()
+		var views []keyView
+		if err != nil {
+			err = fmt.Errorf("inspect script: %w", err)
+		} else if views, err = decodeInspect(v, len(c.keys)); err != nil {
+			err = fmt.Errorf("inspect script: %w", err)
+		}
+		at := 0
+		for _, i := range c.locks {
+			if err != nil {
+				b.errs[i] = err
+				continue
+			}
+			b.views[i] = views[at : at+len(keys[i])]
+			at += len(keys[i])
+		}
+	}
+	return b
 }
 
 // keyState merges the nodes' views of key i.
