@@ -7,10 +7,12 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -20,6 +22,7 @@ import (
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/backend"
+	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
 // clusterBackendIDPrefix starts the backend ID of every ClusterLockBackend (backend.LockBackendID).
@@ -30,8 +33,10 @@ const namespacedBackendIDPrefix = "LockBackend/"
 
 // BackendStatusReconciler shows in a ClusterLockBackend's or LockBackend's
 // status how many locks use it and whether it answers, as the health check
-// of the client those locks share last found (no connection of its own):
-// what an administrator, or a namespace's owners, look at first. One runs
+// of the client those locks share last found (no connection of its own),
+// and, for Redis, whether a server has a setting that makes leases unsafe
+// (the StoreConfigured condition, with an Event per change): what an
+// administrator, or a namespace's owners, look at first. One runs
 // per Kind; build them with NewClusterLockBackendReconciler and
 // NewLockBackendReconciler.
 type BackendStatusReconciler struct {
@@ -39,6 +44,9 @@ type BackendStatusReconciler struct {
 	Registry *backend.Registry
 	// Resync is how often the status is refreshed without an event.
 	Resync time.Duration
+	// Recorder records the Events of the StoreConfigured condition on the
+	// backend (default: the manager's, set by SetupWithManager).
+	Recorder events.EventRecorder
 
 	kind     string
 	newObj   func() client.Object
@@ -143,17 +151,71 @@ func (r *BackendStatusReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, locksv1alpha1.ReasonBackendReachable, spec.Type()+" answers"
 	}
 	meta.SetStatusCondition(&st.Conditions, cond)
+	notes := r.setConfigured(st, obj.GetGeneration(), cond.Reason != locksv1alpha1.ReasonInvalidBackend && inUse, id, spec.Type())
 	if !equality.Semantic.DeepEqual(r.statusOf(before), st) {
 		if err := r.Client.Status().Patch(ctx, obj, client.MergeFrom(before)); err != nil {
 			return ctrl.Result{}, fmt.Errorf("patch status of %s: %w", id, err)
+		}
+		// Only once the condition is written: each change is told once,
+		// not at every resync.
+		for _, n := range notes {
+			r.Recorder.Eventf(obj, nil, n.kind, n.reason, "CheckSettings", "%s", n.note)
 		}
 	}
 	return ctrl.Result{RequeueAfter: r.Resync}, nil
 }
 
+// settingEvent is an Event to record once the status is written.
+type settingEvent struct{ kind, reason, note string }
+
+// setConfigured sets the StoreConfigured condition from the last settings
+// check of the backend's servers (Registry.ConfigOf), or removes it when
+// there is none (a store that does not check, a backend not in use or not
+// usable, no check completed yet). It returns the Events the change calls
+// for: a Warning for each unsafe setting the condition did not already
+// name, and a Normal one when the last unsafe setting is gone.
+func (r *BackendStatusReconciler) setConfigured(st *locksv1alpha1.BackendStatus, generation int64, usable bool, id, storeType string) []settingEvent {
+	var old *metav1.Condition
+	if c := meta.FindStatusCondition(st.Conditions, locksv1alpha1.ConditionStoreConfigured); c != nil {
+		old = c.DeepCopy()
+	}
+	checked, findings := false, []lock.Finding(nil)
+	if usable {
+		checked, findings = r.Registry.ConfigOf(id)
+	}
+	if !checked {
+		meta.RemoveStatusCondition(&st.Conditions, locksv1alpha1.ConditionStoreConfigured)
+		return nil
+	}
+	cond := metav1.Condition{Type: locksv1alpha1.ConditionStoreConfigured, ObservedGeneration: generation}
+	var notes []settingEvent
+	if len(findings) == 0 {
+		cond.Status, cond.Reason = metav1.ConditionTrue, locksv1alpha1.ReasonNoUnsafeSetting
+		cond.Message = "No " + storeType + " server has a setting known to make leases unsafe"
+		if old != nil && old.Status == metav1.ConditionFalse {
+			notes = append(notes, settingEvent{corev1.EventTypeNormal, locksv1alpha1.ReasonNoUnsafeSetting, cond.Message + " any more"})
+		}
+	} else {
+		msgs := make([]string, len(findings))
+		for i, f := range findings {
+			msgs[i] = f.String()
+			if old == nil || old.Status != metav1.ConditionFalse || !strings.Contains(old.Message, msgs[i]) {
+				notes = append(notes, settingEvent{corev1.EventTypeWarning, locksv1alpha1.ReasonUnsafeSetting, msgs[i]})
+			}
+		}
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, locksv1alpha1.ReasonUnsafeSetting, strings.Join(msgs, " ")
+	}
+	meta.SetStatusCondition(&st.Conditions, cond)
+	return notes
+}
+
 // SetupWithManager registers the reconciler: it runs when a backend or a
-// lock naming it changes, and when the backend's health changes.
+// lock naming it changes, and when the backend's health, or what the check
+// of its servers' settings found, changes.
 func (r *BackendStatusReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorder("lockwarden")
+	}
 	r.notify = make(chan event.GenericEvent, notifyBuffer)
 	r.Registry.OnHealth(func(id string, _ error) {
 		if nn, ok := r.fromID(id); ok {

@@ -78,6 +78,9 @@ type managerOptions struct {
 	syncCronJobs bool
 	// env is the control plane to run against (default: the package's).
 	env *kubetest.Env
+	// configCheck is how often the registry reads the servers' settings
+	// again (default: backend.DefaultConfigCheckInterval).
+	configCheck time.Duration
 }
 
 // testManager is a running manager with the lock controller.
@@ -120,6 +123,9 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 	}
 	registry := backend.NewRegistry(ctx, mgr.GetAPIReader(), backend.NewLocker(ctrl.Log.WithName("lock")), ctrl.Log.WithName("backend"))
 	registry.SetHealthInterval(500 * time.Millisecond)
+	if o.configCheck > 0 {
+		registry.SetConfigCheckInterval(o.configCheck)
+	}
 	registry.SetPolicy(o.policy, mgr.GetClient())
 	dog := watchdog.New(nil)
 	if err := mgr.Add(dog); err != nil {

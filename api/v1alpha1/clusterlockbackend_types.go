@@ -64,7 +64,9 @@ type BackendStatus struct {
 
 	// conditions: Ready (the backend answers, as the operator's health check
 	// of the client its locks share last found; reasons Reachable,
-	// Unreachable, NotInUse).
+	// Unreachable, NotInUse) and, for Redis, StoreConfigured (False, reason
+	// UnsafeSetting, while a server has a setting that makes leases unsafe,
+	// such as a maxmemory-policy other than noeviction).
 	// +optional
 	// +listType=map
 	// +listMapKey=type

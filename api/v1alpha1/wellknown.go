@@ -117,6 +117,25 @@ const ConditionReady = "Ready"
 // client to check it with (Ready is Unknown).
 const ReasonNotInUse = "NotInUse"
 
+// ConditionStoreConfigured is a ClusterLockBackend's or LockBackend's
+// condition for the stores whose server settings the operator reads (Redis:
+// maxmemory-policy on every node): False while a server has a setting that
+// makes leases unsafe, True when the last check found none. A server that
+// does not let the operator read its settings counts as none found. Absent
+// for the other stores, and while no lock uses the backend.
+const ConditionStoreConfigured = "StoreConfigured"
+
+// Reasons of the StoreConfigured condition, also of the Events recorded on
+// the backend when it changes (a Warning per unsafe setting found, a Normal
+// Event when none is left).
+const (
+	// ReasonUnsafeSetting: a server has a setting that makes leases unsafe;
+	// the message names the server, the setting, the value found and the fix.
+	ReasonUnsafeSetting = "UnsafeSetting"
+	// ReasonNoUnsafeSetting: the last check found no unsafe setting.
+	ReasonNoUnsafeSetting = "NoUnsafeSetting"
+)
+
 // Reasons of the Held condition.
 const (
 	// ReasonAcquired: a holder of this lock (its manual holder or one of its Jobs) holds the keys.

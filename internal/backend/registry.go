@@ -72,7 +72,8 @@ func (e *ConfigError) Unwrap() error { return e.Err }
 // NewLockerFunc builds a Locker from a resolved backend (NewLocker is the manager's).
 type NewLockerFunc func(cfg Config) (Locker, error)
 
-// HealthFunc is told when a backend in use starts or stops answering (err nil: it answers).
+// HealthFunc is told when a backend in use starts or stops answering (err
+// nil: it answers), and when the findings of its settings check change.
 type HealthFunc func(backendID string, err error)
 
 // ReleaseFunc is told the backend ID and key (as the lock names it, with the
@@ -89,6 +90,7 @@ type Registry struct {
 	log       logr.Logger
 
 	healthInterval time.Duration
+	configInterval time.Duration
 	secretTTL      time.Duration
 
 	// secrets remembers Secrets read recently, so that many locks (and
@@ -122,6 +124,12 @@ type health struct {
 	checked bool
 	// failures counts the checks that failed in a row.
 	failures int
+
+	// configChecked tells whether a check of the servers' settings
+	// (lock.ConfigChecker) has completed, at configAt, and found findings.
+	configChecked bool
+	configAt      time.Time
+	findings      []lock.Finding
 }
 
 // downAfter is how many health checks in a row must fail before a backend
@@ -155,6 +163,11 @@ type cachedSecret struct {
 // DefaultHealthInterval is how often every backend in use is pinged.
 const DefaultHealthInterval = 2 * time.Second
 
+// DefaultConfigCheckInterval is how often the settings of the servers of a
+// backend in use are read again (lock.ConfigChecker), besides when it starts
+// answering.
+const DefaultConfigCheckInterval = time.Minute
+
 // DefaultSecretTTL is how long a Secret read for a lock is reused: a changed
 // Secret takes effect within it (and the lock's next reconcile).
 const DefaultSecretTTL = 10 * time.Second
@@ -169,6 +182,7 @@ func NewRegistry(ctx context.Context, reader client.Reader, newLocker NewLockerF
 		newLocker:      newLocker,
 		log:            log,
 		healthInterval: DefaultHealthInterval,
+		configInterval: DefaultConfigCheckInterval,
 		secretTTL:      DefaultSecretTTL,
 		secrets:        map[types.NamespacedName]cachedSecret{},
 		entries:        map[string]*entry{},
@@ -191,10 +205,15 @@ func (r *Registry) SetPolicy(p Policy, objects client.Reader) {
 // SetHealthInterval changes how often backends are pinged (before first use).
 func (r *Registry) SetHealthInterval(d time.Duration) { r.healthInterval = d }
 
+// SetConfigCheckInterval changes how often the servers' settings are read
+// again (before first use).
+func (r *Registry) SetConfigCheckInterval(d time.Duration) { r.configInterval = d }
+
 // SetSecretTTL changes how long a Secret read is reused (before first use).
 func (r *Registry) SetSecretTTL(d time.Duration) { r.secretTTL = d }
 
-// OnHealth registers f to be told when a backend starts or stops answering.
+// OnHealth registers f to be told when a backend starts or stops answering,
+// and when the findings of its settings check change (see ConfigOf).
 func (r *Registry) OnHealth(f HealthFunc) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -327,7 +346,9 @@ func (r *Registry) watch(ctx context.Context, h Handle) {
 }
 
 // checkHealth pings the backend every health interval and tells the health
-// listeners when the answer changes.
+// listeners when the answer changes. While it answers, it also reads the
+// servers' settings (when the Locker is a lock.ConfigChecker) at once and
+// then every config interval, and tells the listeners when the findings change.
 func (r *Registry) checkHealth(ctx context.Context, e *entry) {
 	wait.UntilWithContext(ctx, func(ctx context.Context) {
 		pctx, cancel := context.WithTimeout(ctx, r.healthInterval)
@@ -351,22 +372,115 @@ func (r *Registry) checkHealth(ctx context.Context, e *entry) {
 		}
 		changed := !h.checked || (h.err == nil) != (err == nil)
 		h.err, h.checked = err, true
+		// Read the settings again when the backend comes back: it may be
+		// another server now (a restart, a failover).
+		due := err == nil && (changed || !h.configChecked || time.Since(h.configAt) >= r.configInterval)
 		h.mu.Unlock()
+		findingsChanged := due && r.checkConfig(ctx, e)
 		r.mu.Lock()
 		listeners := slices.Clone(r.health)
 		r.mu.Unlock()
-		if !changed {
+		if !changed && !findingsChanged {
 			return
 		}
-		if err != nil {
-			r.log.Info("Lock backend stopped answering", "backend", e.handle.ID, "error", err.Error())
-		} else {
-			r.log.V(1).Info("Lock backend answers", "backend", e.handle.ID)
+		if changed {
+			if err != nil {
+				r.log.Info("Lock backend stopped answering", "backend", e.handle.ID, "error", err.Error())
+			} else {
+				r.log.V(1).Info("Lock backend answers", "backend", e.handle.ID)
+			}
 		}
 		for _, f := range listeners {
 			f(e.handle.ID, err)
 		}
 	}, r.healthInterval)
+}
+
+// checkConfig reads the servers' settings of a backend whose Locker can
+// (lock.ConfigChecker), and reports whether the findings changed. The last
+// findings of a server that does not answer are kept.
+func (r *Registry) checkConfig(ctx context.Context, e *entry) bool {
+	cc, ok := e.handle.Locker.(lock.ConfigChecker)
+	if !ok {
+		return false
+	}
+	cctx, cancel := context.WithTimeout(ctx, r.healthInterval)
+	found, err := cc.CheckServers(cctx)
+	cancel()
+	if ctx.Err() != nil {
+		return false
+	}
+	h := e.handle.health
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err != nil {
+		r.log.V(1).Info("Could not read the settings of every server of a lock backend", "backend", e.handle.ID, "error", err.Error())
+		down := map[string]bool{}
+		for _, n := range nodeErrors(err) {
+			down[n] = true
+		}
+		for _, f := range h.findings {
+			if down[f.Node] {
+				found = append(found, f)
+			}
+		}
+	}
+	slices.SortFunc(found, func(a, b lock.Finding) int { return strings.Compare(a.Node+"\x00"+a.Setting, b.Node+"\x00"+b.Setting) })
+	for _, f := range found {
+		if !slices.Contains(h.findings, f) {
+			r.log.Info("A lock backend's server has an unsafe setting", "backend", e.handle.ID, "node", f.Node, "setting", f.Setting, "found", f.Found, "want", f.Want)
+		}
+	}
+	changed := !h.configChecked || !slices.Equal(h.findings, found)
+	h.findings, h.configChecked, h.configAt = found, true, time.Now()
+	return changed
+}
+
+// nodeErrors returns the nodes named by the *lock.NodeErrors in err (joined or wrapped).
+func nodeErrors(err error) []string {
+	var multi interface{ Unwrap() []error }
+	if errors.As(err, &multi) {
+		var out []string
+		for _, e := range multi.Unwrap() {
+			out = append(out, nodeErrors(e)...)
+		}
+		return out
+	}
+	if ne := (*lock.NodeError)(nil); errors.As(err, &ne) {
+		return []string{ne.Node}
+	}
+	return nil
+}
+
+// ConfigOf returns what the settings checks of the open backends with ID id
+// found (lock.ConfigChecker): checked is false when none has completed (no
+// backend with that ID is open, its Locker does not check settings, or it
+// has not answered yet).
+func (r *Registry) ConfigOf(id string) (checked bool, findings []lock.Finding) {
+	r.mu.Lock()
+	var handles []Handle
+	for _, e := range r.entries {
+		if e.handle.ID == id {
+			handles = append(handles, e.handle)
+		}
+	}
+	r.mu.Unlock()
+	for _, h := range handles {
+		if h.health == nil {
+			continue
+		}
+		h.health.mu.Lock()
+		if h.health.configChecked {
+			checked = true
+			for _, f := range h.health.findings {
+				if !slices.Contains(findings, f) {
+					findings = append(findings, f)
+				}
+			}
+		}
+		h.health.mu.Unlock()
+	}
+	return checked, findings
 }
 
 // secretValue reads one key of a Secret in namespace: the lock's own, or

@@ -28,14 +28,13 @@ type Finding struct {
 	Setting string
 	// Found is its value on the server; Want the safe value.
 	Found, Want string
-	// Risk says what can go wrong with the value found.
-	Risk string
-	// Fix says how to set the safe value.
-	Fix string
+	// Risk says what can go wrong with the value found, and Fix how to set
+	// the safe value (each a clause without a final period).
+	Risk, Fix string
 }
 
 // String names the node, the setting, the value found, the risk and the fix
-// in one sentence (the text of a status condition or Event).
+// (the text of a status condition or Event).
 func (f Finding) String() string {
-	return fmt.Sprintf("%s has %s %s, not %s: %s; fix: %s", f.Node, f.Setting, f.Found, f.Want, f.Risk, f.Fix)
+	return fmt.Sprintf("%s has %s %s, not %s: %s. Fix: %s.", f.Node, f.Setting, f.Found, f.Want, f.Risk, f.Fix)
 }
