@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr/funcr"
 
@@ -114,4 +115,118 @@ func TestCheckServersWithANodeDown(t *testing.T) {
 	if got := fmt.Sprint(findings); len(findings) != 1 || findings[0].Node != servers[1].Addr || findings[0].Found != "allkeys-lfu" {
 		t.Errorf("findings = %s, want one for %s (allkeys-lfu)", got, servers[1].Addr)
 	}
+}
+
+// minimalACL is the ACL docs/backends.md ("Redis requirements") gives a
+// lockwarden user with the key prefix "lockwarden:": the connection
+// commands, the two script commands, the commands the scripts call (Redis
+// checks them against the caller's ACL too), the pub/sub commands, and
+// CONFIG GET for the settings check. Keep the two in step.
+var minimalACL = []string{
+	"on", ">secret", "resetkeys", "resetchannels", "-@all",
+	"+hello", "+auth", "+ping", "+select",
+	"+evalsha", "+eval",
+	"+time", "+exists", "+get", "+set", "+del", "+incr",
+	"+hget", "+hmget", "+hset", "+hdel", "+hvals",
+	"+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zcount", "+zcard", "+zrank",
+	"+pttl", "+pexpire", "+publish",
+	"+subscribe", "+psubscribe", "+unsubscribe", "+punsubscribe",
+	"+config|get",
+	"~lockwarden:*", "&lockwarden:{*}:released",
+}
+
+// TestMinimalACL: a user with exactly the documented ACL can use every
+// operation (mutex, semaphore, queue, inspect, release notifications,
+// Redlock fence write-back) and the settings check; without CONFIG GET
+// only the check degrades.
+func TestMinimalACL(t *testing.T) {
+	servers := redistest.StartN(t, 3)
+	for _, s := range servers {
+		if err := s.Client().Do(context.Background(), append([]any{"ACL", "SETUSER", "locks"}, toAny(minimalACL)...)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setPolicy(t, servers[1], "allkeys-lru")
+	for _, tc := range []struct {
+		name  string
+		addrs []string
+	}{{"standalone", addrs(servers[:1])}, {"redlock", addrs(servers)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			l := newTestLocker(t, Config{Addrs: tc.addrs, Prefix: "lockwarden:", Username: "locks", Password: "secret"})
+			if err := l.Ping(ctx); err != nil {
+				t.Fatal(err)
+			}
+			all, err := l.Watch(ctx)
+			if err != nil {
+				t.Fatalf("Watch (PSUBSCRIBE): %v", err)
+			}
+			one, err := l.Watch(ctx, "a")
+			if err != nil {
+				t.Fatalf("Watch a (SUBSCRIBE): %v", err)
+			}
+			owner, other := mustOwner(t), mustOwner(t)
+			a, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"a", "b"}, TTL: time.Second, Owner: owner})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"a"}, TTL: time.Second, Owner: other, Queue: true}); !errors.Is(err, lock.ErrNotAcquired) {
+				t.Fatalf("queued request on a held key: %v, want ErrNotAcquired", err)
+			}
+			if _, err := l.Inspect(ctx, []string{"a"}); err != nil {
+				t.Fatal(err)
+			}
+			if a, err = l.Renew(ctx, a, time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Release(ctx, a); err != nil {
+				t.Fatal(err)
+			}
+			for _, ch := range []<-chan string{all, one} {
+				select {
+				case <-ch:
+				case <-time.After(5 * time.Second):
+					t.Fatal("no release notification")
+				}
+			}
+			sem := lock.Request{Keys: []string{"s"}, TTL: time.Second, Limit: 2}
+			s1, err := l.TryAcquire(ctx, sem)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := l.Renew(ctx, s1, time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Release(ctx, s1); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Dequeue(ctx, []string{"a"}, other); err != nil {
+				t.Fatal(err)
+			}
+			findings, err := l.CheckServers(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.name == "redlock" && (len(findings) != 1 || findings[0].Node != servers[1].Addr) {
+				t.Errorf("CheckServers with CONFIG GET allowed: %v, want the allkeys-lru node %s", findings, servers[1].Addr)
+			}
+		})
+	}
+}
+
+func mustOwner(t *testing.T) string {
+	t.Helper()
+	o, err := lock.NewOwnerToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+func toAny(s []string) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
 }
