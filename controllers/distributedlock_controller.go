@@ -11,6 +11,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -49,6 +50,8 @@ type DistributedLockReconciler struct {
 	// tracker carries reconcile requests from the backend (releases, health)
 	// and the watchdog (lost leases), and remembers waiting holders.
 	*tracker
+	// resync lists the locks the status resync keeps current.
+	resync *resyncTable
 
 	mu sync.Mutex
 	// warned remembers the generation a spec warning was last given for, so
@@ -97,6 +100,9 @@ func (r *DistributedLockReconciler) warnOnce(dl *locksv1alpha1.DistributedLock, 
 func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var dl locksv1alpha1.DistributedLock
 	if err := r.Client.Get(ctx, req.NamespacedName, &dl); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.resync.drop(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !dl.DeletionTimestamp.IsZero() {
@@ -130,6 +136,7 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if err := r.patchStatus(ctx, &dl, status); err != nil {
 		return ctrl.Result{}, err
 	}
+	r.track(req.NamespacedName, obs)
 	r.report(&dl, obs)
 	if holderChanged && obs.handle.Locker != nil {
 		// Redis announces releases, not acquisitions: the other locks on
@@ -164,6 +171,22 @@ func (r *DistributedLockReconciler) patchStatus(ctx context.Context, dl *locksv1
 	return nil
 }
 
+// track hands the lock to the status resync when this reconcile read its
+// backend: the resync then notices changes made outside this operator. A
+// lock whose backend could not be used is left to its own requeue and to
+// the backend's recovery (OnHealth).
+func (r *DistributedLockReconciler) track(nn types.NamespacedName, obs *observation) {
+	if !obs.ready() || obs.handle.Locker == nil || obs.states == nil {
+		r.resync.drop(nn)
+		return
+	}
+	r.resync.set(nn, resyncEntry{locker: obs.handle.Locker, keys: obs.keys, digest: stateDigest(obs.states)})
+}
+
+// requeueAfter is when the lock must be looked at again without an event: 0
+// when nothing is pending. Changes made outside this operator (a holder in
+// another cluster) are found by the status resync, releases announced by
+// the backend, health changes by OnHealth.
 func (r *DistributedLockReconciler) requeueAfter(obs *observation) time.Duration {
 	switch {
 	case obs.scopeDenied != "":
@@ -178,11 +201,11 @@ func (r *DistributedLockReconciler) requeueAfter(obs *observation) time.Duration
 		return backendRetry
 	case obs.waiting:
 		return waitingRequeue
-	case !obs.holdEnds.IsZero() && obs.holdEnds.Sub(obs.now) < r.Resync:
-		// A bounded manual hold ends before the next resync: be there.
+	case !obs.holdEnds.IsZero():
+		// A bounded manual hold: be there when it ends.
 		return max(obs.holdEnds.Sub(obs.now), time.Millisecond)
 	default:
-		return r.Resync
+		return 0
 	}
 }
 

@@ -525,6 +525,7 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 	r.Registry.Forget(r.ref(dl))
 	nn := client.ObjectKeyFromObject(dl)
 	r.forget(nn)
+	r.resync.drop(nn)
 	r.mu.Lock()
 	delete(r.holdEnded, nn)
 	for w := range r.warned {

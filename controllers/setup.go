@@ -57,9 +57,10 @@ type LockOptions struct {
 	// MinSafeTTL is the shortest TTL that outlives a failover of the
 	// operator's leader; shorter TTLs are warned about (0: no warning).
 	MinSafeTTL time.Duration
-	// Resync is how often every lock's status is refreshed from the backend,
-	// and how often the leases the watchdog renews are checked against their
-	// holders (default DefaultResyncPeriod).
+	// Resync is how often every lock's status is refreshed from the backend
+	// (one batched inspection per backend, see statusResync), and how often
+	// the leases the watchdog renews are checked against their holders
+	// (default DefaultResyncPeriod).
 	Resync time.Duration
 	// Workers is how many locks, and how many Jobs, are reconciled at once
 	// (default DefaultWorkers).
@@ -105,6 +106,9 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, d Deps, o LockOptio
 	if err := jobs.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up the Job controller: %w", err)
 	}
+	if err := mgr.Add(&statusResync{table: locks.resync, enqueue: locks.enqueue, interval: locks.Resync}); err != nil {
+		return nil, fmt.Errorf("set up the status resync: %w", err)
+	}
 	if err := mgr.Add(&orphanSweeper{Deps: locks.Deps, interval: locks.Resync}); err != nil {
 		return nil, fmt.Errorf("set up the orphaned-lease sweep: %w", err)
 	}
@@ -139,6 +143,7 @@ func NewDistributedLockReconciler(d Deps, o LockOptions) *DistributedLockReconci
 		Deps:        d,
 		LockOptions: o,
 		tracker:     newTracker(lockKind, func() client.Object { return &locksv1alpha1.DistributedLock{} }),
+		resync:      newResyncTable(),
 		warned:      map[warning]int64{},
 		holdEnded:   map[types.NamespacedName]endedHold{},
 	}

@@ -50,6 +50,24 @@ var (
 		Help: "Batched renewal calls: each renews every due lease of one backend in one round trip per node.",
 	})
 
+	// StatusResyncBatches counts the status resync's batched inspections
+	// (one per backend per resync period, one round trip per node each).
+	StatusResyncBatches = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "lockwarden_status_resync_batches_total",
+		Help: "Batched inspections of the status resync: each reads the keys of every lock of one backend in one round trip per node.",
+	})
+	// StatusResyncLocks counts the locks the status resync inspected.
+	StatusResyncLocks = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "lockwarden_status_resync_locks_total",
+		Help: "Locks whose keys the status resync inspected.",
+	})
+	// StatusResyncChanged counts the locks the status resync found changed
+	// (or could not inspect) and reconciled.
+	StatusResyncChanged = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "lockwarden_status_resync_changed_total",
+		Help: "Locks the status resync found changed in their backend since their status was written (or could not inspect), and reconciled.",
+	})
+
 	// OrphansReleased counts leases released because their holder was gone
 	// or no longer gated (Job or lock deleted, finalizer or label removed).
 	OrphansReleased = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -95,5 +113,5 @@ var (
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(Acquisitions, WaitSeconds, HoldSeconds, Renewals, RenewalBatches,
-		LeasesLost, OrphansReleased, ForceReleases, LeasesHeld, QueueDepth, LockHolders, BackendUp)
+		StatusResyncBatches, StatusResyncLocks, StatusResyncChanged, LeasesLost, OrphansReleased, ForceReleases, LeasesHeld, QueueDepth, LockHolders, BackendUp)
 }
