@@ -83,8 +83,22 @@ type Options struct {
 	clusterResourceNS    string
 	workers              int
 	syncCronJobTemplates bool
+	kubeAPIQPS           float64
+	kubeAPIBurst         int
+	pprofAddr            string
 	zap                  zap.Options
 }
+
+// Client-side rate limit of the manager's requests to the API server. A
+// manager with tens of thousands of locks writes one request per lock when
+// they are created or deleted (the finalizer): client-go's own default (5/s,
+// or controller-runtime's 20/s) makes deleting a namespace of 20,000 locks
+// take over a quarter of an hour. The API server's priority and fairness
+// still protects it.
+const (
+	DefaultKubeAPIQPS   = 200
+	DefaultKubeAPIBurst = 400
+)
 
 // ZapOptions are the logging flags.
 func (o *Options) ZapOptions() *zap.Options { return &o.zap }
@@ -168,6 +182,12 @@ func ParseFlags(args []string) (*Options, error) {
 		"How many DistributedLocks, and how many Jobs, are reconciled at once.")
 	fs.BoolVar(&o.syncCronJobTemplates, "sync-cronjob-templates", false,
 		"Copy a CronJob's lockwarden.io/lock and lockwarden.io/contention annotations into its job template, so that its Jobs are refused rather than run ungated while the webhook is down. Needs the patch right on CronJobs (config/rbac/cronjob_sync_role.yaml).")
+	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", DefaultKubeAPIQPS,
+		"Requests per second the manager may send to the API server on average (client-side limit; the API server's priority and fairness applies too). A negative value lifts the client-side limit.")
+	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", DefaultKubeAPIBurst,
+		"Requests the manager may send to the API server in a burst above --kube-api-qps.")
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "",
+		"Address Go's profiler (/debug/pprof) binds to, for example 127.0.0.1:6060. Empty (default): off. It has no authentication: bind it to loopback.")
 	o.zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -190,6 +210,12 @@ func ParseFlags(args []string) (*Options, error) {
 	}
 	if o.clusterResourceNS == "" {
 		o.clusterResourceNS = o.namespace
+	}
+	if o.kubeAPIQPS == 0 {
+		return nil, fmt.Errorf("--kube-api-qps must not be 0 (a negative value lifts the limit)")
+	}
+	if o.kubeAPIBurst < 1 && o.kubeAPIQPS > 0 {
+		return nil, fmt.Errorf("--kube-api-burst (%d) must be at least 1", o.kubeAPIBurst)
 	}
 	if o.workers < 1 {
 		return nil, fmt.Errorf("--max-concurrent-reconciles (%d) must be at least 1", o.workers)
@@ -227,6 +253,7 @@ func minSafeTTL(o *Options) time.Duration {
 
 // New builds the manager with every controller registered.
 func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error) {
+	cfg = withRateLimit(cfg, o)
 	var tlsOpts []func(*tls.Config)
 	if !o.enableHTTP2 {
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
@@ -262,6 +289,7 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 			TLSOpts: tlsOpts,
 		}),
 		HealthProbeBindAddress:        o.probeAddr,
+		PprofBindAddress:              o.pprofAddr,
 		LeaderElection:                o.enableLeaderElection,
 		LeaderElectionID:              leaderElectionID,
 		LeaderElectionNamespace:       o.leaderElectionNS,
@@ -289,6 +317,17 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 		}
 	}
 	return mgr, nil
+}
+
+// withRateLimit returns a copy of cfg with the client-side rate limit of
+// --kube-api-qps and --kube-api-burst, which replaces whatever the
+// configuration's loader set (controller-runtime sets 20 and 30, a
+// kubeconfig file nothing, which client-go takes for 5 and 10).
+func withRateLimit(cfg *rest.Config, o *Options) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = float32(o.kubeAPIQPS), o.kubeAPIBurst
+	cfg.RateLimiter = nil
+	return cfg
 }
 
 // setupWebhook serves the admission webhooks (the Job gate and the

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
@@ -158,6 +159,37 @@ func TestKubeconfigFlagIsUsed(t *testing.T) {
 	}
 	if _, err := RestConfig(o.kubeconfig); err == nil || !strings.Contains(err.Error(), "/nonexistent/kubeconfig") {
 		t.Fatalf("restConfig = %v, want an error naming the kubeconfig given", err)
+	}
+}
+
+// TestKubeAPIRateLimit: the manager talks to the API server at
+// --kube-api-qps and --kube-api-burst (by default well above client-go's 5
+// per second, which a kubeconfig file gives), whatever the configuration
+// it was loaded from said.
+func TestKubeAPIRateLimit(t *testing.T) {
+	o, err := ParseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded := &rest.Config{Host: "https://127.0.0.1:6443", QPS: 5, Burst: 10}
+	cfg := withRateLimit(loaded, o)
+	if cfg.QPS != DefaultKubeAPIQPS || cfg.Burst != DefaultKubeAPIBurst {
+		t.Fatalf("default rate limit %v/s, burst %d; want %v/s, burst %d", cfg.QPS, cfg.Burst, DefaultKubeAPIQPS, DefaultKubeAPIBurst)
+	}
+	if loaded.QPS != 5 {
+		t.Fatal("the loaded configuration was changed")
+	}
+	o, err = ParseFlags([]string{"--kube-api-qps=-1", "--kube-api-burst=0"})
+	if err != nil {
+		t.Fatalf("an unlimited client was refused: %v", err)
+	}
+	if cfg := withRateLimit(loaded, o); cfg.QPS >= 0 {
+		t.Fatalf("--kube-api-qps=-1 gave %v/s, want no client-side limit (negative)", cfg.QPS)
+	}
+	for _, args := range [][]string{{"--kube-api-qps=0"}, {"--kube-api-burst=0"}} {
+		if _, err := ParseFlags(args); err == nil || !strings.Contains(err.Error(), strings.SplitN(args[0], "=", 2)[0]) {
+			t.Errorf("ParseFlags(%q) = %v, want an error naming the flag", args, err)
+		}
 	}
 }
 
