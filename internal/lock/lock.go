@@ -40,9 +40,12 @@ type Request struct {
 	Holder string
 	// Queue makes the request wait its turn in the keys' FIFO queues: a request
 	// that finds a key busy joins the queue, and a free key is taken only by the
-	// head of its queue. Default false: do not join the queues (a request
-	// still does not jump a queue: it takes a free key only while nobody
-	// waits for it).
+	// head of its queue. A waiter keeps its place by calling again within the
+	// backend's waiter TTL; one that does not is pruned and, when it calls
+	// again, joins at the back. Default false: the request does not join the
+	// queues, and does not jump them either: it takes a free key only while
+	// nobody waits for it, and fails with ErrNotAcquired while others are
+	// queued, even when nobody holds the key.
 	Queue bool
 	// Limit is how many leases may hold each key at once: 0 or 1 make the
 	// lease exclusive (a mutex), N > 1 a counting semaphore with N slots,
