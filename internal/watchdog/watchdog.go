@@ -27,6 +27,10 @@ import (
 // DefaultTick is how often the watchdog looks for due renewals.
 const DefaultTick = 250 * time.Millisecond
 
+// DefaultMaxBatches is how many RenewAll calls the watchdog has in flight
+// at most, over all backends.
+const DefaultMaxBatches = 16
+
 // Lost reports a lease that is no longer held.
 type Lost struct {
 	Ref   holder.Ref
@@ -37,13 +41,17 @@ type Lost struct {
 
 // Watchdog renews leases. Create it with New; it is safe for concurrent use.
 type Watchdog struct {
-	clock clock.WithTicker
-	tick  time.Duration
-	log   logr.Logger
+	clock      clock.WithTicker
+	tick       time.Duration
+	log        logr.Logger
+	maxBatches int
 
 	mu     sync.Mutex
 	onLost []func(Lost)
 	leases map[holder.Ref]*held
+	// inFlight holds the backend and TTL of every batch being renewed: its
+	// leases are not sent again until it is answered.
+	inFlight map[batchKey]bool
 }
 
 type held struct {
@@ -64,10 +72,22 @@ func WithTick(d time.Duration) Option { return func(w *Watchdog) { w.tick = d } 
 // WithLogger sets the logger (default: discard).
 func WithLogger(l logr.Logger) Option { return func(w *Watchdog) { w.log = l } }
 
+// WithMaxBatches bounds how many RenewAll calls are in flight at once, over
+// all backends (default DefaultMaxBatches; at least 1). A due batch that
+// finds no room waits for the next tick.
+func WithMaxBatches(n int) Option { return func(w *Watchdog) { w.maxBatches = max(n, 1) } }
+
 // New returns a watchdog that calls onLost (when not nil, from its own
 // goroutine) for every lease it loses; OnLost adds more callbacks.
 func New(onLost func(Lost), opts ...Option) *Watchdog {
-	w := &Watchdog{clock: clock.RealClock{}, tick: DefaultTick, log: logr.Discard(), leases: map[holder.Ref]*held{}}
+	w := &Watchdog{
+		clock:      clock.RealClock{},
+		tick:       DefaultTick,
+		log:        logr.Discard(),
+		maxBatches: DefaultMaxBatches,
+		leases:     map[holder.Ref]*held{},
+		inFlight:   map[batchKey]bool{},
+	}
 	if onLost != nil {
 		w.onLost = append(w.onLost, onLost)
 	}
@@ -132,16 +152,21 @@ func (w *Watchdog) Drop(ref holder.Ref) *lock.Lease {
 // NeedLeaderElection makes the manager run the watchdog on the leader only.
 func (w *Watchdog) NeedLeaderElection() bool { return true }
 
-// Start renews due leases until ctx ends (a manager.Runnable).
+// Start renews due leases until ctx ends (a manager.Runnable). Each tick
+// sends the due batches without waiting for the batches still in flight:
+// a backend that is slow to answer delays only its own leases. Start
+// returns once the batches in flight are answered.
 func (w *Watchdog) Start(ctx context.Context) error {
 	t := w.clock.NewTicker(w.tick)
 	defer t.Stop()
+	var running sync.WaitGroup
+	defer running.Wait()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C():
-			w.RenewDue(ctx)
+			w.dispatch(ctx, &running)
 		}
 	}
 }
@@ -169,15 +194,29 @@ type batch struct {
 
 // RenewDue renews every lease that is due now, together with the leases of
 // the same backend and TTL that would be due within a sixth of their TTL, in
-// one RenewAll call per backend and TTL.
+// one RenewAll call per backend and TTL, and returns when those calls are
+// answered. A backend and TTL whose previous batch is still in flight is
+// left for a later look.
 func (w *Watchdog) RenewDue(ctx context.Context) {
+	var wg sync.WaitGroup
+	w.dispatch(ctx, &wg)
+	wg.Wait()
+}
+
+// dispatch starts a RenewAll call for every batch that is due, unless the
+// same backend and TTL has one in flight or the bound on calls in flight is
+// reached; wg counts the calls started.
+func (w *Watchdog) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 	now := w.clock.Now()
 	batches := map[batchKey]*batch{}
 	w.mu.Lock()
 	due := map[batchKey]bool{}
 	for _, h := range w.leases {
 		if !now.Before(h.renewAt) {
-			due[batchKey{h.locker, h.lease.TTL}] = true
+			k := batchKey{h.locker, h.lease.TTL}
+			if !w.inFlight[k] {
+				due[k] = true
+			}
 		}
 	}
 	for ref, h := range w.leases {
@@ -193,17 +232,24 @@ func (w *Watchdog) RenewDue(ctx context.Context) {
 		b.refs = append(b.refs, ref)
 		b.leases = append(b.leases, h.lease)
 	}
-	w.mu.Unlock()
-
-	var wg sync.WaitGroup
 	for k, b := range batches {
+		if len(w.inFlight) >= w.maxBatches {
+			w.log.V(1).Info("Too many renewals in flight; the batch waits for the next tick", "leases", len(b.leases), "ttl", k.ttl.String())
+			continue
+		}
+		w.inFlight[k] = true
 		wg.Add(1)
 		go func() {
-			defer wg.Done()
+			defer func() {
+				w.mu.Lock()
+				delete(w.inFlight, k)
+				w.mu.Unlock()
+				wg.Done()
+			}()
 			w.renewBatch(ctx, k, b)
 		}()
 	}
-	wg.Wait()
+	w.mu.Unlock()
 }
 
 func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
