@@ -55,6 +55,8 @@ type observation struct {
 	holdEndedShown bool
 	// events are recorded once the status is written.
 	events []pendingEvent
+	// deleting: the lock is being deleted; no status is written from states.
+	deleting bool
 }
 
 type pendingEvent struct{ reason, action, note string }
@@ -429,6 +431,10 @@ func (r *DistributedLockReconciler) release(ctx context.Context, dl *locksv1alph
 		// Not renewed any more, the lease ends with its TTL at the latest.
 		log.Error(err, "Releasing lease failed; it expires with its TTL", "holder", holder.Decode(l.Holder).Identity)
 	}
+	if obs.deleting {
+		// No status shows what is left: the lock goes.
+		return
+	}
 	if refreshed, err := obs.handle.Locker.Inspect(ctx, obs.keys); err == nil {
 		obs.states = refreshed
 	}
@@ -506,6 +512,7 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 		return ctrl.Result{}, nil
 	}
 	obs := r.gather(ctx, dl)
+	obs.deleting = true
 	if errors.Is(obs.backendErr, backend.ErrConnecting) {
 		// Known in a moment: release then, rather than let the lease expire.
 		return ctrl.Result{RequeueAfter: connectingRequeue}, nil

@@ -63,11 +63,11 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 		if old.Holder != nil && *old.Holder == *st.Holder && old.FencingToken == st.FencingToken && old.AcquiredTime != nil {
 			st.AcquiredTime, st.ExpireTime = old.AcquiredTime, old.ExpireTime
 		} else {
-			acquired := metav1.NewTime(obs.now)
+			acquired := apiTime(obs.now)
 			if !held.Acquired.IsZero() {
-				acquired = metav1.NewTime(held.Acquired)
+				acquired = apiTime(held.Acquired)
 			}
-			expires := metav1.NewTime(held.Expires)
+			expires := apiTime(held.Expires)
 			st.AcquiredTime, st.ExpireTime = &acquired, &expires
 		}
 	}
@@ -79,7 +79,7 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 		st.QueueLength = ptr.To(clampInt32(queueLength(k)))
 		for _, hs := range holdersOf(k) {
 			h := holder.Decode(hs.Holder)
-			acquired := metav1.NewTime(hs.Acquired)
+			acquired := apiTime(hs.Acquired)
 			e := locksv1alpha1.HolderStatus{Identity: h.Identity, Cluster: h.Cluster, Lock: h.Lock, Kind: h.Kind, Namespace: h.Namespace, Name: h.Name, FencingToken: hs.Fence}
 			if !hs.Acquired.IsZero() {
 				e.AcquiredTime = &acquired
@@ -153,7 +153,7 @@ func waitingStatus(states []lock.KeyState) []locksv1alpha1.WaiterStatus {
 	}
 	out := make([]locksv1alpha1.WaiterStatus, len(ws))
 	for i, w := range ws {
-		since := metav1.NewTime(w.Since)
+		since := apiTime(w.Since)
 		out[i] = locksv1alpha1.WaiterStatus{Identity: holder.Decode(w.Holder).Identity, Since: &since}
 	}
 	return out
@@ -212,4 +212,11 @@ func waitingFor(busy *lock.HeldError, st *locksv1alpha1.DistributedLockStatus) s
 // clampInt32 converts a count for status, saturating at the int32 range.
 func clampInt32(n int) int32 {
 	return int32(min(max(n, 0), math.MaxInt32))
+}
+
+// apiTime is t as the API server stores it: whole seconds. A status computed
+// again from the same backend state then equals the stored one, and is not
+// written again.
+func apiTime(t time.Time) metav1.Time {
+	return metav1.NewTime(t.Truncate(time.Second))
 }

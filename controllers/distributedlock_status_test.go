@@ -1,11 +1,13 @@
 package controllers
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -185,5 +187,39 @@ func TestWaitingStatusIsBounded(t *testing.T) {
 	got := waitingStatus([]lock.KeyState{{Key: "ledger", Waiters: ws}})
 	if len(got) != maxWaitingInStatus || got[0].Identity != "a" {
 		t.Fatalf("status.waiting has %d entries starting with %q, want the first %d starting with a", len(got), got[0].Identity, maxWaitingInStatus)
+	}
+}
+
+// A status read back from the API server (times in whole seconds) and
+// computed again from the same backend state is the same status: a
+// reconcile of a lock whose backend did not change writes nothing.
+func TestComputeStatusStableAcrossTheAPIServer(t *testing.T) {
+	t.Parallel()
+	dl := testLock()
+	dl.Spec.MaxHolders = 3
+	states := []lock.KeyState{{
+		Key: "ledger", Held: true, Holder: other.Encode(), Fence: 9,
+		Acquired: statusNow.Add(-time.Minute + 123456*time.Microsecond), Expires: statusNow.Add(20*time.Second + 654321*time.Microsecond),
+		Holders: []lock.HolderState{
+			{Holder: other.Encode(), Fence: 9, Acquired: statusNow.Add(-time.Minute + 123456*time.Microsecond)},
+			{Holder: manual.Encode(), Fence: 11, Acquired: statusNow.Add(-time.Second + 987*time.Microsecond)},
+		},
+		HolderCount: 2,
+		Waiters:     []lock.Waiter{{Holder: "prod/batch/Job/next/u3", Since: statusNow.Add(-500 * time.Millisecond)}},
+		Queued:      1,
+	}}
+	first := computeStatus(dl, &observation{now: statusNow.Add(250 * time.Millisecond), states: states}, "prod")
+	b, err := json.Marshal(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored locksv1alpha1.DistributedLockStatus
+	if err := json.Unmarshal(b, &stored); err != nil {
+		t.Fatal(err)
+	}
+	dl.Status = stored
+	again := computeStatus(dl, &observation{now: statusNow.Add(30 * time.Second), states: states}, "prod")
+	if !equality.Semantic.DeepEqual(stored, again) {
+		t.Fatalf("status computed again from the same state differs from the stored one (-stored,+again):\n%s", cmp.Diff(stored, again))
 	}
 }
