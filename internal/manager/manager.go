@@ -275,13 +275,19 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  newScheme(),
 		Metrics: metricsOpts,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			// Only gated Jobs are cached: memory does not grow with the cluster's other Jobs.
-			&batchv1.Job{}: {Label: labels.NewSelector().Add(*gated)},
-			// Only the manager's own Secrets (the webhook certificate) are
-			// cached; locks' Secrets are read on demand from their namespace.
-			&corev1.Secret{}: {Namespaces: map[string]cache.Config{certNS: {}}},
-		}},
+		Cache: cache.Options{
+			// managedFields are never read here, and a lock's are about as
+			// large as the rest of it: at tens of thousands of locks they
+			// would be most of the cache. An update of a cached object
+			// without them leaves them as they are.
+			DefaultTransform: cache.TransformStripManagedFields(),
+			ByObject: map[client.Object]cache.ByObject{
+				// Only gated Jobs are cached: memory does not grow with the cluster's other Jobs.
+				&batchv1.Job{}: {Label: labels.NewSelector().Add(*gated)},
+				// Only the manager's own Secrets (the webhook certificate) are
+				// cached; locks' Secrets are read on demand from their namespace.
+				&corev1.Secret{}: {Namespaces: map[string]cache.Config{certNS: {}}},
+			}},
 		WebhookServer: ctrlwebhook.NewServer(ctrlwebhook.Options{
 			Host:    o.webhookHost,
 			Port:    o.webhookPort,
