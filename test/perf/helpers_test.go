@@ -40,21 +40,26 @@ func newNamespace(t *testing.T, name string) string {
 	return ns.Name
 }
 
-// deleteNamespace deletes ns and waits until it is gone (its locks released).
-func deleteNamespace(t *testing.T, ns string) {
+// deleteNamespace deletes ns, waits until it is gone (its locks released)
+// and returns how long that took.
+func deleteNamespace(t *testing.T, ns string) time.Duration {
 	t.Helper()
 	ctx := context.Background()
 	obj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+	start := time.Now()
 	if err := cluster.Client.Delete(ctx, obj); err != nil {
 		t.Fatal(err)
 	}
-	err := wait.PollUntilContextTimeout(ctx, time.Second, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Minute, true, func(ctx context.Context) (bool, error) {
 		err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj)
 		return apierrors.IsNotFound(err), nil
 	})
 	if err != nil {
-		t.Fatalf("namespace %s was not deleted", ns)
+		var left locksv1alpha1.DistributedLockList
+		_ = cluster.Client.List(ctx, &left, client.InNamespace(ns))
+		t.Fatalf("namespace %s was not deleted within 30m: %d DistributedLocks left", ns, len(left.Items))
 	}
+	return time.Since(start)
 }
 
 // lockWatch observes one DistributedLock and timestamps what it sees.
@@ -232,8 +237,12 @@ type steadyRow struct {
 	peakRSSMiB      float64
 	redisCmdsPerSec float64
 	redisCallsPerS  float64
+	redisReadsPerS  float64
 	batchesPerSec   float64
+	resyncPerSec    float64
 	renewalsPerSec  float64
+	renewalsDue     float64
+	nsDeletion      time.Duration
 	apiWritesPerSec float64
 	lockWritesPerS  float64
 }
@@ -275,14 +284,17 @@ func (r *reportBuilder) write(path string) error {
 	b.WriteString(strings.Join(r.header, "\n") + "\n\n")
 	if len(r.steady) > 0 {
 		b.WriteString("## Steady state (TTL 30 s, renewals every ~10 s)\n\n")
-		b.WriteString("| leases | all held after | operator CPU (cores) | operator peak RSS (MiB) | Redis commands/s (incl. inside scripts) | Redis client calls/s | renewal round trips/s | renewals/s | API writes/s (all clients) | DistributedLock writes/s |\n")
-		b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+		b.WriteString("| leases | all held after | operator CPU (cores) | operator peak RSS (MiB) | renewals/s | renewals due/s | renewal round trips/s | status resync round trips/s | Redis commands/s (incl. inside scripts) | Redis client calls/s | Redis socket reads/s | API writes/s (all clients) | DistributedLock writes/s | namespace deletion |\n")
+		b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 		for _, s := range r.steady {
-			fmt.Fprintf(&b, "| %d | %v | %.3f | %.0f | %.0f | %.1f | %.2f | %.0f | %.2f | %.2f |\n",
-				s.leases, s.heldAfter.Round(time.Second), s.cpuCores, s.peakRSSMiB, s.redisCmdsPerSec, s.redisCallsPerS,
-				s.batchesPerSec, s.renewalsPerSec, s.apiWritesPerSec, s.lockWritesPerS)
+			fmt.Fprintf(&b, "| %d | %v | %.3f | %.0f | %.0f | %.0f | %.2f | %.3f | %.0f | %.1f | %.1f | %.2f | %.2f | %v |\n",
+				s.leases, s.heldAfter.Round(time.Second), s.cpuCores, s.peakRSSMiB, s.renewalsPerSec, s.renewalsDue,
+				s.batchesPerSec, s.resyncPerSec, s.redisCmdsPerSec, s.redisCallsPerS, s.redisReadsPerS,
+				s.apiWritesPerSec, s.lockWritesPerS, s.nsDeletion.Round(time.Second))
 		}
-		b.WriteString("\n")
+		b.WriteString("\n- Renewals due/s: every lease is renewed a third of its TTL after the last renewal (leases × 3 / TTL).\n")
+		b.WriteString("- Round trips: renewal and status resync round trips are the operator's batches (lockwarden_renewal_batches_total, lockwarden_status_resync_batches_total; one pipeline per Redis node each). Redis socket reads (INFO total_reads_processed) count every client's round trips from Redis's side, the harness's INFO calls included; a pipeline larger than 16 KiB counts once per 16 KiB read.\n")
+		b.WriteString("- Namespace deletion: from the DELETE of the namespace to its disappearance; each lock releases its lease before its finalizer is removed.\n\n")
 	}
 	if len(r.latency) > 0 {
 		b.WriteString("## Latencies\n\n| what | how | p50 | p99 |\n| --- | --- | --- | --- |\n")

@@ -18,7 +18,9 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"log"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -37,11 +39,14 @@ import (
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/testutil/devcluster"
+	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
 )
 
 var (
 	cluster *devcluster.Cluster
 	report  = &reportBuilder{}
+	// pprofURL is the operator's profiler (--pprof-bind-address).
+	pprofURL string
 )
 
 func TestMain(m *testing.M) {
@@ -58,8 +63,15 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	pprofPort, err := freeport.Take()
+	if err != nil {
+		log.Print(err)
+		return 1
+	}
+	pprofURL = fmt.Sprintf("http://127.0.0.1:%d/debug/pprof", pprofPort)
 	c, err := devcluster.StartFromSource(ctx, dir, devcluster.Options{
-		Logf: func(format string, args ...any) { log.Printf("[cluster] "+format, args...) },
+		Logf:        func(format string, args ...any) { log.Printf("[cluster] "+format, args...) },
+		ManagerArgs: []string{fmt.Sprintf("--pprof-bind-address=127.0.0.1:%d", pprofPort)},
 	})
 	if err != nil {
 		log.Printf("start the cluster: %v", err)
@@ -81,8 +93,16 @@ func run(m *testing.M) int {
 	return code
 }
 
+// steadyTTL is the TTL of the steady state's leases: the watchdog renews
+// each a third of it after the last renewal.
+const steadyTTL = 30
+
 // TestSteadyState holds N leases (TTL 30 s) and measures the operator's CPU
-// and peak memory, Redis traffic and API writes over a quiet window.
+// and peak memory, Redis traffic and API writes over a quiet window, then
+// the deletion of the namespace of the N locks (each releases its lease
+// before its finalizer goes). With PERF_PROFILE set, the operator's CPU
+// profile over the window and its heap after it are written beside the
+// report (bin/perf-<N>-cpu.pprof, bin/perf-<N>-heap.pprof).
 func TestSteadyState(t *testing.T) {
 	window := envDuration(t, "PERF_WINDOW", 60*time.Second)
 	for _, n := range envInts(t, "PERF_LEASES", []int{1000, 5000}) {
@@ -95,7 +115,7 @@ func TestSteadyState(t *testing.T) {
 					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("l%05d", i), Namespace: ns},
 					Spec: locksv1alpha1.DistributedLockSpec{
 						Keys:       []string{fmt.Sprintf("key-%05d", i)},
-						TTLSeconds: 30,
+						TTLSeconds: steadyTTL,
 						Holder:     &locksv1alpha1.ManualHolder{Identity: fmt.Sprintf("holder-%05d", i)},
 						Backend:    locksv1alpha1.Backend{Redis: &locksv1alpha1.RedisBackend{Endpoints: cluster.RedisAddrs()}},
 					},
@@ -107,29 +127,47 @@ func TestSteadyState(t *testing.T) {
 			time.Sleep(10 * time.Second) // a settling period before the measured window, not a wait for a result
 
 			before := sample(t)
+			profiled := make(chan struct{})
+			if os.Getenv("PERF_PROFILE") != "" {
+				go func() {
+					defer close(profiled)
+					saveProfile(t, fmt.Sprintf("profile?seconds=%d", int(window.Seconds())), fmt.Sprintf("perf-%d-cpu.pprof", n))
+				}()
+			} else {
+				close(profiled)
+			}
 			time.Sleep(window) // the measured window
 			after := sample(t)
+			<-profiled
+			if os.Getenv("PERF_PROFILE") != "" {
+				saveProfile(t, "heap", fmt.Sprintf("perf-%d-heap.pprof", n))
+			}
 			d := after.diff(before)
 			secs := window.Seconds()
-			report.addSteady(steadyRow{
+			row := steadyRow{
 				leases:          n,
 				heldAfter:       held,
 				cpuCores:        d.cpuSeconds / secs,
 				peakRSSMiB:      float64(after.peakRSSKiB) / 1024,
 				redisCmdsPerSec: float64(d.redisCommands) / secs,
 				redisCallsPerS:  float64(d.redisClientCalls) / secs,
+				redisReadsPerS:  float64(d.redisReads) / secs,
 				batchesPerSec:   d.batches / secs,
+				resyncPerSec:    d.resyncBatches / secs,
 				renewalsPerSec:  d.renewals / secs,
+				renewalsDue:     float64(n) * 3 / steadyTTL,
 				apiWritesPerSec: d.apiWrites / secs,
 				lockWritesPerS:  d.lockWrites / secs,
-			})
-			t.Logf("%d leases: %.3f cores, peak RSS %.0f MiB, Redis %.0f cmd/s (%.1f client calls/s), %.2f renewal round trips/s for %.0f renewals/s, API writes %.2f/s (DistributedLocks %.2f/s)",
-				n, d.cpuSeconds/secs, float64(after.peakRSSKiB)/1024, float64(d.redisCommands)/secs, float64(d.redisClientCalls)/secs,
-				d.batches/secs, d.renewals/secs, d.apiWrites/secs, d.lockWrites/secs)
+			}
+			t.Logf("%d leases: %.3f cores, peak RSS %.0f MiB, Redis %.0f cmd/s (%.1f client calls/s, %.1f socket reads/s), %.2f renewal round trips/s for %.0f renewals/s (%.0f/s due), %.3f status resync batches/s, API writes %.2f/s (DistributedLocks %.2f/s)",
+				n, row.cpuCores, row.peakRSSMiB, row.redisCmdsPerSec, row.redisCallsPerS, row.redisReadsPerS,
+				row.batchesPerSec, row.renewalsPerSec, row.renewalsDue, row.resyncPerSec, row.apiWritesPerSec, row.lockWritesPerS)
 
 			// Every lease is still held: renewals kept them.
 			waitHeld(t, ns, n, time.Minute)
-			deleteNamespace(t, ns)
+			row.nsDeletion = deleteNamespace(t, ns)
+			report.addSteady(row)
+			t.Logf("%d leases: namespace deleted (every lock released, its finalizer removed) in %v", n, row.nsDeletion.Round(time.Second))
 		})
 	}
 }
@@ -171,7 +209,9 @@ type sampleValues struct {
 	peakRSSKiB       int64
 	redisCommands    int64
 	redisClientCalls int64
+	redisReads       int64
 	batches          float64
+	resyncBatches    float64
 	renewals         float64
 	apiWrites        float64
 	lockWrites       float64
@@ -182,7 +222,9 @@ func (a sampleValues) diff(b sampleValues) sampleValues {
 		cpuSeconds:       a.cpuSeconds - b.cpuSeconds,
 		redisCommands:    a.redisCommands - b.redisCommands,
 		redisClientCalls: a.redisClientCalls - b.redisClientCalls,
+		redisReads:       a.redisReads - b.redisReads,
 		batches:          a.batches - b.batches,
+		resyncBatches:    a.resyncBatches - b.resyncBatches,
 		renewals:         a.renewals - b.renewals,
 		apiWrites:        a.apiWrites - b.apiWrites,
 		lockWrites:       a.lockWrites - b.lockWrites,
@@ -200,7 +242,7 @@ func sample(t *testing.T) sampleValues {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmds, calls := redisCounters(t)
+	cmds, calls, reads := redisCounters(t)
 	om := scrape(t, cluster.MetricsURL, nil)
 	am := scrapeAPIServer(t)
 	return sampleValues{
@@ -208,7 +250,9 @@ func sample(t *testing.T) sampleValues {
 		peakRSSKiB:       rss,
 		redisCommands:    cmds,
 		redisClientCalls: calls,
+		redisReads:       reads,
 		batches:          om.sum("lockwarden_renewal_batches_total", nil),
+		resyncBatches:    om.sum("lockwarden_status_resync_batches_total", nil),
 		renewals:         om.sum("lockwarden_renewals_total", map[string]string{"result": "ok"}),
 		apiWrites:        am.sumWrites(""),
 		lockWrites:       am.sumWrites("distributedlocks"),
@@ -246,9 +290,11 @@ func processPeakRSSKiB(pid int) (int64, error) {
 }
 
 // redisCounters returns Redis's total commands (scripts' inner calls
-// included) and the commands clients sent (EVALSHA, EVAL, PING, SUBSCRIBE...:
-// everything but the calls scripts make).
-func redisCounters(t *testing.T) (total, client int64) {
+// included), the commands clients sent (EVALSHA, EVAL, PING, SUBSCRIBE...:
+// everything but the calls scripts make), and its reads from client sockets
+// (total_reads_processed): one per round trip of a request or pipeline
+// under 16 KiB, one per 16 KiB of a larger pipeline.
+func redisCounters(t *testing.T) (total, client, reads int64) {
 	t.Helper()
 	var inner int64
 	for _, addr := range cluster.RedisAddrs() {
@@ -263,6 +309,10 @@ func redisCounters(t *testing.T) (total, client int64) {
 				n, _ := strconv.ParseInt(v, 10, 64)
 				total += n
 			}
+			if v, ok := strings.CutPrefix(line, "total_reads_processed:"); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				reads += n
+			}
 			// Calls made from inside scripts: the commands lockwarden's scripts use.
 			for _, cmd := range []string{"get", "set", "pexpire", "del", "hset", "hget", "hgetall", "incr", "zadd", "zrem", "zrange", "zrangebyscore", "zscore", "zrank", "zcard", "hdel", "time", "publish", "pttl", "exists", "hmget"} {
 				if v, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
@@ -272,7 +322,30 @@ func redisCounters(t *testing.T) (total, client int64) {
 			}
 		}
 	}
-	return total, total - inner
+	return total, total - inner, reads
+}
+
+// saveProfile writes the operator's pprof endpoint path (profile?seconds=N,
+// heap) to name beside the report.
+func saveProfile(t *testing.T, path, name string) {
+	t.Helper()
+	resp, err := http.Get(pprofURL + "/" + path)
+	if err != nil {
+		t.Errorf("pprof %s: %v", path, err)
+		return
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("pprof %s: %s, %v", path, resp.Status, err)
+		return
+	}
+	out := filepath.Join(cluster.Root, "bin", name)
+	if err := os.WriteFile(out, b, 0o644); err != nil {
+		t.Error(err)
+		return
+	}
+	t.Logf("wrote %s", out)
 }
 
 // waitHeld waits until n locks in ns report Held=True.
