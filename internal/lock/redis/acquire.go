@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
@@ -77,6 +79,7 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 			released = nil
 		}
 	}
+	// b steps without jitter: acquireDelay adds it after the cap.
 	b := l.backoff()
 	heartbeat := l.opts.waiterTTL / 3
 	// The first attempt of the loop comes right after the subscription: a
@@ -87,16 +90,11 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 			return lease, nil
 		}
 		lastErr = err
-		d := b.Step()
-		if b.Cap > 0 && d > b.Cap {
-			d = b.Cap
+		var hb time.Duration
+		if req.Queue {
+			hb = heartbeat
 		}
-		if hint > 0 && hint+time.Millisecond < d {
-			d = hint + time.Millisecond
-		}
-		if req.Queue && d > heartbeat {
-			d = heartbeat
-		}
+		d := acquireDelay(l.opts.backoff, b.Step(), hint, hb)
 		if v := log.V(4); v.Enabled() {
 			v.Info("Waiting for lease", "wait", d.String(), "err", err.Error())
 		}
@@ -140,7 +138,7 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 		join = "1"
 	}
 	script, name := acquireScript, "acquire"
-	args := []any{req.Owner, req.TTL.Milliseconds(), req.Holder, join, l.opts.waiterTTL.Milliseconds(), ticket, lock.MaxFence, proposal}
+	args := []any{req.Owner, req.TTL.Milliseconds(), req.Holder, join, l.opts.waiterTTL.Milliseconds(), ticket, maxToken, proposal}
 	if req.Holders() > 1 {
 		script, name = semAcquireScript, "semaphore acquire"
 		args = append(args, req.Holders())
@@ -156,8 +154,8 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 	d := decoder{s: s}
 	if d.int(0) == 1 {
 		fence := d.int(1)
-		if d.err == nil && (fence <= 0 || fence >= lock.MaxFence) {
-			d.err = fmt.Errorf("fencing token %d out of range (0, %d)", fence, lock.MaxFence)
+		if d.err == nil && (fence <= 0 || fence > maxToken) {
+			d.err = fmt.Errorf("fencing token %d out of range [1, %d]", fence, maxToken)
 		}
 		if d.err != nil {
 			return acquireReply{}, fmt.Errorf("%s script: %w", name, d.err)
@@ -216,42 +214,55 @@ const (
 // makes a node start a key without a counter at its clock + fenceWindow,
 // above the tokens it capped at that bound before an empty restart.
 func fenceProposal(start time.Time) int64 {
-	return min(max(start.UnixMicro()+fenceLead.Microseconds(), 1), lock.MaxFence-1)
+	return min(max(start.UnixMicro()+fenceLead.Microseconds(), 1), maxToken)
 }
 
 // attempt is one acquisition on every node. It returns the lease, or a hint
 // of when the busy holder's lease ends (0 when unknown) and the error.
+//
+// In Redlock mode it returns as soon as the outcome is decided: a quorum
+// granted, or so many nodes refused or failed that no quorum is possible.
+// The nodes that had not answered by then are settled in the background
+// (settle): a late grant is released, unless the lease was granted (the node
+// then holds the lease like the others); a late refusal or failure leaves no
+// queue entry behind a granted lease.
 func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, time.Duration, error) {
 	redlock := len(l.nodes) > 1
-	var ticket int64
-	if redlock && req.Queue {
-		if v, ok := l.tickets.Load(req.Owner); ok {
-			ticket = v.(int64)
-		}
-	}
 	start := l.opts.clock.Now()
-	var proposal int64
+	var ticket, proposal int64
 	if redlock {
 		proposal = fenceProposal(start)
+		if req.Queue {
+			ticket = l.queueTicket(req.Owner, start)
+		}
 	}
 	timeout := l.callTimeout(req.TTL)
-	res := fanOut(ctx, l.nodes, timeout, func(ctx context.Context, n *node) (acquireReply, error) {
-		return l.acquireOn(ctx, n, req, ticket, proposal)
-	})
+	quorum := l.quorumFor(req.Limit)
+	var g gathered
+	if redlock {
+		var err error
+		if g, err = l.gather(ctx, req, ticket, proposal, timeout, quorum); err != nil {
+			return nil, 0, fmt.Errorf("acquire keys %q: %w", req.Keys, err)
+		}
+	} else {
+		g.answered = fanOut(ctx, l.nodes, timeout, func(ctx context.Context, n *node) (acquireReply, error) {
+			return l.acquireOn(ctx, n, req, ticket, proposal)
+		})
+	}
 	var (
-		acquired   []result[acquireReply]
-		busyNodes  []*node
-		fence      int64
-		busy       []*lock.HeldError
-		errs       []error
-		hint       time.Duration
-		maxTicket  int64
-		nodeFailed bool
+		acquired  []result[acquireReply]
+		busyNodes []*node
+		failed    []*node
+		fence     int64
+		busy      []*lock.HeldError
+		errs      []error
+		hint      time.Duration
+		maxTicket int64
 	)
-	for _, r := range res {
+	for _, r := range g.answered {
 		switch {
 		case r.err != nil:
-			nodeFailed = true
+			failed = append(failed, r.node)
 			errs = append(errs, r.nodeErr())
 			l.log.V(2).Info("Acquire failed on node", "node", r.node.name, "keys", req.Keys, "err", r.err.Error())
 		case r.val.ok:
@@ -267,10 +278,12 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 			maxTicket = max(maxTicket, r.val.ticket)
 		}
 	}
-	if redlock && req.Queue && maxTicket > 0 {
-		l.tickets.Store(req.Owner, maxTicket)
+	if g.ctxErr != nil {
+		errs = append(errs, fmt.Errorf("%d node(s) had not answered: %w", g.pending, g.ctxErr))
 	}
-	quorum := l.quorumFor(req.Limit)
+	if redlock && req.Queue && maxTicket > 0 {
+		l.rememberTicket(req.Owner, maxTicket, start)
+	}
 	agreed := len(acquired)
 	if redlock && agreed >= quorum {
 		agreed = l.writeBack(ctx, req, acquired, fence, timeout)
@@ -279,11 +292,15 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	validity := req.TTL - elapsed - drift(req.TTL)
 	if agreed >= quorum && validity > 0 {
 		l.tickets.Delete(req.Owner)
-		if req.Queue && req.Holders() > 1 && len(busyNodes) > 0 {
-			// The nodes that refused keep the owner queued: there it would
-			// hold a place ahead of the next waiters, and a semaphore's
-			// quorum may need those nodes.
+		if req.Queue && len(busyNodes) > 0 {
+			// The nodes that refused queued the owner: there it would hold a
+			// place ahead of the next waiters (refusing every one of them
+			// until its waiter TTL ran out), and the quorum of the next
+			// acquisitions may need those nodes.
 			l.leaveQueues(ctx, busyNodes, req.Keys, req.Owner)
+		}
+		if redlock {
+			l.settle(g, req, true, fence, failed)
 		}
 		lease := &lock.Lease{
 			Keys:     req.Keys,
@@ -301,10 +318,21 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		return lease, 0, nil
 	}
 
-	// Not acquired: undo whatever this attempt took (a node that failed may
-	// have run the script before the reply was lost).
-	if len(acquired) > 0 || nodeFailed {
-		l.releaseEverywhere(ctx, req.Keys, req.Owner, req.Limit)
+	// Not acquired: undo whatever this attempt took, on the nodes that
+	// granted it, and on those that failed (they may have run the script
+	// before the reply was lost); a node that refused took nothing.
+	if len(acquired) > 0 {
+		granted := make([]*node, len(acquired))
+		for i, r := range acquired {
+			granted[i] = r.node
+		}
+		l.releaseOnNodes(ctx, granted, req.Keys, req.Owner, req.Limit)
+	}
+	if redlock {
+		// The failed nodes may be the slow ones: released in the background.
+		l.settle(g, req, false, 0, failed)
+	} else if len(failed) > 0 {
+		l.releaseOnNodes(ctx, failed, req.Keys, req.Owner, req.Limit)
 	}
 	op := fmt.Sprintf("acquire keys %q", req.Keys)
 	if req.Holders() > 1 && redlock {
@@ -320,6 +348,259 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	return nil, hint, l.failureOf(op, len(acquired), quorum, errs)
 }
 
+// queuedTicket is the queue ticket a Redlock waiter was given, and until
+// when its place is certainly kept without a heartbeat.
+type queuedTicket struct {
+	ticket int64
+	until  time.Time
+}
+
+// queueTicket returns the ticket to queue owner with: the one the nodes gave
+// it (their largest), so that a node that missed its join or restarted
+// empty puts it at the same place as the others; 0 once its place may have
+// expired (the waiter TTL passed since it last joined): a waiter that missed
+// its heartbeats is pruned and must draw a new ticket at the back.
+func (l *Locker) queueTicket(owner string, now time.Time) int64 {
+	v, ok := l.tickets.Load(owner)
+	if !ok {
+		return 0
+	}
+	q := v.(queuedTicket)
+	if !now.Before(q.until) {
+		l.tickets.CompareAndDelete(owner, v)
+		return 0
+	}
+	return q.ticket
+}
+
+// rememberTicket records the ticket the nodes gave owner in an attempt that
+// started at start: every node that queued it set its heartbeat deadline at
+// least a waiter TTL after start (less the drift allowance between clocks).
+func (l *Locker) rememberTicket(owner string, ticket int64, start time.Time) {
+	l.tickets.Store(owner, queuedTicket{ticket: ticket, until: start.Add(l.opts.waiterTTL - drift(l.opts.waiterTTL))})
+}
+
+// gathered is what a Redlock fan-out had when the outcome was decided.
+type gathered struct {
+	// answered are the answers received, in arrival order.
+	answered []result[acquireReply]
+	// late delivers the pending answers still to come.
+	late    <-chan result[acquireReply]
+	pending int
+	// ctxErr is the caller's context error when it ended before the outcome
+	// was decided.
+	ctxErr error
+	// gen is the attempt's number among the owner's attempts (see owners).
+	gen uint64
+}
+
+// gather calls acquireOn on every node in parallel and returns once the
+// outcome is decided (and the stragglers had a short grace, see below), or
+// ctx ended: a quorum granted (with one token), so
+// many nodes refused that the keys are busy whatever the others answer, or
+// neither a quorum of grants nor of refusals is possible any more. Answers
+// that have already arrived by then are included. A request with Queue
+// changes the queues of the nodes that refuse it, and waits for every
+// answer (each under the node timeout) so that its queues are settled when
+// it returns: it only saves the release on the nodes that refused it. The calls go on in the background, each under its timeout (not
+// cut short by the caller's context, so that their answers can be settled);
+// Close cancels them.
+func (l *Locker) gather(ctx context.Context, req lock.Request, ticket, proposal int64, timeout time.Duration, quorum int) (gathered, error) {
+	gen, err := l.owners.begin(ctx, req.Owner)
+	if err != nil {
+		return gathered{}, err
+	}
+	total := len(l.nodes)
+	ch := make(chan result[acquireReply], total)
+	for i, n := range l.nodes {
+		prev, done := l.owners.chain(req.Owner, i, total)
+		cctx, cancel := l.bg.callContext(ctx, timeout)
+		call := func() {
+			defer close(done)
+			defer cancel()
+			if prev != nil {
+				select {
+				case <-prev:
+				case <-cctx.Done():
+					ch <- result[acquireReply]{node: n, err: fmt.Errorf("not sent: an earlier call of this owner to the node has not returned: %w", cctx.Err())}
+					return
+				}
+			}
+			v, err := l.acquireOn(cctx, n, req, ticket, proposal)
+			ch <- result[acquireReply]{node: n, val: v, err: err}
+		}
+		if !l.bg.spawn(call) {
+			cancel()
+			close(done)
+			ch <- result[acquireReply]{node: n, err: errClosed}
+		}
+	}
+	g := gathered{late: ch, gen: gen}
+	var granted, busy int
+	var lo, hi int64 // the smallest and largest token granted
+	decided := func() bool {
+		pending := total - len(g.answered)
+		switch {
+		case pending == 0:
+			return true
+		case granted >= quorum:
+			// Granted, unless the write-back or the dequeue below must
+			// reach the nodes still to answer: when the granting nodes
+			// disagree on the token, the lease takes the largest any node
+			// issues and is written back to all of them; a queued request
+			// leaves the queues of the nodes that refuse it before the
+			// caller is told it holds the lease.
+			return lo == hi && !req.Queue
+		case busy > total-quorum:
+			// A *lock.HeldError, whatever the others answer. A queued
+			// request waits for them all the same: the nodes that refuse it
+			// queue it, and its next call (or anyone's Inspect) must find
+			// the queues as they answered.
+			return !req.Queue
+		default:
+			// A *QuorumError, whatever the others answer: they can make
+			// neither a quorum of grants nor of refusals.
+			return !req.Queue && granted+pending < quorum && busy+pending <= total-quorum
+		}
+	}
+	// Once the outcome is decided, the nodes that answer within the time the
+	// outcome took (at least 1ms) are still waited for: their answers are in
+	// the normal spread of a loaded server and are settled before returning
+	// (a partial grant released before the caller tries again, rather than
+	// competing with its next try). Only slower nodes, paused or cut off,
+	// are left to settle in the background.
+	began := time.Now()
+	var grace <-chan time.Time
+	graceOver := false
+	for ctx.Err() == nil {
+		if decided() {
+			if len(g.answered) == total || graceOver {
+				break
+			}
+			if grace == nil {
+				t := time.NewTimer(max(time.Since(began), time.Millisecond))
+				defer t.Stop()
+				grace = t.C
+			}
+		}
+		select {
+		case r := <-ch:
+			g.answered = append(g.answered, r)
+			switch {
+			case r.err != nil:
+			case r.val.ok:
+				if granted == 0 || r.val.fence < lo {
+					lo = r.val.fence
+				}
+				hi = max(hi, r.val.fence)
+				granted++
+			default:
+				busy++
+			}
+		case <-grace:
+			graceOver = true
+		case <-ctx.Done():
+		}
+	}
+	if !decided() {
+		g.ctxErr = ctx.Err()
+	}
+	// Answers that are already in cost nothing to wait for.
+	for len(g.answered) < total {
+		select {
+		case r := <-ch:
+			g.answered = append(g.answered, r)
+			continue
+		default:
+		}
+		break
+	}
+	g.pending = total - len(g.answered)
+	return g, nil
+}
+
+// settle finishes an attempt in the background once its outcome is decided:
+// granted (with the lease's token fence) or not. It acts on the nodes that
+// failed before the outcome was decided, and on each late answer:
+//
+//   - not granted: a late grant, or a failure (the script may have run
+//     before the reply was lost), is released on that node; a late refusal
+//     leaves the owner queued there (it is a waiter).
+//   - granted: a late grant is kept: it holds the lease like the other
+//     nodes. When it issued another token than the lease's (its counter was
+//     ahead), the lease's is written back there (raise.lua), as the
+//     write-back would have done had it answered in time. With Queue (only
+//     a node that did not answer within its timeout is late then), a
+//     failure or a late refusal or a
+//     failure dequeues the owner there (it may have been queued before the
+//     reply was lost): a granted owner must not keep a place in any queue.
+//
+// Each action is skipped once the same owner started another attempt (which
+// settles those nodes itself): a release sent after that attempt's script
+// would undo its grant. Without a free cleanup slot (maxCleanups), settle
+// does the work before returning, as every acquisition did before.
+func (l *Locker) settle(g gathered, req lock.Request, granted bool, fence int64, failed []*node) {
+	if g.pending == 0 && (len(failed) == 0 || (granted && !req.Queue)) {
+		l.owners.end(req.Owner)
+		return
+	}
+	release := func(n *node) {
+		ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
+		defer cancel()
+		for _, r := range l.releaseOn(ctx, []*node{n}, req.Keys, req.Owner, req.Limit) {
+			if r.err != nil {
+				l.log.V(2).Info("Best-effort release failed on node; the lease expires with its TTL", "node", r.node.name, "keys", req.Keys, "err", r.err.Error())
+			}
+		}
+	}
+	dequeue := func(n *node) {
+		ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
+		defer cancel()
+		for _, r := range l.dequeueOn(ctx, []*node{n}, req.Keys, req.Owner) {
+			if r.err != nil {
+				l.log.V(2).Info("Leaving the queue failed on node; the place expires with the waiter TTL", "node", r.node.name, "keys", req.Keys, "err", r.err.Error())
+			}
+		}
+	}
+	raise := func(n *node) {
+		ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
+		defer cancel()
+		if _, err := l.raiseOn(ctx, n, req, fence); err != nil {
+			l.log.V(2).Info("Fence write-back failed on node", "node", n.name, "keys", req.Keys, "fence", fence, "err", err.Error())
+		}
+	}
+	act := func(n *node, f func(n *node)) {
+		l.owners.act(req.Owner, g.gen, func() { f(n) })
+	}
+	work := func() {
+		defer l.owners.end(req.Owner)
+		for _, n := range failed {
+			switch {
+			case !granted:
+				act(n, release)
+			case req.Queue:
+				act(n, dequeue)
+			}
+		}
+		for range g.pending {
+			r := <-g.late
+			switch {
+			case r.err == nil && r.val.ok && granted:
+				if r.val.fence != fence {
+					act(r.node, raise)
+				}
+			case r.err == nil && r.val.ok, r.err != nil && !granted:
+				act(r.node, release)
+			case granted && req.Queue:
+				act(r.node, dequeue)
+			}
+		}
+	}
+	if !l.bg.spawnCleanup(work) {
+		work()
+	}
+}
+
 // pickHeld chooses the most telling of the nodes' busy answers: one that names a holder.
 func pickHeld(busy []*lock.HeldError) *lock.HeldError {
 	for _, h := range busy {
@@ -332,7 +613,8 @@ func pickHeld(busy []*lock.HeldError) *lock.HeldError {
 
 // writeBack raises the fence counters to fence on the nodes where the lease
 // was taken with a lower token, and returns how many nodes now hold the lease
-// with counters at fence or above.
+// with counters at fence or above: a node counts only when raise.lua (or
+// semraise.lua) says the owner still holds every key there.
 func (l *Locker) writeBack(ctx context.Context, req lock.Request, acquired []result[acquireReply], fence int64, timeout time.Duration) int {
 	done := 0
 	var behind []*node
@@ -346,37 +628,99 @@ func (l *Locker) writeBack(ctx context.Context, req lock.Request, acquired []res
 	if len(behind) == 0 {
 		return done
 	}
+	if l.beforeWriteBack != nil {
+		l.beforeWriteBack()
+	}
+	res := fanOut(ctx, behind, timeout, func(ctx context.Context, n *node) (int64, error) {
+		return l.raiseOn(ctx, n, req, fence)
+	})
+	for _, r := range res {
+		switch {
+		case r.err != nil:
+			l.log.V(2).Info("Fence write-back failed on node", "node", r.node.name, "keys", req.Keys, "fence", fence, "err", r.err.Error())
+		case r.val != int64(len(req.Keys)):
+			// The lease expired there, or was taken over, between the grant
+			// and the write-back: the node does not hold it.
+			l.log.V(2).Info("Fence write-back found the lease gone on node", "node", r.node.name, "keys", req.Keys, "held", r.val)
+		default:
+			done++
+		}
+	}
+	return done
+}
+
+// raiseOn runs raise.lua (semraise.lua for a semaphore) on one node: the
+// counters are raised to fence where lower, and fence is recorded as the
+// token of the owner's lease there. It returns how many keys the owner holds
+// there.
+func (l *Locker) raiseOn(ctx context.Context, n *node, req lock.Request, fence int64) (int64, error) {
 	keys := l.redisKeys(req.Keys, "lock", "meta", "fence")
 	script, name := raiseScript, "raise"
 	if req.Holders() > 1 {
 		keys = l.redisKeys(req.Keys, "fence", "slots", "slotfences", "slotmeta")
 		script, name = semRaiseScript, "semaphore raise"
 	}
-	res := fanOut(ctx, behind, timeout, func(ctx context.Context, n *node) (int64, error) {
-		v, err := run(ctx, script, n.client, name, keys, fence, req.Owner)
-		if err != nil {
-			return 0, err
-		}
-		return asInt(v)
-	})
-	for _, r := range res {
-		if r.err != nil {
-			l.log.V(2).Info("Fence write-back failed on node", "node", r.node.name, "keys", req.Keys, "fence", fence, "err", r.err.Error())
-			continue
-		}
-		done++
+	v, err := run(ctx, script, n.client, name, keys, fence, req.Owner)
+	if err != nil {
+		return 0, err
 	}
-	return done
+	return asInt(v)
 }
 
 // releaseEverywhere releases the owner's keys (its slots when limit > 1) on
 // every node, best effort, even when ctx has ended.
 func (l *Locker) releaseEverywhere(ctx context.Context, keys []string, owner string, limit int) {
+	l.releaseOnNodes(ctx, l.nodes, keys, owner, limit)
+}
+
+// releaseOnNodes releases the owner's keys on some nodes, best effort, even
+// when ctx has ended.
+func (l *Locker) releaseOnNodes(ctx context.Context, nodes []*node, keys []string, owner string, limit int) {
 	cctx, cancel := l.cleanupContext(ctx)
 	defer cancel()
-	for _, r := range l.releaseOnAll(cctx, keys, owner, limit) {
+	for _, r := range l.releaseOn(cctx, nodes, keys, owner, limit) {
 		if r.err != nil {
 			l.log.V(2).Info("Best-effort release failed on node", "node", r.node.name, "keys", keys, "err", r.err.Error())
 		}
 	}
 }
+
+// maxToken is the largest valid fencing token: tokens are below
+// lock.MaxFence (see lock.Lease). acquire.lua and semacquire.lua get it as
+// their "largest fencing token allowed", fenceProposal never proposes more,
+// and acquireOn refuses a token above it.
+const maxToken = lock.MaxFence - 1
+
+// acquireDelay is how long Acquire waits before its next attempt when no
+// release message comes: step, the next step of backoff b computed without
+// jitter; the busy holder's remaining TTL hint (0: unknown) when that comes
+// first; at most heartbeat (0: no bound), a waiter's heartbeat. Jitter of
+// b.Jitter (wait.Jitter) is added in every case but the heartbeat: under
+// the cap (the jittered delay stays within b.Cap) and after the holder's TTL,
+// so that the waiters of a crashed holder, which all see the same TTL, do
+// not all try again in the same millisecond.
+func acquireDelay(b wait.Backoff, step, hint, heartbeat time.Duration) time.Duration {
+	j := b.Jitter
+	if j <= 0 {
+		j = defaultJitter
+	}
+	d := step
+	if b.Cap > 0 && float64(d)*(1+j) > float64(b.Cap) {
+		d = time.Duration(float64(b.Cap) / (1 + j))
+	}
+	d = wait.Jitter(d, j)
+	if hint > 0 {
+		// Spread the wake-ups over up to j times the first backoff step
+		// after the holder's TTL (the TTL itself can be long).
+		if h := hint + time.Millisecond + wait.Jitter(b.Duration, j) - b.Duration; h < d {
+			d = h
+		}
+	}
+	if heartbeat > 0 && d > heartbeat {
+		d = heartbeat
+	}
+	return d
+}
+
+// defaultJitter is the jitter of acquireDelay when the backoff has none.
+const defaultJitter = 0.1

@@ -1,10 +1,13 @@
 package redis
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -102,6 +105,11 @@ func (c Config) Validate() error {
 		}
 		seen[a] = true
 	}
+	if c.MasterName == "" && len(c.Addrs) > 1 {
+		if err := distinctMembers(c.Addrs, memberAddrs(c.Addrs, nil)); err != nil {
+			return err
+		}
+	}
 	if c.MasterName == "" {
 		n := len(c.Addrs)
 		switch {
@@ -121,6 +129,86 @@ func (c Config) Validate() error {
 		return &ConfigError{Field: "Prefix", Reason: fmt.Sprintf("%q must not contain whitespace", c.Prefix)}
 	}
 	return nil
+}
+
+// memberAddrs returns, for each host:port in addrs, the addresses the server
+// is known under: a literal IP in its canonical form (an IPv4-mapped IPv6
+// address as IPv4), both loopback addresses for localhost, and for another
+// host name what resolve returns for it (nothing when resolve is nil or
+// fails). Entries that are not host:port get nothing.
+func memberAddrs(addrs []string, resolve func(host string) []netip.Addr) [][]netip.AddrPort {
+	out := make([][]netip.AddrPort, len(addrs))
+	for i, a := range addrs {
+		host, portStr, err := net.SplitHostPort(a)
+		if err != nil {
+			continue
+		}
+		port, err := strconv.ParseUint(portStr, 10, 16)
+		if err != nil {
+			continue
+		}
+		var ips []netip.Addr
+		name := strings.TrimSuffix(strings.ToLower(host), ".")
+		if ip, err := netip.ParseAddr(name); err == nil {
+			ips = []netip.Addr{ip}
+		} else if name == "localhost" {
+			ips = []netip.Addr{netip.IPv6Loopback(), netip.AddrFrom4([4]byte{127, 0, 0, 1})}
+		} else if resolve != nil {
+			ips = resolve(host)
+		}
+		for _, ip := range ips {
+			out[i] = append(out[i], netip.AddrPortFrom(ip.Unmap(), uint16(port)))
+		}
+	}
+	return out
+}
+
+// distinctMembers refuses two Redlock members that are the same server:
+// the same host name and port (case aside), or a common address in known
+// (memberAddrs). Two entries for one server would count one failure twice
+// and let a minority of the servers grant a lease.
+func distinctMembers(addrs []string, known [][]netip.AddrPort) error {
+	for j := range addrs {
+		for i := range j {
+			same := ""
+			hi, pi, erri := net.SplitHostPort(addrs[i])
+			hj, pj, errj := net.SplitHostPort(addrs[j])
+			if erri == nil && errj == nil && pi == pj && strings.EqualFold(strings.TrimSuffix(hi, "."), strings.TrimSuffix(hj, ".")) {
+				same = "the same host and port"
+			}
+			for _, a := range known[i] {
+				for _, b := range known[j] {
+					if same == "" && a == b {
+						same = "both are " + a.String()
+					}
+				}
+			}
+			if same != "" {
+				return &ConfigError{Field: fmt.Sprintf("Addrs[%d]", j), Reason: fmt.Sprintf("%q and Addrs[%d] %q are the same server (%s): Redlock needs independent masters, each listed once", addrs[j], i, addrs[i], same)}
+			}
+		}
+	}
+	return nil
+}
+
+// checkResolvedMembers resolves the host names of the Redlock members and
+// refuses two that resolve to a common address and port (see
+// distinctMembers). A name that does not resolve is left to the connection
+// to report.
+func (l *Locker) checkResolvedMembers(ctx context.Context) error {
+	if l.mode != ModeRedlock || l.lookup == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	known := memberAddrs(l.cfg.Addrs, func(host string) []netip.Addr {
+		ips, err := l.lookup(ctx, host)
+		if err != nil {
+			return nil
+		}
+		return ips
+	})
+	return distinctMembers(l.cfg.Addrs, known)
 }
 
 // Mode returns the mode the configuration selects.

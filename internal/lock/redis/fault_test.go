@@ -2,9 +2,13 @@ package redis
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/lock/locktest"
@@ -12,8 +16,10 @@ import (
 )
 
 // TestFaultsFencedRegister runs the fenced-register fault test of locktest
-// while one node at a time is killed and restarted empty, or paused: half the
-// seeds against a 3-node Redlock, half against a standalone server.
+// while one node at a time is killed and restarted empty, or paused, or gets
+// the stale lock of a crashed client (staleLock), or waiters that never
+// heartbeat are queued at the head of some nodes' queues (deadWaiter): half
+// the seeds against a 3-node Redlock, half against a standalone server.
 func TestFaultsFencedRegister(t *testing.T) {
 	redlock := redistest.StartN(t, 3)
 	single := redistest.Start(t)
@@ -25,16 +31,14 @@ func TestFaultsFencedRegister(t *testing.T) {
 		}
 		locktest.RunFaults(t, mode, seed, &tally, locktest.Faults{
 			NewLocker: func(t *testing.T) lock.Locker { return newTestLocker(t, Config{Addrs: addrs(servers)}) },
-			Inject: func(_ context.Context, rng *rand.Rand) {
-				s := servers[rng.IntN(len(servers))]
-				if rng.IntN(2) == 0 {
-					s.Kill()
-					time.Sleep(time.Duration(20+rng.IntN(100)) * time.Millisecond)
-					s.Restart()
-				} else {
-					s.Pause()
-					time.Sleep(time.Duration(50+rng.IntN(300)) * time.Millisecond)
-					s.Resume()
+			Inject: func(ctx context.Context, rng *rand.Rand) {
+				switch rng.IntN(4) {
+				case 0, 1:
+					killOrPause(servers)(ctx, rng)
+				case 2:
+					staleLock(ctx, servers[rng.IntN(len(servers))], rng)
+				default:
+					deadWaiter(ctx, servers, rng)
 				}
 			},
 		})
@@ -100,4 +104,52 @@ func killOrPause(servers []*redistest.Server) func(context.Context, *rand.Rand) 
 			s.Resume()
 		}
 	}
+}
+
+// faultKeys returns the lock keys (as the scripts name them, "{key}:") that
+// the fault run has used on a server: those with a fence counter.
+func faultKeys(ctx context.Context, s *redistest.Server) []string {
+	bases, err := s.Client().Keys(ctx, "{*}:fence").Result()
+	if err != nil {
+		return nil
+	}
+	for i, b := range bases {
+		bases[i] = strings.TrimSuffix(b, "fence")
+	}
+	return bases
+}
+
+// staleLock leaves the lock of a client that crashed (another owner, a
+// 500ms TTL) on one node's free keys, as a partial acquisition does: the
+// node refuses the key until it expires, and the queued acquirers it
+// refuses meanwhile must not stay queued there once a majority granted them.
+func staleLock(ctx context.Context, s *redistest.Server, rng *rand.Rand) {
+	for _, b := range faultKeys(ctx, s) {
+		s.Client().SetNX(ctx, b+"lock", fmt.Sprintf("crashed-%d", rng.Uint64()), 500*time.Millisecond)
+	}
+	time.Sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond)
+}
+
+// deadWaiter queues, at the head of the queues of a random non-empty subset
+// of the nodes, a waiter that never heartbeats (its deadline 300ms ahead):
+// the nodes must prune it, and acquirers must not wait for it for longer.
+func deadWaiter(ctx context.Context, servers []*redistest.Server, rng *rand.Rand) {
+	owner := fmt.Sprintf("dead-%d", rng.Uint64())
+	for i, s := range servers {
+		if i > 0 && rng.IntN(2) == 0 {
+			continue
+		}
+		c := s.Client()
+		now, err := c.Time(ctx).Result()
+		if err != nil {
+			continue
+		}
+		deadline := now.Add(300 * time.Millisecond).UnixMilli()
+		for _, b := range faultKeys(ctx, s) {
+			c.ZAdd(ctx, b+"queue", goredis.Z{Score: 1, Member: owner})
+			c.ZAdd(ctx, b+"deadlines", goredis.Z{Score: float64(deadline), Member: owner})
+			c.HSet(ctx, b+"waiters", owner, fmt.Sprintf("%d dead", now.UnixMicro()))
+		}
+	}
+	time.Sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond)
 }

@@ -40,6 +40,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -87,6 +89,19 @@ type Locker struct {
 	// beforeWatch, when set (tests only), runs in Acquire between the first
 	// failed attempt and the subscription to the release messages.
 	beforeWatch func()
+	// beforeWriteBack, when set (tests only), runs in a Redlock attempt
+	// between the grants and the fence write-back.
+	beforeWriteBack func()
+
+	// lookup resolves a member's host name (Ping refuses Redlock members
+	// that resolve to the same address); tests replace it.
+	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
+
+	// bg tracks the work an acquisition leaves behind when it returns
+	// before every node answered, and owners orders that work against the
+	// same owner's next attempts (see cleanup.go).
+	bg     *background
+	owners owners
 }
 
 var _ lock.Locker = (*Locker)(nil)
@@ -101,7 +116,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Locker{cfg: cfg, mode: cfg.Mode(), opts: o}
+	l := &Locker{cfg: cfg, mode: cfg.Mode(), opts: o, lookup: lookupIP, bg: newBackground()}
 	l.log = o.log.WithValues("mode", string(l.mode))
 	// Every connection goes through netguard's dialer: the endpoint policy,
 	// TLS (go-redis does no TLS of its own when a Dialer is set, so TLSConfig
@@ -151,6 +166,11 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	return l, nil
 }
 
+// lookupIP resolves a host name to its IP addresses.
+func lookupIP(ctx context.Context, host string) ([]netip.Addr, error) {
+	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+}
+
 // dialTimeout bounds one connection attempt, TLS handshake included.
 const dialTimeout = time.Second
 
@@ -159,7 +179,16 @@ func (l *Locker) Mode() Mode { return l.mode }
 
 // Close closes the connections to every node. Leases stay in Redis until
 // released or expired.
+//
+// Calls that acquisitions left running (to nodes that had not answered
+// when the outcome was decided) and their cleanup are cancelled, and Close
+// waits for them: a lease granted late on such a node expires with its TTL.
 func (l *Locker) Close() error {
+	if l.bg != nil {
+		l.bg.stop()
+		// Closing the clients ends the reads still blocked on a slow node.
+		defer l.bg.wait()
+	}
 	var errs []error
 	for _, n := range l.nodes {
 		if err := n.client.Close(); err != nil {
@@ -172,7 +201,14 @@ func (l *Locker) Close() error {
 // Ping checks that the backend answers: the server, the Sentinel-managed
 // master, or a majority of the Redlock masters. The error matches
 // lock.ErrBackendUnavailable or lock.ErrQuorum and names the failing nodes.
+//
+// In Redlock mode it first resolves the members' host names, and refuses
+// (a *ConfigError on the later entry, matching ErrInvalidConfig) two
+// members that resolve to the same address and port: they are one server.
 func (l *Locker) Ping(ctx context.Context) error {
+	if err := l.checkResolvedMembers(ctx); err != nil {
+		return err
+	}
 	res := fanOut(ctx, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (struct{}, error) {
 		if err := n.client.Ping(ctx).Err(); err != nil {
 			return struct{}{}, fmt.Errorf("ping: %w", err)
@@ -287,8 +323,13 @@ func (l *Locker) callTimeout(ttl time.Duration) time.Duration {
 // drift is the clock drift allowance of the Redlock validity: 1% of the TTL plus 2ms.
 func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
 
-// backoff returns a fresh copy of the configured backoff.
-func (l *Locker) backoff() wait.Backoff { return l.opts.backoff }
+// backoff returns a fresh copy of the configured backoff, without its jitter
+// (acquireDelay adds it).
+func (l *Locker) backoff() wait.Backoff {
+	b := l.opts.backoff
+	b.Jitter = 0
+	return b
+}
 
 // newTimer uses the injected clock's timers when it has them.
 func (l *Locker) newTimer(d time.Duration) (<-chan time.Time, func()) {

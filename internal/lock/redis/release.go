@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
@@ -17,7 +18,15 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	if err := validateLease(lease); err != nil {
 		return err
 	}
-	res := l.releaseOnAll(ctx, lease.Keys, lease.Owner, lease.Limit)
+	var res []result[int64]
+	if pending := l.owners.lastCalls(lease.Owner); pending != nil {
+		// The acquisition returned before every node answered: on those
+		// nodes, release after its script ran (otherwise the late grant
+		// would hold the key until its TTL).
+		res = l.releaseAfter(ctx, pending, lease.Keys, lease.Owner, lease.Limit)
+	} else {
+		res = l.releaseOnAll(ctx, lease.Keys, lease.Owner, lease.Limit)
+	}
 	responded, released := 0, 0
 	var errs []error
 	for _, r := range res {
@@ -45,6 +54,33 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 // releaseOnAll runs the release script on every node: release.lua for a
 // mutex, semrelease.lua for a semaphore slot (limit > 1).
 func (l *Locker) releaseOnAll(ctx context.Context, keys []string, owner string, limit int) []result[int64] {
+	return l.releaseOn(ctx, l.nodes, keys, owner, limit)
+}
+
+// releaseAfter is releaseOnAll where the release on node i waits first for
+// pending[i] (nil: nothing to wait for), the owner's acquire call to it.
+func (l *Locker) releaseAfter(ctx context.Context, pending []chan struct{}, keys []string, owner string, limit int) []result[int64] {
+	out := make([]result[int64], len(l.nodes))
+	var wg sync.WaitGroup
+	for i, n := range l.nodes {
+		wg.Go(func() {
+			if p := pending[i]; p != nil {
+				select {
+				case <-p:
+				case <-ctx.Done():
+					out[i] = result[int64]{node: n, err: fmt.Errorf("release: waiting for the acquisition's call to the node: %w", ctx.Err())}
+					return
+				}
+			}
+			out[i] = l.releaseOn(ctx, []*node{n}, keys, owner, limit)[0]
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// releaseOn runs the release script (as releaseOnAll) on some nodes.
+func (l *Locker) releaseOn(ctx context.Context, nodes []*node, keys []string, owner string, limit int) []result[int64] {
 	rk := l.redisKeys(keys, "lock", "meta")
 	script, name := releaseScript, "release"
 	if limit > 1 {
@@ -52,7 +88,7 @@ func (l *Locker) releaseOnAll(ctx context.Context, keys []string, owner string, 
 		script, name = semReleaseScript, "semaphore release"
 	}
 	args := append([]any{owner}, l.channelArgs(keys)...)
-	return fanOut(ctx, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
+	return fanOut(ctx, nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
 		v, err := run(ctx, script, n.client, name, rk, args...)
 		if err != nil {
 			return 0, err

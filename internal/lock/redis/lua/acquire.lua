@@ -15,12 +15,26 @@
 --   1 owner token            2 lease TTL in milliseconds   3 holder identity
 --   4 "1": join the queues when not acquired, "0": do not
 --   5 waiter TTL in milliseconds
---   6 ticket to queue with (0: keep the one held, or draw a new one)
---   7 largest fencing token allowed
+--   6 ticket to queue with: the client's ticket for this owner (Redlock), 0
+--     when it has none (standalone and Sentinel mode, a first join, or a
+--     waiter whose place the client knows has expired)
+--   7 largest fencing token allowed (valid tokens are 1 to this, inclusive)
 --   8 proposed fencing token, a canonical decimal integer (0: none, as in
 --     standalone and Sentinel mode). Redlock clients always propose, the same
 --     value to every node (their clock in microseconds plus a lead), so that
 --     the nodes issue the same token.
+-- Tickets order a key's queue. Where the owner is queued, it keeps its place
+-- (raised to ARGV[6] when that is larger, so that the nodes converge on the
+-- client's ticket). Where it is not, it takes ARGV[6] (a node that missed the
+-- join or restarted empty learns the place the other nodes gave it), unless
+-- this very call pruned its expired place: a waiter that missed its
+-- heartbeats loses its place. Otherwise it draws a new ticket: the shared
+-- counter + 1 (the back of the queue) or, with a proposal (Redlock), the
+-- proposal kept within TIME +- window. The proposal is the client's clock,
+-- the same for every node, so the nodes an attempt reaches give the same
+-- ticket, whatever joins each of them saw or missed before and in whatever
+-- order a slow node runs the scripts; waiters are ordered by their clients'
+-- clocks, within the window. The counter is raised to every ticket handed out.
 -- The fencing token is the largest of: every key's counter + 1; this server's
 -- TIME in microseconds; the proposal, capped at TIME + window. With a
 -- proposal, a key without a counter (never used, or lost in an empty restart)
@@ -60,11 +74,14 @@ local afterNowMs = '(' .. t[1] .. string.sub(usec, 1, 3)
 -- do not exist has nobody to prune, no queue head, no semaphore holder and
 -- nothing to clean up below: one EXISTS per key on the fast path.
 local queued = {}
+-- prunedSelf: this call found the owner's own place expired (it missed its heartbeats).
+local prunedSelf = false
 for i = 1, n do
   if redis.call('EXISTS', key(i, 4), key(i, 5), key(i, 6), key(i, 7)) > 0 then
     queued[i] = true
     local dead = redis.call('ZRANGEBYSCORE', key(i, 5), '-inf', afterNowMs)
     for _, w in ipairs(dead) do
+      if w == owner then prunedSelf = true end
       redis.call('ZREM', key(i, 4), w)
       redis.call('ZREM', key(i, 5), w)
       redis.call('HDEL', key(i, 6), w)
@@ -116,17 +133,25 @@ if busy > 0 then
   local nowMs = math.floor(nowUs / 1000)
   local tk = 0
   if join then
-    tk = ticket
-    if tk == 0 then
-      for i = 1, n do
-        local s = redis.call('ZSCORE', key(i, 4), owner)
-        if s and tonumber(s) > tk then tk = tonumber(s) end
-      end
-      if tk == 0 then tk = redis.call('INCR', KEYS[#KEYS]) end
-    else
-      local c = tonumber(redis.call('GET', KEYS[#KEYS]) or '0')
-      if c < tk then redis.call('SET', KEYS[#KEYS], int(tk)) end
+    -- The ticket (see the header): the owner's place where it is queued,
+    -- the client's ticket where it is not (a node that missed the join or
+    -- restarted), a new one at the back otherwise.
+    local have = 0
+    for i = 1, n do
+      local s = redis.call('ZSCORE', key(i, 4), owner)
+      if s and tonumber(s) > have then have = tonumber(s) end
     end
+    local c = tonumber(redis.call('GET', KEYS[#KEYS]) or '0')
+    if have > 0 then
+      tk = math.max(have, ticket)
+    elseif ticket > 0 and not prunedSelf then
+      tk = ticket
+    elseif proposal > 0 then
+      tk = math.min(math.max(proposal, nowUs - window), nowUs + window)
+    else
+      tk = c + 1
+    end
+    if c < tk then redis.call('SET', KEYS[#KEYS], int(tk)) end
     for i = 1, n do
       if not redis.call('ZSCORE', key(i, 4), owner) then
         redis.call('HSET', key(i, 6), owner, nowUsStr .. ' ' .. holder)

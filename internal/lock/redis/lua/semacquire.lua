@@ -14,7 +14,7 @@
 --   KEYS[#KEYS] string ticket counter shared by every key under the prefix
 -- The three slot keys live as long as their longest-lived holder; a holder
 -- past its expiry is pruned by the next semaphore script that sees it.
--- ARGV: 1-8 as acquire.lua, and
+-- ARGV: 1-8 as acquire.lua (tickets too), and
 --   9 limit: how many holders the key admits (at least 2)
 -- A key is free for the owner when it holds a slot already, or when no mutex
 -- holds it and the owner's position in the live queue (its rank, or the queue
@@ -50,11 +50,14 @@ local nowMs = tonumber(nowMsStr)
 
 -- Prune waiters that missed their heartbeat and holders past their expiry.
 local queued = {}
+-- prunedSelf: this call found the owner's own place expired (it missed its heartbeats).
+local prunedSelf = false
 for i = 1, n do
   if redis.call('EXISTS', key(i, 4), key(i, 5), key(i, 6)) > 0 then
     queued[i] = true
     local dead = redis.call('ZRANGEBYSCORE', key(i, 5), '-inf', '(' .. nowMsStr)
     for _, w in ipairs(dead) do
+      if w == owner then prunedSelf = true end
       redis.call('ZREM', key(i, 4), w)
       redis.call('ZREM', key(i, 5), w)
       redis.call('HDEL', key(i, 6), w)
@@ -114,17 +117,25 @@ end
 if busy > 0 then
   local tk = 0
   if join then
-    tk = ticket
-    if tk == 0 then
-      for i = 1, n do
-        local s = redis.call('ZSCORE', key(i, 4), owner)
-        if s and tonumber(s) > tk then tk = tonumber(s) end
-      end
-      if tk == 0 then tk = redis.call('INCR', KEYS[#KEYS]) end
-    else
-      local c = tonumber(redis.call('GET', KEYS[#KEYS]) or '0')
-      if c < tk then redis.call('SET', KEYS[#KEYS], int(tk)) end
+    -- The ticket (see the header): the owner's place where it is queued,
+    -- the client's ticket where it is not (a node that missed the join or
+    -- restarted), a new one at the back otherwise.
+    local have = 0
+    for i = 1, n do
+      local s = redis.call('ZSCORE', key(i, 4), owner)
+      if s and tonumber(s) > have then have = tonumber(s) end
     end
+    local c = tonumber(redis.call('GET', KEYS[#KEYS]) or '0')
+    if have > 0 then
+      tk = math.max(have, ticket)
+    elseif ticket > 0 and not prunedSelf then
+      tk = ticket
+    elseif proposal > 0 then
+      tk = math.min(math.max(proposal, nowUs - window), nowUs + window)
+    else
+      tk = c + 1
+    end
+    if c < tk then redis.call('SET', KEYS[#KEYS], int(tk)) end
     for i = 1, n do
       if not redis.call('ZSCORE', key(i, 4), owner) then
         redis.call('HSET', key(i, 6), owner, nowUsStr .. ' ' .. holder)
