@@ -3,6 +3,8 @@ package backend
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -68,21 +70,27 @@ func TestConfigCheckFollowsTheServers(t *testing.T) {
 		if !checked {
 			return "not checked"
 		}
-		out := ""
+		var out []string
 		for _, f := range fs {
-			out += fmt.Sprintf("[%s %s]", f.Node, f.Found)
+			out = append(out, fmt.Sprintf("[%s %s]", f.Node, f.Found))
 		}
-		return out
+		slices.Sort(out)
+		return strings.Join(out, "")
 	}
-	waitFor := func(what, want string) {
+	// want lists findings as nodes does: sorted.
+	want := func(entries ...string) string {
+		slices.Sort(entries)
+		return strings.Join(entries, "")
+	}
+	waitFor := func(what, expected string) {
 		t.Helper()
 		var got string
 		err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
 			got = nodes()
-			return got == want, nil
+			return got == expected, nil
 		})
 		if err != nil {
-			t.Fatalf("%s: findings %s, want %s", what, got, want)
+			t.Fatalf("%s: findings %s, want %s", what, got, expected)
 		}
 	}
 	// afterChecks waits until n more checks completed.
@@ -109,7 +117,7 @@ func TestConfigCheckFollowsTheServers(t *testing.T) {
 
 	before := told.Load()
 	setPolicy(servers[1], "volatile-lru")
-	waitFor("a second node set to volatile-lru", fmt.Sprintf("[%s allkeys-lru][%s volatile-lru]", servers[0].Addr, servers[1].Addr))
+	waitFor("a second node set to volatile-lru", want(fmt.Sprintf("[%s allkeys-lru]", servers[0].Addr), fmt.Sprintf("[%s volatile-lru]", servers[1].Addr)))
 	if told.Load() == before {
 		t.Error("the health listeners were not told of the new finding")
 	}
