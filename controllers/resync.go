@@ -122,7 +122,7 @@ func stateDigest(states []lock.KeyState) uint64 {
 // reconciled.
 type statusResync struct {
 	table    *resyncTable
-	enqueue  func(types.NamespacedName)
+	enqueue  func(context.Context, types.NamespacedName)
 	interval time.Duration
 }
 
@@ -173,7 +173,7 @@ func (s *statusResync) resyncBackend(ctx context.Context, locker lock.Locker, g 
 	for i, nn := range g.nns {
 		if errs[i] != nil || stateDigest(states[i]) != g.digests[i] {
 			changed++
-			s.enqueue(nn)
+			s.enqueue(ctx, nn)
 		}
 	}
 	metrics.StatusResyncChanged.Add(float64(changed))

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -54,6 +55,19 @@ func (t *tracker) enqueue(nn types.NamespacedName) {
 	select {
 	case t.notify <- event.GenericEvent{Object: obj}:
 	default:
+	}
+}
+
+// enqueueWait asks for a reconcile of one object, waiting for room in the
+// channel rather than dropping the request, until ctx ends: for callers in
+// their own goroutine that may ask for many at once (the status resync).
+func (t *tracker) enqueueWait(ctx context.Context, nn types.NamespacedName) {
+	obj := t.newObj()
+	obj.SetNamespace(nn.Namespace)
+	obj.SetName(nn.Name)
+	select {
+	case t.notify <- event.GenericEvent{Object: obj}:
+	case <-ctx.Done():
 	}
 }
 
