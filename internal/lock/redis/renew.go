@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -69,8 +70,10 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 		calls[k] = l.renewCall(leases[i], ttl)
 	}
 	start := l.opts.clock.Now()
-	perNode := fanOut(ctx, l.nodes, l.callTimeout(ttl), func(ctx context.Context, n *node) ([]result[int64], error) {
-		return l.renewPipeline(ctx, n, calls), nil
+	// Each pipeline of renewChunk commands has the per-node timeout of a
+	// renewal; the batch as a whole is bounded by a quarter of the TTL.
+	perNode := fanOut(ctx, l.nodes, ttl/4, func(ctx context.Context, n *node) ([]result[int64], error) {
+		return l.renewPipeline(ctx, n, calls, l.callTimeout(ttl)), nil
 	})
 	elapsed := l.opts.clock.Since(start)
 
@@ -86,7 +89,7 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 		}
 	}
 	if len(lost) > 0 {
-		l.releaseLost(ctx, leases, idx, lost, perNode)
+		l.releaseLost(ctx, ttl, leases, idx, lost, perNode)
 	}
 	return out, errs
 }
@@ -98,28 +101,109 @@ type scriptCall struct {
 	args   []any
 }
 
-// renewPipeline runs the renew script for every lease in one pipeline. When
-// the node lost its script cache, it loads the scripts once and sends again,
-// by SHA, only the renewals that failed for that (a renewal is idempotent).
-func (l *Locker) renewPipeline(ctx context.Context, n *node, calls []scriptCall) []result[int64] {
-	cmds := make([]*goredis.Cmd, len(calls))
-	pipe := n.client.Pipeline()
-	for k, c := range calls {
-		cmds[k] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
-	}
-	_, _ = pipe.Exec(ctx) // per-command errors are read below
-	l.resendWithoutScripts(ctx, n, calls, cmds)
-	out := make([]result[int64], len(cmds))
-	for k, c := range cmds {
+// renewPipeline runs the renew script of every lease on one node, pipelined
+// (see pipelined), and decodes the replies.
+func (l *Locker) renewPipeline(ctx context.Context, n *node, calls []scriptCall, timeout time.Duration) []result[int64] {
+	out := make([]result[int64], len(calls))
+	l.pipelined(ctx, n, calls, timeout, func(k int, v any, err error) {
 		out[k].node = n
-		v, err := c.Result()
 		if err != nil {
 			out[k].err = fmt.Errorf("renew script: %w", err)
-			continue
+			return
 		}
 		out[k].val, out[k].err = asInt(v)
-	}
+	})
 	return out
+}
+
+// Pipelining of large batches (RenewAll, the release of lost leases).
+const (
+	// pipelineChunk is how many commands go in one pipeline: a batch of
+	// thousands of leases is sent as several pipelines, each answered
+	// within the per-node timeout, instead of one that no timeout fits.
+	pipelineChunk = 512
+	// chunksInFlight is how many pipelines of one batch are in flight to
+	// one node at once (on as many connections): the node runs one while
+	// the next is encoded and sent.
+	chunksInFlight = 2
+)
+
+// pipelined runs calls on node n in pipelines of pipelineChunk commands,
+// each under timeout (the whole under ctx), and hands every reply or error
+// to done(index, value, err), from one goroutine per pipeline in flight.
+// After a pipeline got no answer at all (a timeout or connection error on
+// its first command), the calls not sent yet fail with the same error: a
+// node that does not answer costs one timeout, not one per pipeline. When the node lost its script
+// cache, the scripts are loaded once and only the commands that failed for
+// it are sent again, by SHA (the scripts are idempotent).
+func (l *Locker) pipelined(ctx context.Context, n *node, calls []scriptCall, timeout time.Duration, done func(k int, v any, err error)) {
+	var (
+		mu      sync.Mutex
+		failure error
+	)
+	runChunk := func(lo, hi int) {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		chunk := calls[lo:hi]
+		cmds := make([]*goredis.Cmd, len(chunk))
+		pipe := n.client.Pipeline()
+		for k, c := range chunk {
+			cmds[k] = c.script.EvalSha(cctx, pipe, c.keys, c.args...)
+		}
+		_, _ = pipe.Exec(cctx) // per-command errors are read below
+		l.resendWithoutScripts(cctx, n, chunk, cmds)
+		for k, c := range cmds {
+			v, err := c.Result()
+			done(lo+k, v, err)
+		}
+		// No reply at all (not even to the first command): the node is
+		// down or stalled. A pipeline cut short by its timeout after
+		// some replies came from a node that is alive, only slow.
+		if err := cmds[0].Err(); err != nil && !isRedisError(err) {
+			mu.Lock()
+			if failure == nil {
+				failure = err
+			}
+			mu.Unlock()
+		}
+	}
+	if len(calls) <= pipelineChunk {
+		if len(calls) > 0 {
+			runChunk(0, len(calls))
+		}
+		return
+	}
+	slots := make(chan struct{}, chunksInFlight)
+	var wg sync.WaitGroup
+	for lo := 0; lo < len(calls); lo += pipelineChunk {
+		hi := min(lo+pipelineChunk, len(calls))
+		slots <- struct{}{}
+		mu.Lock()
+		err := failure
+		mu.Unlock()
+		if err == nil {
+			err = ctx.Err()
+		}
+		if err != nil {
+			<-slots
+			for k := lo; k < len(calls); k++ {
+				done(k, nil, err)
+			}
+			break
+		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			runChunk(lo, hi)
+		})
+	}
+	wg.Wait()
+}
+
+// isRedisError tells a reply of the server (a script error, NOSCRIPT) from
+// a failure to get a reply (timeout, connection error).
+func isRedisError(err error) bool {
+	var re goredis.Error
+	return errors.As(err, &re)
 }
 
 // resendWithoutScripts handles the commands of a pipeline that failed with
@@ -236,8 +320,9 @@ func (l *Locker) renewOutcome(lease *lock.Lease, ttl time.Duration, start time.T
 // releaseLost releases, in the background, the keys of the leases RenewAll
 // found lost (leases[idx[k]] for k in lost) on every node where the renew
 // script did not already do it (it did where it answered that a key was
-// lost): one pipeline per node, bounded by the node timeout.
-func (l *Locker) releaseLost(ctx context.Context, leases []*lock.Lease, idx, lost []int, perNode []result[[]result[int64]]) {
+// lost): pipelined per node (pipelined), each pipeline bounded by the node
+// timeout and the whole by a quarter of the TTL.
+func (l *Locker) releaseLost(ctx context.Context, ttl time.Duration, leases []*lock.Lease, idx, lost []int, perNode []result[[]result[int64]]) {
 	type release struct {
 		node  *node
 		calls []scriptCall
@@ -258,32 +343,38 @@ func (l *Locker) releaseLost(ctx context.Context, leases []*lock.Lease, idx, los
 	if len(work) == 0 {
 		return
 	}
-	cctx, cancel := l.cleanupContext(ctx)
+	// The clean-up of a batch is bounded like the renewal of one: a
+	// quarter of the TTL, and the node timeout per pipeline.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(ttl/4, l.opts.nodeTimeout))
 	go func() {
 		defer cancel()
 		nodes := make([]*node, len(work))
 		for i, w := range work {
 			nodes[i] = w.node
 		}
-		fanOut(cctx, nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (struct{}, error) {
+		fanOut(cctx, nodes, max(ttl/4, l.opts.nodeTimeout), func(ctx context.Context, n *node) (struct{}, error) {
 			var calls []scriptCall
 			for _, w := range work {
 				if w.node == n {
 					calls = w.calls
 				}
 			}
-			pipe := n.client.Pipeline()
-			cmds := make([]*goredis.Cmd, len(calls))
-			for k, c := range calls {
-				cmds[k] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
-			}
-			_, _ = pipe.Exec(ctx)
-			l.resendWithoutScripts(ctx, n, calls, cmds)
-			for _, c := range cmds {
-				if err := c.Err(); err != nil {
-					l.log.V(2).Info("Best-effort release of lost leases failed on node; their keys expire with the TTL", "node", n.name, "leases", len(calls), "err", err.Error())
-					break
+			var (
+				mu      sync.Mutex
+				failed  error
+				failedN int
+			)
+			l.pipelined(ctx, n, calls, l.opts.nodeTimeout, func(_ int, _ any, err error) {
+				// One goroutine per pipeline in flight: count under the lock.
+				if err != nil {
+					mu.Lock()
+					failed = err
+					failedN++
+					mu.Unlock()
 				}
+			})
+			if failed != nil {
+				l.log.V(2).Info("Best-effort release of lost leases failed on node; their keys expire with the TTL", "node", n.name, "failed", failedN, "leases", len(calls), "err", failed.Error())
 			}
 			return struct{}{}, nil
 		})

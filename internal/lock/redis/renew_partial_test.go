@@ -257,3 +257,51 @@ func TestRenewAllAfterScriptFlushResendsWithEvalSha(t *testing.T) {
 		}
 	}
 }
+
+// TestRenewAllOfMoreLeasesThanOneTimeoutFits: a batch of 60,000 leases is
+// more than one node answers within the per-node timeout (the generous 1s
+// of the tests here; the default is 100ms): it is still renewed as a whole,
+// since the timeout bounds each pipeline of the batch, not the batch.
+func TestRenewAllOfMoreLeasesThanOneTimeoutFits(t *testing.T) {
+	s := redistest.Start(t)
+	const ttl = 30 * time.Second
+	const n = 60000
+	l := newTestLocker(t, Config{Addrs: []string{s.Addr}})
+	ctx := context.Background()
+	// The leases are written straight into Redis, as acquisitions would
+	// leave them (acquiring them one by one would take most of the test).
+	leases := make([]*lock.Lease, n)
+	c := s.Client()
+	pipe := c.Pipeline()
+	for i := range leases {
+		le := &lock.Lease{Keys: []string{fmt.Sprintf("many-%06d", i)}, Owner: fmt.Sprintf("owner-%06d", i), Fence: int64(i + 1), TTL: ttl}
+		leases[i] = le
+		pipe.Set(ctx, "{"+le.Keys[0]+"}:lock", le.Owner, time.Minute)
+		pipe.HSet(ctx, "{"+le.Keys[0]+"}:meta", "holder", "many", "fence", le.Fence)
+		if pipe.Len() >= 2000 || i == n-1 {
+			if _, err := pipe.Exec(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	start := time.Now()
+	renewed, errs := l.RenewAll(ctx, leases, ttl)
+	t.Logf("RenewAll of %d leases took %v", n, time.Since(start))
+	failed := 0
+	var first error
+	for i := range leases {
+		if errs[i] != nil || renewed[i] == nil {
+			if failed++; first == nil {
+				first = errs[i]
+			}
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d leases not renewed (first error: %v); want all renewed", failed, n, first)
+	}
+	// Written with a minute to live, renewed to 30 seconds.
+	if _, pttl := ownerOn(t, s, leases[n-1].Keys[0]); pttl > ttl || pttl < ttl/2 {
+		t.Errorf("the last lease of the batch has a PTTL of %v in Redis, want it set to the %v TTL", pttl, ttl)
+	}
+}
