@@ -52,6 +52,9 @@ type Watchdog struct {
 	// inFlight holds the backend and TTL of every batch being renewed: its
 	// leases are not sent again until it is answered.
 	inFlight map[batchKey]bool
+	// nextDue is no later than the earliest renewAt of the leases not in
+	// flight: before it, a tick has nothing to look at (zero: look).
+	nextDue time.Time
 }
 
 type held struct {
@@ -109,7 +112,9 @@ func (w *Watchdog) OnLost(f func(Lost)) {
 func (w *Watchdog) Hold(ref holder.Ref, locker lock.Locker, lease *lock.Lease) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.leases[ref] = &held{locker: locker, lease: lease, renewAt: renewAt(lease, lease.TTL)}
+	h := &held{locker: locker, lease: lease, renewAt: renewAt(lease, lease.TTL)}
+	w.leases[ref] = h
+	w.dueBy(h.renewAt)
 	metrics.LeasesHeld.Set(float64(len(w.leases)))
 }
 
@@ -171,6 +176,13 @@ func (w *Watchdog) Start(ctx context.Context) error {
 	}
 }
 
+// dueBy makes the next look happen no later than t. Call with w.mu held.
+func (w *Watchdog) dueBy(t time.Time) {
+	if w.nextDue.IsZero() || t.Before(w.nextDue) {
+		w.nextDue = t
+	}
+}
+
 // renewAt is when a lease is due: a third of its validity after it was
 // last renewed, that is when two thirds of it are left. The validity is the
 // TTL, or less when the store grants less (a ZooKeeper lease lives at most
@@ -208,8 +220,12 @@ func (w *Watchdog) RenewDue(ctx context.Context) {
 // reached; wg counts the calls started.
 func (w *Watchdog) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 	now := w.clock.Now()
-	batches := map[batchKey]*batch{}
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	if now.Before(w.nextDue) {
+		return // no lease is due yet: spare the look at every lease
+	}
+	batches := map[batchKey]*batch{}
 	due := map[batchKey]bool{}
 	for _, h := range w.leases {
 		if !now.Before(h.renewAt) {
@@ -219,9 +235,13 @@ func (w *Watchdog) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 			}
 		}
 	}
+	var next time.Time // the earliest renewAt of the leases left out
 	for ref, h := range w.leases {
 		k := batchKey{h.locker, h.lease.TTL}
 		if !due[k] || now.Before(h.renewAt.Add(-h.lease.TTL/6)) {
+			if !w.inFlight[k] && (next.IsZero() || h.renewAt.Before(next)) {
+				next = h.renewAt
+			}
 			continue
 		}
 		b := batches[k]
@@ -232,9 +252,15 @@ func (w *Watchdog) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 		b.refs = append(b.refs, ref)
 		b.leases = append(b.leases, h.lease)
 	}
+	// Leases in flight move nextDue when their batch is answered.
+	w.nextDue = next
+	if next.IsZero() {
+		w.nextDue = now.Add(24 * time.Hour)
+	}
 	for k, b := range batches {
 		if len(w.inFlight) >= w.maxBatches {
 			w.log.V(1).Info("Too many renewals in flight; the batch waits for the next tick", "leases", len(b.leases), "ttl", k.ttl.String())
+			w.dueBy(now)
 			continue
 		}
 		w.inFlight[k] = true
@@ -243,13 +269,15 @@ func (w *Watchdog) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 			defer func() {
 				w.mu.Lock()
 				delete(w.inFlight, k)
+				// The leases of k left out of nextDue while in flight
+				// count again: look at every lease on the next tick.
+				w.nextDue = time.Time{}
 				w.mu.Unlock()
 				wg.Done()
 			}()
 			w.renewBatch(ctx, k, b)
 		}()
 	}
-	w.mu.Unlock()
 }
 
 func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
@@ -257,6 +285,7 @@ func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
 	renewed, errs := k.locker.RenewAll(ctx, b.leases, k.ttl)
 	now := w.clock.Now()
 	var lost []Lost
+	var renewedN, failedN int
 	w.mu.Lock()
 	for i, ref := range b.refs {
 		h, ok := w.leases[ref]
@@ -269,9 +298,10 @@ func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
 		}
 		switch {
 		case err == nil && i < len(renewed) && renewed[i] != nil:
-			metrics.Renewals.WithLabelValues(metrics.ResultOK).Inc()
+			renewedN++
 			h.lease = renewed[i]
 			h.renewAt = renewAt(renewed[i], renewed[i].Expires.Sub(now))
+			w.dueBy(h.renewAt)
 		case err != nil && errors.Is(err, lock.ErrLost):
 			metrics.Renewals.WithLabelValues(metrics.ResultLost).Inc()
 			delete(w.leases, ref)
@@ -283,7 +313,8 @@ func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
 			delete(w.leases, ref)
 			lost = append(lost, Lost{Ref: ref, Lease: h.lease, Err: errors.Join(lock.ErrLost, err)})
 		default:
-			metrics.Renewals.WithLabelValues(metrics.ResultError).Inc()
+			failedN++
+			w.dueBy(h.renewAt) // due: retried on the next tick
 			w.log.V(1).Info("Renewal failed; retrying", "kind", ref.Kind, "namespace", ref.Namespace, "name", ref.Name,
 				"validFor", h.lease.Expires.Sub(now).String(), "error", errString(err))
 		}
@@ -291,6 +322,8 @@ func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
 	metrics.LeasesHeld.Set(float64(len(w.leases)))
 	callbacks := w.onLost
 	w.mu.Unlock()
+	metrics.Renewals.WithLabelValues(metrics.ResultOK).Add(float64(renewedN))
+	metrics.Renewals.WithLabelValues(metrics.ResultError).Add(float64(failedN))
 	for _, l := range lost {
 		metrics.LeasesLost.WithLabelValues(l.Ref.Kind).Inc()
 		w.log.Info("Lost lease", "kind", l.Ref.Kind, "namespace", l.Ref.Namespace, "name", l.Ref.Name, "fence", l.Lease.Fence, "error", l.Err.Error())
