@@ -315,8 +315,12 @@ func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
 		default:
 			failedN++
 			w.dueBy(h.renewAt) // due: retried on the next tick
-			w.log.V(1).Info("Renewal failed; retrying", "kind", ref.Kind, "namespace", ref.Namespace, "name", ref.Name,
-				"validFor", h.lease.Expires.Sub(now).String(), "error", errString(err))
+			// The message of an error is built only when logged: a batch
+			// that failed on a node has thousands of them.
+			if v := w.log.V(1); v.Enabled() {
+				v.Info("Renewal failed; retrying", "kind", ref.Kind, "namespace", ref.Namespace, "name", ref.Name,
+					"validFor", h.lease.Expires.Sub(now).String(), "error", errString(err))
+			}
 		}
 	}
 	metrics.LeasesHeld.Set(float64(len(w.leases)))
