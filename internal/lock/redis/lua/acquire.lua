@@ -2,7 +2,8 @@
 --
 -- KEYS: nine per lock key, in this order, and then one shared key:
 --   lock       string  owner token, with the lease TTL (SET NX PX)
---   meta       hash    holder, fence, acquired (server microseconds); same TTL as lock
+--   meta       hash    holder, fence, acquired (server microseconds), written by
+--                      every acquisition and deleted by release; no TTL (see below)
 --   counter    string  last fencing token issued for the key (no TTL)
 --   queue      zset    waiting owner -> ticket (FIFO order)
 --   deadlines  zset    waiting owner -> heartbeat deadline (server milliseconds)
@@ -192,14 +193,18 @@ if fence > maxFence then
 end
 fenceStr = fenceStr or int(fence)
 for i = 1, n do
-  if mine[i] then
-    redis.call('SET', key(i, 1), owner, 'PX', ttl, 'XX')
-  else
-    redis.call('SET', key(i, 1), owner, 'PX', ttl, 'NX')
-  end
+  redis.call('SET', key(i, 1), owner, 'PX', ttl)
   -- HSET rewrites every field of meta, and nothing else is ever stored in it.
+  -- meta has no TTL: it is read only while lock is held, and every
+  -- acquisition rewrites it first, so what outlives an expired lease is never
+  -- read; release deletes it. That saves a PEXPIRE here and in every renewal
+  -- (a key whose lease expired keeps its meta, as it keeps its counter).
   redis.call('HSET', key(i, 2), 'holder', holder, 'fence', fenceStr, 'acquired', nowUsStr)
-  redis.call('PEXPIRE', key(i, 2), ttl)
+  if mine[i] then
+    -- Taken again by its owner (a rebuilt lease): clear a TTL an earlier
+    -- version of this script gave meta.
+    redis.call('PERSIST', key(i, 2))
+  end
   redis.call('SET', key(i, 3), fenceStr)
   if queued[i] then
     redis.call('ZREM', key(i, 4), owner)

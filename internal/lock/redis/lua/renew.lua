@@ -25,8 +25,8 @@ for i = 1, n do
     return i
   end
 end
+-- meta has no TTL (see acquire.lua): only lock is extended.
 for i = 1, n do
   redis.call('PEXPIRE', KEYS[2 * i - 1], ttl)
-  redis.call('PEXPIRE', KEYS[2 * i], ttl)
 end
 return 0
