@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -88,6 +89,11 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 		lease, hint, err := l.attempt(ctx, req)
 		if err == nil {
 			return lease, nil
+		}
+		if ctx.Err() != nil && lastErr != nil {
+			// The attempt was cut short by the end of ctx: the previous
+			// one says more about the keys.
+			break
 		}
 		lastErr = err
 		var hb time.Duration
@@ -223,9 +229,8 @@ func fenceProposal(start time.Time) int64 {
 // In Redlock mode it returns as soon as the outcome is decided: a quorum
 // granted, or so many nodes refused or failed that no quorum is possible.
 // The nodes that had not answered by then are settled in the background
-// (settle): a late grant is released, unless the lease was granted (the node
-// then holds the lease like the others); a late refusal or failure leaves no
-// queue entry behind a granted lease.
+// as their answers come (settleLate), and so are the nodes that failed
+// (settleFailed).
 func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, time.Duration, error) {
 	redlock := len(l.nodes) > 1
 	start := l.opts.clock.Now()
@@ -240,15 +245,22 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	quorum := l.quorumFor(req.Limit)
 	var g gathered
 	if redlock {
-		var err error
-		if g, err = l.gather(ctx, req, ticket, proposal, timeout, quorum); err != nil {
-			return nil, 0, fmt.Errorf("acquire keys %q: %w", req.Keys, err)
-		}
+		g = l.gather(ctx, req, ticket, proposal, timeout, quorum)
 	} else {
 		g.answered = fanOut(ctx, l.nodes, timeout, func(ctx context.Context, n *node) (acquireReply, error) {
 			return l.acquireOn(ctx, n, req, ticket, proposal)
 		})
 	}
+	// The late answers wait for the outcome (settleLate); deliver gives it
+	// to them, before any cleanup that waits for earlier calls (chains).
+	delivered := false
+	deliver := func(granted bool, fence int64) {
+		if redlock && !delivered {
+			delivered = true
+			g.final <- verdict{granted: granted, fence: fence}
+		}
+	}
+	defer deliver(false, 0)
 	var (
 		acquired  []result[acquireReply]
 		busyNodes []*node
@@ -299,8 +311,9 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 			// acquisitions may need those nodes.
 			l.leaveQueues(ctx, busyNodes, req.Keys, req.Owner)
 		}
-		if redlock {
-			l.settle(g, req, true, fence, failed)
+		deliver(true, fence)
+		if redlock && req.Queue {
+			l.settleFailed(req, failed, l.dequeueOnNode)
 		}
 		lease := &lock.Lease{
 			Keys:     req.Keys,
@@ -328,9 +341,10 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		}
 		l.releaseOnNodes(ctx, granted, req.Keys, req.Owner, req.Limit)
 	}
+	deliver(false, 0)
 	if redlock {
 		// The failed nodes may be the slow ones: released in the background.
-		l.settle(g, req, false, 0, failed)
+		l.settleFailed(req, failed, l.releaseOnNode)
 	} else if len(failed) > 0 {
 		l.releaseOnNodes(ctx, failed, req.Keys, req.Owner, req.Limit)
 	}
@@ -384,60 +398,108 @@ func (l *Locker) rememberTicket(owner string, ticket int64, start time.Time) {
 type gathered struct {
 	// answered are the answers received, in arrival order.
 	answered []result[acquireReply]
-	// late delivers the pending answers still to come.
-	late    <-chan result[acquireReply]
+	// pending is how many nodes had not answered; their calls settle their
+	// own answers (settleLate) once final delivers the outcome.
 	pending int
+	final   chan verdict
 	// ctxErr is the caller's context error when it ended before the outcome
 	// was decided.
 	ctxErr error
-	// gen is the attempt's number among the owner's attempts (see owners).
-	gen uint64
+}
+
+// verdict is an attempt's outcome, for its late answers.
+type verdict struct {
+	granted bool
+	fence   int64
 }
 
 // gather calls acquireOn on every node in parallel and returns once the
 // outcome is decided (and the stragglers had a short grace, see below), or
-// ctx ended: a quorum granted (with one token), so
-// many nodes refused that the keys are busy whatever the others answer, or
-// neither a quorum of grants nor of refusals is possible any more. Answers
-// that have already arrived by then are included. A request with Queue
-// changes the queues of the nodes that refuse it, and waits for every
-// answer (each under the node timeout) so that its queues are settled when
-// it returns: it only saves the release on the nodes that refused it. The calls go on in the background, each under its timeout (not
-// cut short by the caller's context, so that their answers can be settled);
-// Close cancels them.
-func (l *Locker) gather(ctx context.Context, req lock.Request, ticket, proposal int64, timeout time.Duration, quorum int) (gathered, error) {
-	gen, err := l.owners.begin(ctx, req.Owner)
-	if err != nil {
-		return gathered{}, err
-	}
+// ctx ended: a quorum granted (with one token), so many nodes refused that
+// the keys are busy whatever the others answer, or neither a quorum of
+// grants nor of refusals is possible any more. A request with Queue changes
+// the queues of the nodes that refuse it, and waits for every answer (each
+// under the node timeout) so that its queues are settled when it returns: it
+// only saves the release on the nodes that refused it.
+//
+// The calls are not cut short by the caller's context: a call still under
+// way when gather returns settles its own answer once the attempt's outcome
+// is known (settleLate), within its timeout and the cleanup timeout, and
+// Close cancels it. At most maxBackground such calls run at once; past
+// that, gather waits for every answer. On each node a call first waits for
+// the same owner's late calls there (chains).
+func (l *Locker) gather(ctx context.Context, req lock.Request, ticket, proposal int64, timeout time.Duration, quorum int) gathered {
 	total := len(l.nodes)
 	ch := make(chan result[acquireReply], total)
+	final := make(chan verdict, 1)
+	var (
+		mu       sync.Mutex
+		detached bool // the outcome is decided: late answers settle themselves
+		outcome  *verdict
+		once     sync.Once
+	)
+	// wait for the outcome, once for all the late calls.
+	outcomeOf := func() verdict {
+		once.Do(func() {
+			v := <-final
+			outcome = &v
+		})
+		return *outcome
+	}
+	// lates[i] registers node i's call as late once the outcome is decided
+	// without it (under mu; nil while it may still answer in time).
+	lates := make([]*lateCall, total)
+	sent := make([]bool, total)
 	for i, n := range l.nodes {
-		prev, done := l.owners.chain(req.Owner, i, total)
+		prevs := l.chains.before(i, req.Owner)
 		cctx, cancel := l.bg.callContext(ctx, timeout)
 		call := func() {
-			defer close(done)
 			defer cancel()
-			if prev != nil {
-				select {
-				case <-prev:
-				case <-cctx.Done():
-					ch <- result[acquireReply]{node: n, err: fmt.Errorf("not sent: an earlier call of this owner to the node has not returned: %w", cctx.Err())}
-					return
-				}
+			var r result[acquireReply]
+			if err := waitFor(cctx, prevs); err != nil {
+				r = result[acquireReply]{node: n, err: errNotSent(err)}
+			} else {
+				v, err := l.acquireOn(cctx, n, req, ticket, proposal)
+				r = result[acquireReply]{node: n, val: v, err: err}
 			}
-			v, err := l.acquireOn(cctx, n, req, ticket, proposal)
-			ch <- result[acquireReply]{node: n, val: v, err: err}
+			mu.Lock()
+			if !detached {
+				sent[i] = true
+				ch <- r
+				mu.Unlock()
+				return
+			}
+			lc := lates[i]
+			mu.Unlock()
+			defer l.bg.free(1)
+			defer lc.end()
+			l.settleLate(r, req, outcomeOf())
 		}
 		if !l.bg.spawn(call) {
 			cancel()
-			close(done)
+			mu.Lock()
+			sent[i] = true
 			ch <- result[acquireReply]{node: n, err: errClosed}
+			mu.Unlock()
 		}
 	}
-	g := gathered{late: ch, gen: gen}
+	g := gathered{final: final}
 	var granted, busy int
 	var lo, hi int64 // the smallest and largest token granted
+	add := func(r result[acquireReply]) {
+		g.answered = append(g.answered, r)
+		switch {
+		case r.err != nil:
+		case r.val.ok:
+			if granted == 0 || r.val.fence < lo {
+				lo = r.val.fence
+			}
+			hi = max(hi, r.val.fence)
+			granted++
+		default:
+			busy++
+		}
+	}
 	decided := func() bool {
 		pending := total - len(g.answered)
 		switch {
@@ -463,12 +525,14 @@ func (l *Locker) gather(ctx context.Context, req lock.Request, ticket, proposal 
 			return !req.Queue && granted+pending < quorum && busy+pending <= total-quorum
 		}
 	}
-	// Once the outcome is decided, the nodes that answer within the time the
-	// outcome took (at least 1ms) are still waited for: their answers are in
-	// the normal spread of a loaded server and are settled before returning
-	// (a partial grant released before the caller tries again, rather than
-	// competing with its next try). Only slower nodes, paused or cut off,
-	// are left to settle in the background.
+	// Once the outcome is decided, the nodes that answer within
+	// stragglerGrace times the time the outcome took (at least 2ms) are
+	// still waited for: their answers are in the normal spread of a loaded
+	// server and are settled before returning (a partial grant released
+	// before the caller tries again, rather than competing with its next
+	// try; a grant with another token written back before anyone inspects
+	// the key). Only much slower nodes, paused or cut off, are left to
+	// settle in the background.
 	began := time.Now()
 	var grace <-chan time.Time
 	graceOver := false
@@ -478,25 +542,14 @@ func (l *Locker) gather(ctx context.Context, req lock.Request, ticket, proposal 
 				break
 			}
 			if grace == nil {
-				t := time.NewTimer(max(time.Since(began), time.Millisecond))
+				t := time.NewTimer(min(max(stragglerGrace*time.Since(began), 2*time.Millisecond), timeout))
 				defer t.Stop()
 				grace = t.C
 			}
 		}
 		select {
 		case r := <-ch:
-			g.answered = append(g.answered, r)
-			switch {
-			case r.err != nil:
-			case r.val.ok:
-				if granted == 0 || r.val.fence < lo {
-					lo = r.val.fence
-				}
-				hi = max(hi, r.val.fence)
-				granted++
-			default:
-				busy++
-			}
+			add(r)
 		case <-grace:
 			graceOver = true
 		case <-ctx.Done():
@@ -505,99 +558,126 @@ func (l *Locker) gather(ctx context.Context, req lock.Request, ticket, proposal 
 	if !decided() {
 		g.ctxErr = ctx.Err()
 	}
-	// Answers that are already in cost nothing to wait for.
+	mu.Lock()
+	// The answers already sent are taken here; the calls still under way
+	// settle their own answers, within the bound of background calls.
 	for len(g.answered) < total {
 		select {
 		case r := <-ch:
-			g.answered = append(g.answered, r)
+			add(r)
 			continue
 		default:
 		}
 		break
 	}
+	if pending := total - len(g.answered); pending > 0 && !l.bg.reserve(pending) {
+		mu.Unlock()
+		for len(g.answered) < total {
+			add(<-ch)
+		}
+		mu.Lock()
+	}
 	g.pending = total - len(g.answered)
-	return g, nil
+	for i, done := range sent {
+		if !done {
+			lates[i] = l.chains.add(i, req.Owner)
+		}
+	}
+	detached = true
+	mu.Unlock()
+	return g
 }
 
-// settle finishes an attempt in the background once its outcome is decided:
-// granted (with the lease's token fence) or not. It acts on the nodes that
-// failed before the outcome was decided, and on each late answer:
+// stragglerGrace is how many times the time an attempt's outcome took it
+// still waits for the nodes that have not answered (see gather).
+const stragglerGrace = 4
+
+// settleLate settles the answer of a node that came after the attempt's
+// outcome was decided:
 //
-//   - not granted: a late grant, or a failure (the script may have run
-//     before the reply was lost), is released on that node; a late refusal
-//     leaves the owner queued there (it is a waiter).
-//   - granted: a late grant is kept: it holds the lease like the other
-//     nodes. When it issued another token than the lease's (its counter was
+//   - not granted: a grant, or a failure (the script may have run before
+//     the reply was lost), is released on that node; a refusal took
+//     nothing (with Queue, the owner stays queued there: it is a waiter).
+//   - granted: a grant is kept: the node holds the lease like the others.
+//     When it issued another token than the lease's (its counter was
 //     ahead), the lease's is written back there (raise.lua), as the
-//     write-back would have done had it answered in time. With Queue (only
-//     a node that did not answer within its timeout is late then), a
-//     failure or a late refusal or a
-//     failure dequeues the owner there (it may have been queued before the
-//     reply was lost): a granted owner must not keep a place in any queue.
+//     write-back would have done had it answered in time. With Queue, a
+//     refusal or a failure dequeues the owner there (it may have been
+//     queued before the reply was lost): a granted owner keeps no place in
+//     any queue.
 //
-// Each action is skipped once the same owner started another attempt (which
-// settles those nodes itself): a release sent after that attempt's script
-// would undo its grant. Without a free cleanup slot (maxCleanups), settle
-// does the work before returning, as every acquisition did before.
-func (l *Locker) settle(g gathered, req lock.Request, granted bool, fence int64, failed []*node) {
-	if g.pending == 0 && (len(failed) == 0 || (granted && !req.Queue)) {
-		l.owners.end(req.Owner)
-		return
-	}
-	release := func(n *node) {
-		ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
-		defer cancel()
-		for _, r := range l.releaseOn(ctx, []*node{n}, req.Keys, req.Owner, req.Limit) {
-			if r.err != nil {
-				l.log.V(2).Info("Best-effort release failed on node; the lease expires with its TTL", "node", r.node.name, "keys", req.Keys, "err", r.err.Error())
+// It runs on the late call's goroutine; the owner's next calls to that node
+// wait for it (chains).
+func (l *Locker) settleLate(r result[acquireReply], req lock.Request, v verdict) {
+	switch {
+	case !v.granted && (r.err != nil || r.val.ok):
+		l.releaseOnNode(r.node, req)
+	case v.granted && r.err == nil && r.val.ok:
+		if r.val.fence != v.fence {
+			ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
+			defer cancel()
+			if _, err := l.raiseOn(ctx, r.node, req, v.fence); err != nil {
+				l.log.V(2).Info("Fence write-back failed on node", "node", r.node.name, "keys", req.Keys, "fence", v.fence, "err", err.Error())
 			}
 		}
+	case v.granted && req.Queue:
+		l.dequeueOnNode(r.node, req)
 	}
-	dequeue := func(n *node) {
-		ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
-		defer cancel()
-		for _, r := range l.dequeueOn(ctx, []*node{n}, req.Keys, req.Owner) {
-			if r.err != nil {
-				l.log.V(2).Info("Leaving the queue failed on node; the place expires with the waiter TTL", "node", r.node.name, "keys", req.Keys, "err", r.err.Error())
+}
+
+// settleFailed runs settle (a release or a dequeue) on the nodes that
+// failed before the outcome was decided, in the background when a slot is
+// free (the node may be the slow one; the cleanup is then a late call that
+// the owner's later calls wait for), each after the owner's late calls to
+// that node (chains).
+func (l *Locker) settleFailed(req lock.Request, failed []*node, settle func(*node, lock.Request)) {
+	for _, n := range failed {
+		i := l.nodeIndex(n)
+		prevs := l.chains.before(i, req.Owner)
+		if !l.bg.reserve(1) {
+			ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
+			if waitFor(ctx, prevs) == nil {
+				settle(n, req)
 			}
+			cancel()
+			continue
 		}
-	}
-	raise := func(n *node) {
-		ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
-		defer cancel()
-		if _, err := l.raiseOn(ctx, n, req, fence); err != nil {
-			l.log.V(2).Info("Fence write-back failed on node", "node", n.name, "keys", req.Keys, "fence", fence, "err", err.Error())
-		}
-	}
-	act := func(n *node, f func(n *node)) {
-		l.owners.act(req.Owner, g.gen, func() { f(n) })
-	}
-	work := func() {
-		defer l.owners.end(req.Owner)
-		for _, n := range failed {
-			switch {
-			case !granted:
-				act(n, release)
-			case req.Queue:
-				act(n, dequeue)
+		lc := l.chains.add(i, req.Owner)
+		if !l.bg.spawn(func() {
+			defer l.bg.free(1)
+			defer lc.end()
+			ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
+			defer cancel()
+			if waitFor(ctx, prevs) == nil {
+				settle(n, req)
 			}
-		}
-		for range g.pending {
-			r := <-g.late
-			switch {
-			case r.err == nil && r.val.ok && granted:
-				if r.val.fence != fence {
-					act(r.node, raise)
-				}
-			case r.err == nil && r.val.ok, r.err != nil && !granted:
-				act(r.node, release)
-			case granted && req.Queue:
-				act(r.node, dequeue)
-			}
+		}) {
+			l.bg.free(1)
+			lc.end()
 		}
 	}
-	if !l.bg.spawnCleanup(work) {
-		work()
+}
+
+// releaseOnNode releases the request's keys on one node, best effort.
+func (l *Locker) releaseOnNode(n *node, req lock.Request) {
+	ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
+	defer cancel()
+	for _, r := range l.releaseOn(ctx, []*node{n}, req.Keys, req.Owner, req.Limit) {
+		if r.err != nil {
+			l.log.V(2).Info("Best-effort release failed on node; the lease expires with its TTL", "node", r.node.name, "keys", req.Keys, "err", r.err.Error())
+		}
+	}
+}
+
+// dequeueOnNode removes the request's owner from its keys' queues on one
+// node, best effort.
+func (l *Locker) dequeueOnNode(n *node, req lock.Request) {
+	ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
+	defer cancel()
+	for _, r := range l.dequeueOn(ctx, []*node{n}, req.Keys, req.Owner) {
+		if r.err != nil {
+			l.log.V(2).Info("Leaving the queue failed on node; the place expires with the waiter TTL", "node", r.node.name, "keys", req.Keys, "err", r.err.Error())
+		}
 	}
 }
 

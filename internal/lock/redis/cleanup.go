@@ -7,17 +7,18 @@ import (
 	"time"
 )
 
-// maxCleanups bounds the background cleanups of a Locker's acquisitions (see
-// settle): past it, an acquisition does its own cleanup before returning.
-const maxCleanups = 64
+// maxBackground bounds the calls to nodes that a Locker's acquisitions leave
+// running after they returned (see gather): past it, an acquisition waits
+// for every node's answer before returning, as all of them did before.
+const maxBackground = 64
 
 // errClosed is the answer of a node called after Close.
 var errClosed = errors.New("the locker is closed")
 
-// background tracks the goroutines an acquisition leaves running after it
-// returned: calls to nodes that had not answered when the outcome was
-// decided, and the cleanup of their late answers. Close cancels them and
-// waits for them.
+// background tracks the goroutines that outlive the call that started
+// them: calls to nodes that had not answered when an acquisition's outcome
+// was decided, with the cleanup of their answers, and the cleanup of nodes
+// that failed. Close cancels them and waits for them.
 type background struct {
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -31,7 +32,7 @@ type background struct {
 
 func newBackground() *background {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &background{ctx: ctx, cancel: cancel, slots: make(chan struct{}, maxCleanups)}
+	return &background{ctx: ctx, cancel: cancel, slots: make(chan struct{}, maxBackground)}
 }
 
 // spawn runs f in a tracked goroutine; it returns false, and does not run f,
@@ -56,23 +57,24 @@ func (b *background) spawn(f func()) bool {
 	return true
 }
 
-// spawnCleanup runs f in a tracked goroutine when one of the maxCleanups
-// slots is free; otherwise (or once closed) it returns false and the caller
-// runs f itself.
-func (b *background) spawnCleanup(f func()) bool {
-	select {
-	case b.slots <- struct{}{}:
-	default:
-		return false
-	}
-	if !b.spawn(func() {
-		defer func() { <-b.slots }()
-		f()
-	}) {
-		<-b.slots
-		return false
+// reserve takes n of the maxBackground slots, all or none, without waiting.
+func (b *background) reserve(n int) bool {
+	for i := range n {
+		select {
+		case b.slots <- struct{}{}:
+		default:
+			b.free(i)
+			return false
+		}
 	}
 	return true
+}
+
+// free returns n slots.
+func (b *background) free(n int) {
+	for range n {
+		<-b.slots
+	}
 }
 
 // callContext is the context of a call to a node that may outlive the
@@ -107,120 +109,119 @@ func (b *background) stop() {
 // wait waits for the tracked goroutines to end.
 func (b *background) wait() { b.wg.Wait() }
 
-// owners orders, per owner token, a Redlock acquisition's background cleanup
-// against the same owner's later attempts (Acquire retries with one owner):
-// a release or dequeue is sent only while no later attempt of the owner has
-// started, and an attempt starts only once the cleanup calls already sent
-// have ended. So a cleanup never undoes what a later attempt took.
-type owners struct {
-	mu sync.Mutex
-	m  map[string]*ownerState
+// chains orders a Locker's calls for one owner to one node after that
+// owner's late calls there: the calls of its acquisitions that returned
+// before the node answered, and the cleanup of their answers (settleLate,
+// settleFailed). The owner's next attempt (Acquire retries with one owner),
+// the release of its lease or its dequeue must not run on the slow node
+// before them and be undone by them (a late release after the next
+// attempt's grant) or outlived by them (a late grant or join after the
+// release or dequeue). Other owners' calls never wait: concurrent
+// acquisitions run in parallel as before, and a node without late calls
+// adds no wait.
+type chains struct {
+	mu   sync.Mutex
+	late map[chainKey]map[*lateCall]struct{}
 }
 
-type ownerState struct {
-	gen      uint64        // attempts started
-	refs     int           // attempts not settled yet
-	inflight int           // cleanup calls under way
-	idle     chan struct{} // closed when inflight drops to 0
-	// last holds, per node (index in Locker.nodes), a channel closed when
-	// the owner's latest acquire call to that node has returned.
-	last []chan struct{}
+type chainKey struct {
+	node  int
+	owner string
 }
 
-// begin registers a new attempt of owner, once the cleanup calls under way
-// for it have ended (or ctx ends), and returns its number.
-func (o *owners) begin(ctx context.Context, owner string) (uint64, error) {
-	for {
-		o.mu.Lock()
-		if o.m == nil {
-			o.m = map[string]*ownerState{}
-		}
-		st := o.m[owner]
-		if st == nil {
-			st = &ownerState{}
-			o.m[owner] = st
-		}
-		if st.inflight == 0 {
-			st.gen++
-			st.refs++
-			gen := st.gen
-			o.mu.Unlock()
-			return gen, nil
-		}
-		idle := st.idle
-		o.mu.Unlock()
+// lateCall is a late call for an owner to one node.
+type lateCall struct {
+	c    *chains
+	key  chainKey
+	done chan struct{}
+}
+
+// before returns the owner's late calls to node i (its index in
+// Locker.nodes): a call issued now waits for them (waitFor).
+func (c *chains) before(i int, owner string) []chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []chan struct{}
+	for lc := range c.late[chainKey{i, owner}] {
+		out = append(out, lc.done)
+	}
+	return out
+}
+
+// waitFor waits for the calls of before, or for ctx to end.
+func waitFor(ctx context.Context, prevs []chan struct{}) error {
+	for _, p := range prevs {
 		select {
-		case <-idle:
+		case <-p:
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return ctx.Err()
 		}
-	}
-}
-
-// chain registers the owner's next acquire call to node i (of n nodes): it
-// returns a channel closed when the owner's previous call to that node has
-// returned, which the call must wait for before it is sent, and the channel
-// to close when this call returns. So one owner's scripts run on each node
-// in the order its attempts were made, although an attempt returns before
-// every node answered (a later script of the same owner would otherwise be
-// undone or overwritten by an earlier one still on its way).
-func (o *owners) chain(owner string, i, n int) (prev <-chan struct{}, done chan struct{}) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	st := o.m[owner]
-	if st.last == nil {
-		st.last = make([]chan struct{}, n)
-	}
-	prev, done = st.last[i], make(chan struct{})
-	st.last[i] = done
-	return prev, done
-}
-
-// lastCalls returns, per node, a channel closed when the owner's latest
-// acquire call to it has returned (nil entries: none pending), or nil.
-func (o *owners) lastCalls(owner string) []chan struct{} {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if st := o.m[owner]; st != nil && st.last != nil {
-		return append([]chan struct{}(nil), st.last...)
 	}
 	return nil
 }
 
-// act runs f unless a later attempt of the owner has started.
-func (o *owners) act(owner string, gen uint64, f func()) {
-	o.mu.Lock()
-	st := o.m[owner]
-	if st == nil || st.gen != gen {
-		o.mu.Unlock()
-		return
+// add registers a late call for owner to node i; end ends it.
+func (c *chains) add(i int, owner string) *lateCall {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.late == nil {
+		c.late = map[chainKey]map[*lateCall]struct{}{}
 	}
-	if st.inflight == 0 {
-		st.idle = make(chan struct{})
+	lc := &lateCall{c: c, key: chainKey{i, owner}, done: make(chan struct{})}
+	if c.late[lc.key] == nil {
+		c.late[lc.key] = map[*lateCall]struct{}{}
 	}
-	st.inflight++
-	o.mu.Unlock()
-	defer func() {
-		o.mu.Lock()
-		st.inflight--
-		if st.inflight == 0 {
-			close(st.idle)
-		}
-		o.mu.Unlock()
-	}()
-	f()
+	c.late[lc.key][lc] = struct{}{}
+	return lc
 }
 
-// end marks an attempt of owner settled.
-func (o *owners) end(owner string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	st := o.m[owner]
-	if st == nil {
-		return
+// end marks the late call over.
+func (lc *lateCall) end() {
+	lc.c.mu.Lock()
+	defer lc.c.mu.Unlock()
+	close(lc.done)
+	delete(lc.c.late[lc.key], lc)
+	if len(lc.c.late[lc.key]) == 0 {
+		delete(lc.c.late, lc.key)
 	}
-	st.refs--
-	if st.refs <= 0 && st.inflight == 0 {
-		delete(o.m, owner)
+}
+
+// chainedFanOut is fanOut for calls for owner: on each node the call first
+// waits, within its timeout, for the owner's late calls there (chains).
+func chainedFanOut[T any](ctx context.Context, l *Locker, owner string, nodes []*node, timeout time.Duration, call func(context.Context, *node) (T, error)) []result[T] {
+	prevs := make(map[*node][]chan struct{}, len(nodes))
+	for _, n := range nodes {
+		prevs[n] = l.chains.before(l.nodeIndex(n), owner)
 	}
+	return fanOut(ctx, nodes, timeout, func(ctx context.Context, n *node) (T, error) {
+		if err := waitFor(ctx, prevs[n]); err != nil {
+			var zero T
+			return zero, errNotSent(err)
+		}
+		return call(ctx, n)
+	})
+}
+
+func errNotSent(err error) error {
+	return &notSentError{err}
+}
+
+// notSentError is a call that was never sent: a late call for the same
+// owner to the node had not returned within its timeout.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string {
+	return "not sent: a late call for this owner to the node has not returned: " + e.err.Error()
+}
+
+func (e *notSentError) Unwrap() error { return e.err }
+
+// nodeIndex is n's index in l.nodes.
+func (l *Locker) nodeIndex(n *node) int {
+	for i, m := range l.nodes {
+		if m == n {
+			return i
+		}
+	}
+	return -1
 }

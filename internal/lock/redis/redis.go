@@ -98,10 +98,10 @@ type Locker struct {
 	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
 
 	// bg tracks the work an acquisition leaves behind when it returns
-	// before every node answered, and owners orders that work against the
-	// same owner's next attempts (see cleanup.go).
+	// before every node answered, and chains orders that work against the
+	// Locker's next calls on the same keys (see cleanup.go).
 	bg     *background
-	owners owners
+	chains chains
 }
 
 var _ lock.Locker = (*Locker)(nil)

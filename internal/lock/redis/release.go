@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
@@ -18,15 +17,7 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	if err := validateLease(lease); err != nil {
 		return err
 	}
-	var res []result[int64]
-	if pending := l.owners.lastCalls(lease.Owner); pending != nil {
-		// The acquisition returned before every node answered: on those
-		// nodes, release after its script ran (otherwise the late grant
-		// would hold the key until its TTL).
-		res = l.releaseAfter(ctx, pending, lease.Keys, lease.Owner, lease.Limit)
-	} else {
-		res = l.releaseOnAll(ctx, lease.Keys, lease.Owner, lease.Limit)
-	}
+	res := l.releaseOnAll(ctx, lease.Keys, lease.Owner, lease.Limit)
 	responded, released := 0, 0
 	var errs []error
 	for _, r := range res {
@@ -52,31 +43,17 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 }
 
 // releaseOnAll runs the release script on every node: release.lua for a
-// mutex, semrelease.lua for a semaphore slot (limit > 1).
+// mutex, semrelease.lua for a semaphore slot (limit > 1). In Redlock mode,
+// on each node it runs after the owner's late calls there (an acquisition's
+// late grant must not outlive the lease's release).
 func (l *Locker) releaseOnAll(ctx context.Context, keys []string, owner string, limit int) []result[int64] {
-	return l.releaseOn(ctx, l.nodes, keys, owner, limit)
-}
-
-// releaseAfter is releaseOnAll where the release on node i waits first for
-// pending[i] (nil: nothing to wait for), the owner's acquire call to it.
-func (l *Locker) releaseAfter(ctx context.Context, pending []chan struct{}, keys []string, owner string, limit int) []result[int64] {
-	out := make([]result[int64], len(l.nodes))
-	var wg sync.WaitGroup
-	for i, n := range l.nodes {
-		wg.Go(func() {
-			if p := pending[i]; p != nil {
-				select {
-				case <-p:
-				case <-ctx.Done():
-					out[i] = result[int64]{node: n, err: fmt.Errorf("release: waiting for the acquisition's call to the node: %w", ctx.Err())}
-					return
-				}
-			}
-			out[i] = l.releaseOn(ctx, []*node{n}, keys, owner, limit)[0]
+	if len(l.nodes) > 1 {
+		return chainedFanOut(ctx, l, owner, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
+			r := l.releaseOn(ctx, []*node{n}, keys, owner, limit)[0]
+			return r.val, r.err
 		})
 	}
-	wg.Wait()
-	return out
+	return l.releaseOn(ctx, l.nodes, keys, owner, limit)
 }
 
 // releaseOn runs the release script (as releaseOnAll) on some nodes.
@@ -111,7 +88,17 @@ func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error
 	if owner == "" {
 		return &lock.InvalidRequestError{Field: "owner", Reason: "the owner token of the waiter is required"}
 	}
-	res := l.dequeueOn(ctx, l.nodes, keys, owner)
+	var res []result[int64]
+	if len(l.nodes) > 1 {
+		// After the owner's late calls: a late join must not outlive the
+		// dequeue.
+		res = chainedFanOut(ctx, l, owner, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
+			r := l.dequeueOn(ctx, []*node{n}, keys, owner)[0]
+			return r.val, r.err
+		})
+	} else {
+		res = l.dequeueOn(ctx, l.nodes, keys, owner)
+	}
 	responded := 0
 	var errs []error
 	for _, r := range res {
