@@ -93,8 +93,12 @@ end
 -- Find the first key held by another owner, or whose queue has someone else at its head.
 local busy, bHolder, bFence, bPttl, bHolders = 0, '', 0, 0, 0
 local mine = {}
+-- counters[i]: key i's fence counter, read with its lock in one MGET.
+local counters = {}
 for i = 1, n do
-  local cur = redis.call('GET', key(i, 1))
+  local got = redis.call('MGET', key(i, 1), key(i, 3))
+  local cur = got[1]
+  counters[i] = got[2]
   local slots = 0
   if not cur and queued[i] then slots = redis.call('ZCOUNT', key(i, 7), afterNowMs, '+inf') end
   if cur == owner then
@@ -178,7 +182,7 @@ if proposal > nowUs then
   end
 end
 for i = 1, n do
-  local c = redis.call('GET', key(i, 3))
+  local c = counters[i]
   if c then
     c = tonumber(c) + 1
   elseif proposal > 0 then
