@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
@@ -124,6 +125,8 @@ type statusResync struct {
 	table    *resyncTable
 	enqueue  func(context.Context, types.NamespacedName)
 	interval time.Duration
+	log      logr.Logger
+	failures failureCounts
 }
 
 // NeedLeaderElection makes the resync run where the reconciles run: on the leader.
@@ -163,18 +166,72 @@ func (s *statusResync) resync(ctx context.Context) {
 }
 
 // resyncBackend inspects the locks of one backend and enqueues those whose
-// state changed, or that the backend did not answer for (their reconcile
-// shows that).
+// state changed. Locks the backend did not answer for are not enqueued at
+// once: an outage reaches them through the backend's health check
+// (OnHealth), and a slow answer is tried again at the next period rather
+// than turned into a reconcile of every lock. Only a lock the backend did
+// not answer for in resyncFailures periods in a row is enqueued (its
+// backend client may be one its reconcile no longer uses).
 func (s *statusResync) resyncBackend(ctx context.Context, locker lock.Locker, g *resyncGroup) {
 	states, errs := lock.InspectMany(ctx, locker, g.keys)
 	metrics.StatusResyncBatches.Inc()
 	metrics.StatusResyncLocks.Add(float64(len(g.nns)))
-	changed := 0
+	changed, failed := 0, 0
+	var firstErr error
 	for i, nn := range g.nns {
-		if errs[i] != nil || stateDigest(states[i]) != g.digests[i] {
-			changed++
-			s.enqueue(ctx, nn)
+		if errs[i] != nil {
+			failed++
+			if firstErr == nil {
+				firstErr = errs[i]
+			}
+			if s.failures.failed(nn) < resyncFailures {
+				continue
+			}
+		} else {
+			s.failures.answered(nn)
+			if stateDigest(states[i]) == g.digests[i] {
+				continue
+			}
 		}
+		changed++
+		s.enqueue(ctx, nn)
+	}
+	if failed > 0 {
+		s.log.Info("The backend did not answer the status resync for some locks; they are tried again at the next resync",
+			"locks", failed, "of", len(g.nns), "error", firstErr.Error())
 	}
 	metrics.StatusResyncChanged.Add(float64(changed))
+}
+
+// resyncFailures is how many resyncs in a row the backend must fail to
+// answer for a lock before the lock is reconciled.
+const resyncFailures = 2
+
+// failureCounts counts, per lock, the resyncs in a row its backend did not answer.
+type failureCounts struct {
+	mu sync.Mutex
+	n  map[types.NamespacedName]int
+}
+
+// failed counts one more failure of nn and returns how many in a row;
+// at resyncFailures the count starts again.
+func (f *failureCounts) failed(nn types.NamespacedName) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == nil {
+		f.n = map[types.NamespacedName]int{}
+	}
+	f.n[nn]++
+	n := f.n[nn]
+	if n >= resyncFailures {
+		delete(f.n, nn)
+	}
+	return n
+}
+
+// answered forgets the failures of nn.
+func (f *failureCounts) answered(nn types.NamespacedName) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.n, nn)
 }

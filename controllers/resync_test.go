@@ -10,6 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -125,4 +126,35 @@ func scriptCalls(t *testing.T, c *goredis.Client) int64 {
 		}
 	}
 	return total
+}
+
+// failingLocker is a backend that does not answer.
+type failingLocker struct{ lock.Locker }
+
+func (failingLocker) Inspect(context.Context, []string) ([]lock.KeyState, error) {
+	return nil, lock.ErrBackendUnavailable
+}
+
+// TestResyncDoesNotReconcileEveryLockOfASlowBackend: a backend that does
+// not answer one resync (slow, or down: its health check reports that) is
+// asked again at the next, not answered with a reconcile of each of its
+// locks; a lock it failed to answer for two resyncs in a row is reconciled.
+func TestResyncDoesNotReconcileEveryLockOfASlowBackend(t *testing.T) {
+	t.Parallel()
+	table := newResyncTable()
+	for i := range 3 {
+		table.set(nn("ns", fmt.Sprintf("l%d", i)), resyncEntry{locker: failingLocker{}, keys: []string{fmt.Sprintf("k%d", i)}})
+	}
+	var enqueued []string
+	s := &statusResync{table: table, interval: time.Minute, enqueue: func(_ context.Context, n types.NamespacedName) {
+		enqueued = append(enqueued, n.Name)
+	}}
+	s.resync(context.Background())
+	if len(enqueued) != 0 {
+		t.Fatalf("after one resync the backend did not answer: %v reconciled, want none", enqueued)
+	}
+	s.resync(context.Background())
+	if len(enqueued) != 3 {
+		t.Fatalf("after two resyncs in a row the backend did not answer: %v reconciled, want all 3", enqueued)
+	}
 }
