@@ -127,7 +127,7 @@ func tryWithin(t *testing.T, l *Locker, req lock.Request) (*lock.Lease, error) {
 		lease, err := l.TryAcquire(ctx, req)
 		if ctx.Err() != nil {
 			// It returned only because its context ended.
-			err = fmt.Errorf("returned at the end of its context (%w); result: %v", ctx.Err(), err)
+			err = fmt.Errorf("returned at the end of its context (%w); result: %w", ctx.Err(), err)
 			lease = nil
 		}
 		done <- out{lease, err}
