@@ -262,8 +262,10 @@ func (l *Locker) quorumFor(limit int) int {
 type QuorumError struct {
 	// Op names the operation, for example `acquire keys ["a"]`.
 	Op string
-	// Agreed is how many nodes did it; Needed is the quorum (the majority,
-	// or floor(M*N/(N+1)) + 1 for a semaphore of N slots); Total the node count.
+	// Agreed is how many nodes did it (for an acquisition, of those that had
+	// answered when no quorum was possible any more); Needed is the quorum
+	// (the majority, or floor(M*N/(N+1)) + 1 for a semaphore of N slots);
+	// Total the node count.
 	Agreed, Needed, Total int
 	// Cause joins the per-node errors.
 	Cause error
