@@ -13,7 +13,8 @@
 // For a lock key K and Config.Prefix P the Locker uses:
 //
 //	P{K}:lock       owner token, with the lease TTL
-//	P{K}:meta       hash holder, fence, acquired (server microseconds), same TTL
+//	P{K}:meta       hash holder, fence, acquired (server microseconds); no TTL: read
+//	                only while lock is held, rewritten by each acquisition, deleted by release
 //	P{K}:fence      last fencing token issued for K (no TTL: must outlive leases)
 //	P{K}:queue      FIFO queue: waiting owner -> ticket
 //	P{K}:deadlines  waiting owner -> heartbeat deadline (server milliseconds)

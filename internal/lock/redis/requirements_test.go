@@ -125,8 +125,8 @@ func TestCheckServersWithANodeDown(t *testing.T) {
 var minimalACL = []string{
 	"on", ">secret", "resetkeys", "resetchannels", "-@all",
 	"+hello", "+auth", "+ping", "+select",
-	"+evalsha", "+eval",
-	"+time", "+exists", "+get", "+set", "+del", "+incr",
+	"+evalsha", "+eval", "+script|load",
+	"+time", "+exists", "+get", "+mget", "+set", "+del", "+incr", "+persist",
 	"+hget", "+hmget", "+hset", "+hdel", "+hvals",
 	"+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zcount", "+zcard", "+zrank",
 	"+pttl", "+pexpire", "+publish",
