@@ -80,6 +80,8 @@ type Locker struct {
 	mode   Mode
 	nodes  []*node
 	quorum int
+	// ticket is ticketKey(), built once.
+	ticket string
 	opts   options
 	log    logr.Logger
 
@@ -118,6 +120,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		return nil, err
 	}
 	l := &Locker{cfg: cfg, mode: cfg.Mode(), opts: o, lookup: lookupIP, bg: newBackground()}
+	l.ticket = l.ticketKey()
 	l.log = o.log.WithValues("mode", string(l.mode))
 	// Every connection goes through netguard's dialer: the endpoint policy,
 	// TLS (go-redis does no TLS of its own when a Dialer is set, so TLSConfig
@@ -346,9 +349,7 @@ func (l *Locker) newTimer(d time.Duration) (<-chan time.Time, func()) {
 
 // Key layout. See the package documentation.
 
-func (l *Locker) base(key string) string { return l.cfg.Prefix + "{" + key + "}:" }
-
-func (l *Locker) channel(key string) string { return l.base(key) + "released" }
+func (l *Locker) channel(key string) string { return l.cfg.Prefix + "{" + key + "}:released" }
 
 func (l *Locker) ticketKey() string { return l.cfg.Prefix + "lockwarden:ticket" }
 
@@ -376,11 +377,40 @@ var slotParts = []string{"slots", "slotfences", "slotmeta"}
 // meta, fence, queue, deadlines, waiters, slots, slotfences, slotmeta), in the
 // order the scripts expect.
 func (l *Locker) redisKeys(keys []string, parts ...string) []string {
-	out := make([]string, 0, len(keys)*len(parts))
+	return l.redisKeysCap(keys, 0, parts...)
+}
+
+// redisKeysCap is redisKeys with room for extra more keys. Every name is a
+// slice of one string built at once: one allocation for all of them, on the
+// path of every acquisition and release.
+func (l *Locker) redisKeysCap(keys []string, extra int, parts ...string) []string {
+	size := 0
+	for _, p := range parts {
+		size += len(p)
+	}
+	size *= len(keys)
 	for _, k := range keys {
-		b := l.base(k)
+		size += len(parts) * (len(l.cfg.Prefix) + len(k) + len("{}:"))
+	}
+	var b strings.Builder
+	b.Grow(size)
+	for _, k := range keys {
 		for _, p := range parts {
-			out = append(out, b+p)
+			b.WriteString(l.cfg.Prefix)
+			b.WriteByte('{')
+			b.WriteString(k)
+			b.WriteString("}:")
+			b.WriteString(p)
+		}
+	}
+	all := b.String()
+	out := make([]string, 0, len(keys)*len(parts)+extra)
+	at := 0
+	for _, k := range keys {
+		for _, p := range parts {
+			n := len(l.cfg.Prefix) + len(k) + len("{}:") + len(p)
+			out = append(out, all[at:at+n])
+			at += n
 		}
 	}
 	return out

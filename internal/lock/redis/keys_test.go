@@ -1,0 +1,34 @@
+package redis
+
+import (
+	"slices"
+	"testing"
+)
+
+// redisKeys builds every name as a slice of one string: the names must be
+// exactly the concatenations the scripts expect, in their order.
+func TestRedisKeysNamesEveryPartOfEveryKey(t *testing.T) {
+	for _, prefix := range []string{"", "lockwarden:", "tenant-a:"} {
+		l := &Locker{cfg: Config{Prefix: prefix}}
+		keys := []string{"a", "ns/team/billing", "x{y}"}
+		var want []string
+		for _, k := range keys {
+			for _, p := range allParts {
+				want = append(want, prefix+"{"+k+"}:"+p)
+			}
+		}
+		got := l.redisKeysCap(keys, 1, allParts...)
+		if !slices.Equal(got, want) {
+			t.Fatalf("prefix %q: redisKeys = %q, want %q", prefix, got, want)
+		}
+		if cap(got) < len(want)+1 {
+			t.Fatalf("prefix %q: cap %d, want room for one more key", prefix, cap(got))
+		}
+		if got := l.redisKeys(keys[:1], "lock", "meta"); !slices.Equal(got, []string{prefix + "{a}:lock", prefix + "{a}:meta"}) {
+			t.Fatalf("prefix %q: redisKeys(lock, meta) = %q", prefix, got)
+		}
+		if got := l.channel("a"); got != prefix+"{a}:released" {
+			t.Fatalf("channel = %q", got)
+		}
+	}
+}
