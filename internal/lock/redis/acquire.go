@@ -138,7 +138,7 @@ type acquireReply struct {
 }
 
 func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticket, proposal int64) (acquireReply, error) {
-	keys := append(l.redisKeys(req.Keys, allParts...), l.ticketKey())
+	keys := append(l.redisKeysCap(req.Keys, 1, allParts...), l.ticket)
 	join := "0"
 	if req.Queue {
 		join = "1"
@@ -354,7 +354,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	}
 	if agreed >= quorum {
 		slow := fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, req.TTL, drift(req.TTL))
-		return nil, hint, l.failureOf(op, 0, quorum, append(errs, slow))
+		return nil, hint, l.failureOf(op, agreed, quorum, append(errs, slow))
 	}
 	if len(busy) > len(l.nodes)-quorum {
 		return nil, hint, pickHeld(busy)

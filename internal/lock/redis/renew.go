@@ -89,7 +89,7 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 		}
 	}
 	if len(lost) > 0 {
-		l.releaseLost(ctx, ttl, leases, idx, lost, perNode)
+		l.releaseLost(ttl, leases, idx, lost, perNode)
 	}
 	return out, errs
 }
@@ -322,7 +322,7 @@ func (l *Locker) renewOutcome(lease *lock.Lease, ttl time.Duration, start time.T
 // script did not already do it (it did where it answered that a key was
 // lost): pipelined per node (pipelined), each pipeline bounded by the node
 // timeout and the whole by a quarter of the TTL.
-func (l *Locker) releaseLost(ctx context.Context, ttl time.Duration, leases []*lock.Lease, idx, lost []int, perNode []result[[]result[int64]]) {
+func (l *Locker) releaseLost(ttl time.Duration, leases []*lock.Lease, idx, lost []int, perNode []result[[]result[int64]]) {
 	type release struct {
 		node  *node
 		calls []scriptCall
@@ -344,9 +344,10 @@ func (l *Locker) releaseLost(ctx context.Context, ttl time.Duration, leases []*l
 		return
 	}
 	// The clean-up of a batch is bounded like the renewal of one: a
-	// quarter of the TTL, and the node timeout per pipeline.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(ttl/4, l.opts.nodeTimeout))
-	go func() {
+	// quarter of the TTL, and the node timeout per pipeline. It runs as a
+	// tracked background call: Close cancels it and waits for it.
+	cctx, cancel := l.bg.cleanupContext(max(ttl/4, l.opts.nodeTimeout))
+	started := l.bg.spawn(func() {
 		defer cancel()
 		nodes := make([]*node, len(work))
 		for i, w := range work {
@@ -378,7 +379,10 @@ func (l *Locker) releaseLost(ctx context.Context, ttl time.Duration, leases []*l
 			}
 			return struct{}{}, nil
 		})
-	}()
+	})
+	if !started {
+		cancel() // closed: the keys expire with their TTL
+	}
 }
 
 // releaseCall is the release script call of a lease: release.lua for a
