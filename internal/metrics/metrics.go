@@ -62,10 +62,10 @@ var (
 		Help: "Locks whose keys the status resync inspected.",
 	})
 	// StatusResyncChanged counts the locks the status resync found changed
-	// (or could not inspect) and reconciled.
+	// (or could not inspect in two resyncs in a row) and reconciled.
 	StatusResyncChanged = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "lockwarden_status_resync_changed_total",
-		Help: "Locks the status resync found changed in their backend since their status was written (or could not inspect), and reconciled.",
+		Help: "Locks the status resync found changed in their backend since their status was written (or could not inspect in two resyncs in a row), and reconciled.",
 	})
 
 	// OrphansReleased counts leases released because their holder was gone

@@ -58,7 +58,7 @@ func (a *ForceReleaseAudit) Handle(_ context.Context, req admission.Request) adm
 		// A record without a request: nobody may write one by hand.
 		return patchAnnotations(req, ann, locksv1alpha1.AnnotationForceReleaseBy, nil)
 	}
-	if f, err := strconv.ParseInt(token, 10, 64); err != nil || f <= 0 || f > lock.MaxFence || strconv.FormatInt(f, 10) != token {
+	if f, err := strconv.ParseInt(token, 10, 64); err != nil || f <= 0 || f >= lock.MaxFence || strconv.FormatInt(f, 10) != token {
 		return admission.Denied(fmt.Sprintf("metadata.annotations[%s]: %q is not a fencing token: give the token of the holder to release, a positive integer as status.holders[].fencingToken shows it", locksv1alpha1.AnnotationForceRelease, token))
 	}
 	if token == oldAnn[locksv1alpha1.AnnotationForceRelease] && by == oldAnn[locksv1alpha1.AnnotationForceReleaseBy] && stamped {
