@@ -313,8 +313,9 @@ func redisCounters(t *testing.T) (total, client, reads int64) {
 				n, _ := strconv.ParseInt(v, 10, 64)
 				reads += n
 			}
-			// Calls made from inside scripts: the commands lockwarden's scripts use.
-			for _, cmd := range []string{"get", "set", "pexpire", "del", "hset", "hget", "hgetall", "incr", "zadd", "zrem", "zrange", "zrangebyscore", "zscore", "zrank", "zcard", "hdel", "time", "publish", "pttl", "exists", "hmget"} {
+			// Calls made from inside scripts: the commands lockwarden's scripts
+			// use (grep "redis.call" internal/lock/redis/lua).
+			for _, cmd := range []string{"get", "mget", "set", "pexpire", "persist", "del", "hset", "hget", "hgetall", "hvals", "incr", "zadd", "zrem", "zrange", "zrangebyscore", "zscore", "zrank", "zcard", "zcount", "hdel", "time", "publish", "pttl", "exists", "hmget"} {
 				if v, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
 					n, _ := strconv.ParseInt(v[:strings.IndexByte(v, ',')], 10, 64)
 					inner += n
