@@ -63,7 +63,11 @@ func addrs(servers []*redistest.Server) []string {
 // Request.Queue (FIFO) instead of a plain blocking Acquire.
 func newLockwarden(b *testing.B, name string, servers []*redistest.Server, queue bool) locklib {
 	b.Helper()
-	l, err := redislocker.New(redislocker.Config{Addrs: addrs(servers), Prefix: "bench:"})
+	// The node timeout is a second, like the go-redis read and write
+	// timeouts the other libraries rely on: the default 100ms turns one
+	// scheduling stall of a loaded machine into a failed benchmark run. An
+	// answered call does not wait for it, so it changes no timing.
+	l, err := redislocker.New(redislocker.Config{Addrs: addrs(servers), Prefix: "bench:"}, redislocker.WithNodeTimeout(time.Second))
 	if err != nil {
 		b.Fatalf("redislock.New: %v", err)
 	}
