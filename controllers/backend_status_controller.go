@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -153,7 +154,13 @@ func (r *BackendStatusReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	meta.SetStatusCondition(&st.Conditions, cond)
 	notes := r.setConfigured(st, obj.GetGeneration(), cond.Reason != locksv1alpha1.ReasonInvalidBackend && inUse, id, spec.Type())
 	if !equality.Semantic.DeepEqual(r.statusOf(before), st) {
-		if err := r.Client.Status().Patch(ctx, obj, client.MergeFrom(before)); err != nil {
+		// With the resourceVersion: a reconcile that read a cache older than
+		// this reconciler's own last write would otherwise write the same
+		// change again, and tell its Events twice.
+		if err := r.Client.Status().Patch(ctx, obj, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+			if apierrors.IsConflict(err) {
+				return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil // the cache catches up
+			}
 			return ctrl.Result{}, fmt.Errorf("patch status of %s: %w", id, err)
 		}
 		// Only once the condition is written: each change is told once,
