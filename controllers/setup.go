@@ -74,7 +74,7 @@ type LockOptions struct {
 
 // DefaultWorkers is how many locks, and how many Jobs, are reconciled at
 // once by default: one tenant's slow backend does not hold everyone's.
-const DefaultWorkers = 4
+const DefaultWorkers = 16
 
 // Reconcilers are the controllers SetupWithManager registered.
 type Reconcilers struct {
