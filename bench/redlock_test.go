@@ -9,8 +9,8 @@ import (
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 )
 
-// BenchmarkRedlock compares Redlock over 5 independent redis-server masters
-// with a single server (the first of the five), for lockwarden
+// BenchmarkRedlock compares Redlock over 5 (and 3) independent redis-server
+// masters with a single server (the first of the five), for lockwarden
 // (Locker.TryAcquire + Release; one address: standalone, five: Redlock) and
 // for redsync (TryLockContext + UnlockContext with 1 or 5 pools), on a free
 // key, one goroutine. ns/op is the acquire+release cycle; ns/p50-acquire and
@@ -23,8 +23,10 @@ func BenchmarkRedlock(b *testing.B) {
 		lib         locklib
 	}{
 		{"lockwarden", "1", newLockwarden(b, "lockwarden", one, false)},
+		{"lockwarden", "3", newLockwarden(b, "lockwarden", servers[:3], false)},
 		{"lockwarden", "5", newLockwarden(b, "lockwarden", servers, false)},
 		{"redsync", "1", newRedsync(b, "redsync", one)},
+		{"redsync", "3", newRedsync(b, "redsync", servers[:3])},
 		{"redsync", "5", newRedsync(b, "redsync", servers)},
 	}
 	for _, l := range libs {
