@@ -273,18 +273,24 @@ func (r *Registry) Forget(user holder.Ref) {
 	}
 }
 
-// HealthOf returns the health of the open backends with ID id (see
-// Handle.Health): inUse is false when none is open. One that does not answer
-// makes the answer an error.
-func (r *Registry) HealthOf(id string) (inUse bool, err error) {
+// handlesOf returns the open backends with ID id.
+func (r *Registry) handlesOf(id string) []Handle {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	var handles []Handle
 	for _, e := range r.entries {
 		if e.handle.ID == id {
 			handles = append(handles, e.handle)
 		}
 	}
-	r.mu.Unlock()
+	return handles
+}
+
+// HealthOf returns the health of the open backends with ID id (see
+// Handle.Health): inUse is false when none is open. One that does not answer
+// makes the answer an error.
+func (r *Registry) HealthOf(id string) (inUse bool, err error) {
+	handles := r.handlesOf(id)
 	for _, h := range handles {
 		if herr := h.Health(); herr != nil && (err == nil || errors.Is(err, ErrConnecting)) {
 			err = herr
@@ -457,14 +463,7 @@ func nodeErrors(err error) []string {
 // backend with that ID is open, its Locker does not check settings, or it
 // has not answered yet).
 func (r *Registry) ConfigOf(id string) (checked bool, findings []lock.Finding) {
-	r.mu.Lock()
-	var handles []Handle
-	for _, e := range r.entries {
-		if e.handle.ID == id {
-			handles = append(handles, e.handle)
-		}
-	}
-	r.mu.Unlock()
+	handles := r.handlesOf(id)
 	for _, h := range handles {
 		if h.health == nil {
 			continue
