@@ -199,8 +199,11 @@ func TestGuardNotRedis(t *testing.T) {
 			if d, want := netguard.Describe(err), f.addr+": "+netguard.CategoryNotRedis; d != want {
 				t.Fatalf("%s: Describe = %q, want %q", name, d, want)
 			}
+			// The error names the fake's address, whose port may contain
+			// "400" or "9.6" by chance: only the rest is checked.
+			text := strings.ReplaceAll(err.Error(), f.addr, "<addr>")
 			for _, b := range peer.bytes {
-				if strings.Contains(err.Error(), b) {
+				if strings.Contains(text, b) {
 					t.Fatalf("%s: the error repeats the peer's bytes (%q): %v", name, b, err)
 				}
 			}
