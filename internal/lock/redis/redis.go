@@ -12,9 +12,10 @@
 //
 // For a lock key K and Config.Prefix P the Locker uses:
 //
-//	P{K}:lock       owner token, with the lease TTL
-//	P{K}:meta       hash holder, fence, acquired (server microseconds); no TTL: read
-//	                only while lock is held, rewritten by each acquisition, deleted by release
+//	P{K}:lock       the mutex lease, with its TTL:
+//	                "<length of owner>:<owner> <fence> <acquired us> <holder>" (lua/lease.lua)
+//	P{K}:meta       hash holder, fence, acquired of a lease taken before that layout
+//	                (the lock key was the bare owner token); never created any more
 //	P{K}:fence      last fencing token issued for K (no TTL: must outlive leases)
 //	P{K}:queue      FIFO queue: waiting owner -> ticket
 //	P{K}:deadlines  waiting owner -> heartbeat deadline (server milliseconds)
@@ -25,7 +26,7 @@
 //	P{K}:released   pub/sub channel of K's releases
 //	Plockwarden:ticket  ticket counter shared by all keys under P
 //
-// A mutex (Limit 0 or 1) holds lock and meta; a semaphore holder (Limit N > 1)
+// A mutex (Limit 0 or 1) holds lock; a semaphore holder (Limit N > 1)
 // holds one member of each slot key instead, expiring by the score in slots
 // (pruned by the next semaphore script; the slot keys expire with their
 // longest-lived holder). Both share fence and the queue keys, and each

@@ -237,8 +237,8 @@ func TestRedlockPasswordTLSDB(t *testing.T) {
 		if err := conn.Select(ctx, 4).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if owner, err := conn.Get(ctx, "{k}:lock").Result(); err != nil || owner != lease.Owner {
-			t.Fatalf("node %d, db 4: lock key = %q, %v; want the owner token", i, owner, err)
+		if v, err := conn.Get(ctx, "{k}:lock").Result(); err != nil || leaseOwner(v) != lease.Owner {
+			t.Fatalf("node %d, db 4: lock key = %q, %v; want the lease's owner token", i, v, err)
 		}
 	}
 	if err := l.Release(ctx, lease); err != nil {

@@ -35,10 +35,11 @@ func ownerOn(t *testing.T, s *redistest.Server, key string) (string, time.Durati
 	t.Helper()
 	c := s.Client()
 	ctx := context.Background()
-	owner, err := c.Get(ctx, "{"+key+"}:lock").Result()
+	v, err := c.Get(ctx, "{"+key+"}:lock").Result()
 	if err != nil && !errors.Is(err, goredis.Nil) {
 		t.Fatal(err)
 	}
+	owner := leaseOwner(v)
 	pttl, err := c.PTTL(ctx, "{"+key+"}:lock").Result()
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,10 @@ import (
 )
 
 var (
+	// leaseLua is the lock key's layout, prepended to the scripts that read
+	// or write a mutex lease.
+	//go:embed lua/lease.lua
+	leaseLua string
 	//go:embed lua/acquire.lua
 	acquireLua string
 	//go:embed lua/release.lua
@@ -31,15 +35,15 @@ var (
 	//go:embed lua/semraise.lua
 	semRaiseLua string
 
-	acquireScript = goredis.NewScript(acquireLua)
-	releaseScript = goredis.NewScript(releaseLua)
-	renewScript   = goredis.NewScript(renewLua)
-	raiseScript   = goredis.NewScript(raiseLua)
+	acquireScript = goredis.NewScript(leaseLua + acquireLua)
+	releaseScript = goredis.NewScript(leaseLua + releaseLua)
+	renewScript   = goredis.NewScript(leaseLua + renewLua)
+	raiseScript   = goredis.NewScript(leaseLua + raiseLua)
 	dequeueScript = goredis.NewScript(dequeueLua)
-	inspectScript = goredis.NewScript(inspectLua)
+	inspectScript = goredis.NewScript(leaseLua + inspectLua)
 
 	// Semaphores (lock.Request.Limit > 1).
-	semAcquireScript = goredis.NewScript(semAcquireLua)
+	semAcquireScript = goredis.NewScript(leaseLua + semAcquireLua)
 	semReleaseScript = goredis.NewScript(semReleaseLua)
 	semRenewScript   = goredis.NewScript(semRenewLua)
 	semRaiseScript   = goredis.NewScript(semRaiseLua)

@@ -1,9 +1,9 @@
 -- acquire.lua: take every key of one lease for one owner, or none of them.
 --
 -- KEYS: nine per lock key, in this order, and then one shared key:
---   lock       string  owner token, with the lease TTL (SET NX PX)
---   meta       hash    holder, fence, acquired (server microseconds), written by
---                      every acquisition and deleted by release; no TTL (see below)
+--   lock       string  the lease (lease.lua), with the lease TTL
+--   meta       hash    the old layout's holder, fence and acquired: read only
+--                      for a lease taken before lease.lua's layout
 --   counter    string  last fencing token issued for the key (no TTL)
 --   queue      zset    waiting owner -> ticket (FIFO order)
 --   deadlines  zset    waiting owner -> heartbeat deadline (server milliseconds)
@@ -54,6 +54,7 @@ local ticket = tonumber(ARGV[6])
 local maxFence = tonumber(ARGV[7])
 local proposal = tonumber(ARGV[8]) or 0
 local n = (#KEYS - 1) / 9
+local tag = leaseTag(owner)
 
 -- How far ahead of this server's clock (microseconds) a proposed token may be.
 -- Must match fenceWindow in acquire.go.
@@ -93,6 +94,8 @@ end
 -- Find the first key held by another owner, or whose queue has someone else at its head.
 local busy, bHolder, bFence, bPttl, bHolders = 0, '', 0, 0, 0
 local mine = {}
+-- old[i]: key i is the owner's, in the old layout (lease.lua).
+local old = {}
 -- counters[i]: key i's fence counter, read with its lock in one MGET.
 local counters = {}
 for i = 1, n do
@@ -101,12 +104,14 @@ for i = 1, n do
   counters[i] = got[2]
   local slots = 0
   if not cur and queued[i] then slots = redis.call('ZCOUNT', key(i, 7), afterNowMs, '+inf') end
-  if cur == owner then
+  if cur and string.sub(cur, 1, #tag) == tag then
     mine[i] = true
+  elseif cur == owner then
+    mine[i], old[i] = true, true
   elseif cur then
     busy, bHolders = i, 1
-    bHolder = redis.call('HGET', key(i, 2), 'holder') or ''
-    bFence = tonumber(redis.call('HGET', key(i, 2), 'fence') or '0')
+    local f, _, h = leaseFields(cur, key(i, 2))
+    bHolder, bFence = h, tonumber(f)
     bPttl = redis.call('PTTL', key(i, 1))
     break
   elseif slots > 0 then
@@ -196,18 +201,13 @@ if fence > maxFence then
   return redis.error_reply('ERR fencing token ' .. int(fence) .. ' would exceed ' .. ARGV[7])
 end
 fenceStr = fenceStr or int(fence)
+local lease = tag .. fenceStr .. ' ' .. nowUsStr .. ' ' .. holder
 for i = 1, n do
-  redis.call('SET', key(i, 1), owner, 'PX', ttl)
-  -- HSET rewrites every field of meta, and nothing else is ever stored in it.
-  -- meta has no TTL: it is read only while lock is held, and every
-  -- acquisition rewrites it first, so what outlives an expired lease is never
-  -- read; release deletes it. That saves a PEXPIRE here and in every renewal
-  -- (a key whose lease expired keeps its meta, as it keeps its counter).
-  redis.call('HSET', key(i, 2), 'holder', holder, 'fence', fenceStr, 'acquired', nowUsStr)
-  if mine[i] then
-    -- Taken again by its owner (a rebuilt lease): clear a TTL an earlier
-    -- version of this script gave meta.
-    redis.call('PERSIST', key(i, 2))
+  redis.call('SET', key(i, 1), lease, 'PX', ttl)
+  if old[i] then
+    -- Taken again by its owner (a rebuilt lease) that held it in the old
+    -- layout: its metadata now lives in the lock key.
+    redis.call('DEL', key(i, 2))
   end
   redis.call('SET', key(i, 3), fenceStr)
   if queued[i] then

@@ -2,6 +2,7 @@
 --
 -- KEYS: nine per lock key, as acquire.lua:
 --   lock, meta, counter, queue, deadlines, waiters, slots, slotfences, slotmeta
+--   (lock and meta: lease.lua)
 -- ARGV:
 --   1 how many waiters to report per key (the head of the queue)
 --   2 how many semaphore holders to report per key (the oldest)
@@ -20,11 +21,11 @@ local nowMsStr = string.format('%.0f', nowMs)
 local out = {}
 for i = 1, #KEYS / 9 do
   local b = (i - 1) * 9
-  local owner = redis.call('GET', KEYS[b + 1]) or ''
-  local holder, fence, acquired, pttl = '', '0', '0', -2
-  if owner ~= '' then
-    local m = redis.call('HMGET', KEYS[b + 2], 'holder', 'fence', 'acquired')
-    holder, fence, acquired = m[1] or '', m[2] or '0', m[3] or '0'
+  local v = redis.call('GET', KEYS[b + 1])
+  local owner, holder, fence, acquired, pttl = '', '', '0', '0', -2
+  if v then
+    owner = leaseOf(v) or v
+    fence, acquired, holder = leaseFields(v, KEYS[b + 2])
     pttl = redis.call('PTTL', KEYS[b + 1])
   else
     fence = redis.call('GET', KEYS[b + 3]) or '0'

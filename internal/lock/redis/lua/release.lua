@@ -2,20 +2,19 @@
 -- tell waiters.
 --
 -- KEYS: two per lock key, in this order:
---   lock  string  owner token
---   meta  hash    holder, fence, acquired
+--   lock  string  the lease (lease.lua)
+--   meta  hash    the old layout's metadata (lease.lua)
 -- ARGV:
 --   1 owner token
 --   then two per lock key: release channel, key name (as the caller named it)
 -- Publishes "<key name> <fence>" on the channel of each key released.
 -- Returns the number of keys released.
 local owner = ARGV[1]
+local tag = leaseTag(owner)
 local released = 0
 for i = 1, #KEYS / 2 do
-  local lk, mk = KEYS[2 * i - 1], KEYS[2 * i]
-  if redis.call('GET', lk) == owner then
-    local fence = redis.call('HGET', mk, 'fence') or '0'
-    redis.call('DEL', lk, mk)
+  local fence = releaseHeld(KEYS[2 * i - 1], KEYS[2 * i], owner, tag)
+  if fence then
     redis.call('PUBLISH', ARGV[2 * i], ARGV[2 * i + 1] .. ' ' .. fence)
     released = released + 1
   end

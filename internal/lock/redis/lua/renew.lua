@@ -1,8 +1,8 @@
 -- renew.lua: compare-and-extend every key of one lease.
 --
 -- KEYS: two per lock key, in this order:
---   lock  string  owner token
---   meta  hash    holder, fence, acquired
+--   lock  string  the lease (lease.lua)
+--   meta  hash    the old layout's metadata (lease.lua)
 -- ARGV:
 --   1 owner token
 --   2 new TTL in milliseconds
@@ -12,20 +12,21 @@
 -- lease is lost, so the keys it still held are released (and published as
 -- "<key name> <fence>") instead of extended.
 local owner, ttl = ARGV[1], ARGV[2]
+local tag = leaseTag(owner)
 local n = #KEYS / 2
 for i = 1, n do
-  if redis.call('GET', KEYS[2 * i - 1]) ~= owner then
+  local v = redis.call('GET', KEYS[2 * i - 1])
+  if not v or (string.sub(v, 1, #tag) ~= tag and v ~= owner) then
     for j = 1, n do
-      if redis.call('GET', KEYS[2 * j - 1]) == owner then
-        local fence = redis.call('HGET', KEYS[2 * j], 'fence') or '0'
-        redis.call('DEL', KEYS[2 * j - 1], KEYS[2 * j])
+      local fence = releaseHeld(KEYS[2 * j - 1], KEYS[2 * j], owner, tag)
+      if fence then
         redis.call('PUBLISH', ARGV[2 * j + 1], ARGV[2 * j + 2] .. ' ' .. fence)
       end
     end
     return i
   end
 end
--- meta has no TTL (see acquire.lua): only lock is extended.
+-- The old layout's meta has no TTL either: only lock is extended.
 for i = 1, n do
   redis.call('PEXPIRE', KEYS[2 * i - 1], ttl)
 end

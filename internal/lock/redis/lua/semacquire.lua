@@ -2,8 +2,8 @@
 -- lease for one owner, or none of them.
 --
 -- KEYS: nine per lock key (as acquire.lua), and then one shared key:
---   lock       string  owner token of a mutex holder (Limit 1)
---   meta       hash    holder, fence, acquired of the mutex holder
+--   lock       string  a mutex holder's lease (Limit 1; lease.lua)
+--   meta       hash    the old layout's holder, fence, acquired (lease.lua)
 --   counter    string  last fencing token issued for the key (no TTL; shared with the mutex)
 --   queue      zset    waiting owner -> ticket (FIFO order)
 --   deadlines  zset    waiting owner -> heartbeat deadline (server milliseconds)
@@ -78,8 +78,8 @@ for i = 1, n do
   if cur then
     -- A mutex holder occupies the key whole.
     busy, bHolders = i, 1
-    bHolder = redis.call('HGET', key(i, 2), 'holder') or ''
-    bFence = tonumber(redis.call('HGET', key(i, 2), 'fence') or '0')
+    local f, _, h = leaseFields(cur, key(i, 2))
+    bHolder, bFence = h, tonumber(f)
     bPttl = redis.call('PTTL', key(i, 1))
     break
   end
