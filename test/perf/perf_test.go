@@ -121,7 +121,9 @@ func TestSteadyState(t *testing.T) {
 					},
 				})
 			})
-			waitHeld(t, ns, n, 15*time.Minute)
+			// Creation runs at a few dozen locks a second here: 50,000 take
+			// about 25 minutes.
+			waitHeld(t, ns, n, 15*time.Minute+time.Duration(n)*30*time.Millisecond)
 			held := time.Since(start)
 			// Let the acquisitions' status writes and Events drain.
 			time.Sleep(10 * time.Second) // a settling period before the measured window, not a wait for a result
