@@ -87,7 +87,7 @@ func (r *DistributedLockReconciler) warnOnce(dl *locksv1alpha1.DistributedLock, 
 	}
 }
 
-// +kubebuilder:rbac:groups=locks.lockwarden.io,resources=distributedlocks,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=locks.lockwarden.io,resources=distributedlocks,verbs=get;list;watch;update;patch;delete
 // +kubebuilder:rbac:groups=locks.lockwarden.io,resources=distributedlocks/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=locks.lockwarden.io,resources=distributedlocks/finalizers,verbs=update
 // +kubebuilder:rbac:groups=locks.lockwarden.io,resources=clusterlockbackends,verbs=get;list;watch
@@ -107,6 +107,19 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}
 	if !dl.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, &dl)
+	}
+	if terminating, err := r.namespaceTerminating(ctx, dl.Namespace); err != nil || terminating {
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		// The namespace is being deleted. The namespace controller deletes
+		// its locks with one DeleteCollection at a time, which lists them
+		// all and then deletes them one by one; at tens of thousands of
+		// locks each call times out after a minute and is retried with
+		// backoff. Deleting them from here, as many at once as there are
+		// workers, ends the namespace in minutes; each finalizer then
+		// releases its lease as for any deleted lock.
+		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Delete(ctx, &dl, client.Preconditions{UID: &dl.UID}))
 	}
 	if controllerutil.AddFinalizer(&dl, locksv1alpha1.Finalizer) {
 		// The update event brings the lock back.
@@ -235,7 +248,7 @@ func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&locksv1alpha1.DistributedLock{}, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}, finalizerChanged{}))).
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.locksInNamespace),
-			builder.WithPredicates(predicate.LabelChangedPredicate{})).
+			builder.WithPredicates(predicate.Or[client.Object](predicate.LabelChangedPredicate{}, namespaceDeleted{}))).
 		// A changed backend object (endpoints, credentials, selectors) changes its locks.
 		Watches(&locksv1alpha1.ClusterLockBackend{}, handler.EnqueueRequestsFromMapFunc(r.locksOfBackend)).
 		Watches(&locksv1alpha1.LockBackend{}, handler.EnqueueRequestsFromMapFunc(r.locksOfBackend)).
@@ -257,16 +270,18 @@ func lockOfJob(_ context.Context, o client.Object) []reconcile.Request {
 }
 
 // locksInNamespace maps a Namespace to the locks whose policy depends on its
-// labels: Global locks, and locks on a ClusterLockBackend (its namespace selectors).
+// labels: Global locks, and locks on a ClusterLockBackend (its namespace
+// selectors); to all of its locks once it is being deleted.
 func (r *DistributedLockReconciler) locksInNamespace(ctx context.Context, o client.Object) []reconcile.Request {
 	var list locksv1alpha1.DistributedLockList
 	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetName())); err != nil {
 		r.Log.Error(err, "Listing the locks of a relabelled namespace failed; they catch up at the next resync", "namespace", o.GetName())
 		return nil
 	}
+	deleted := !o.GetDeletionTimestamp().IsZero()
 	var out []reconcile.Request
 	for i := range list.Items {
-		if dl := &list.Items[i]; dl.Spec.Scope == locksv1alpha1.ScopeGlobal || dl.Spec.Backend.ClusterBackendRef != nil {
+		if dl := &list.Items[i]; deleted || dl.Spec.Scope == locksv1alpha1.ScopeGlobal || dl.Spec.Backend.ClusterBackendRef != nil {
 			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 		}
 	}
@@ -290,6 +305,39 @@ func (r *DistributedLockReconciler) locksOfBackend(ctx context.Context, o client
 	}
 	return out
 }
+
+// namespaceTerminating tells whether namespace ns is being deleted, from the
+// cache. A namespace the cache does not have yet is not: the informers of
+// namespaces and of locks are independent, so a lock in a namespace created
+// a moment ago may arrive first. A deletion, once started, is never undone.
+func (r *DistributedLockReconciler) namespaceTerminating(ctx context.Context, ns string) (bool, error) {
+	var n corev1.Namespace
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: ns}, &n); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return !n.DeletionTimestamp.IsZero(), nil
+}
+
+// namespaceDeleted passes a Namespace whose deletion started (and, at
+// startup, one that is being deleted already).
+type namespaceDeleted struct{ predicate.Funcs }
+
+// Create passes a namespace that is being deleted.
+func (namespaceDeleted) Create(e event.CreateEvent) bool {
+	return e.Object != nil && !e.Object.GetDeletionTimestamp().IsZero()
+}
+
+// Update passes when the deletion timestamp appears.
+func (namespaceDeleted) Update(e event.UpdateEvent) bool {
+	return e.ObjectOld != nil && e.ObjectNew != nil &&
+		e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
+}
+
+// Delete and Generic pass nothing: the locks of a namespace that is gone are gone too.
+func (namespaceDeleted) Delete(event.DeleteEvent) bool { return false }
+
+// Generic passes nothing.
+func (namespaceDeleted) Generic(event.GenericEvent) bool { return false }
 
 // finalizerChanged lets updates through that change the finalizers or start a deletion.
 type finalizerChanged struct{ predicate.Funcs }

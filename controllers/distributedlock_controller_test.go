@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/backend"
@@ -219,6 +220,50 @@ func TestDeletingALockReleasesItsKeysAtOnce(t *testing.T) {
 		err := env.Client.Get(context.Background(), nn(ns, "billing"), &dl)
 		return err != nil, fmt.Sprint(err)
 	})
+}
+
+// Deleting a namespace deletes its locks, each releasing its lease, without
+// waiting for the namespace controller: its one DeleteCollection at a time
+// lists every lock first and, at tens of thousands of locks, times out after
+// a minute, again and again. envtest runs no namespace controller, so here
+// the locks would stay (and their keys stay held) without the operator.
+func TestDeletingANamespaceDeletesItsLocks(t *testing.T) {
+	rdb := redistest.Start(t)
+	startManager(t, managerOptions{})
+	ns := newNamespace(t, nil)
+	other := newNamespace(t, nil)
+	names := []string{"billing", "ledger", "reports"}
+	for _, name := range names {
+		create(t, makeLock(name, ns, rdb.Addr).keys("jobs/"+name).ttl(600).holder("maintenance").obj())
+		create(t, makeLock(name, other, rdb.Addr).keys("jobs/"+name).ttl(600).holder("maintenance").obj())
+	}
+	for _, name := range names {
+		waitCondition(t, 15*time.Second, ns, name, locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired)
+		waitCondition(t, 15*time.Second, other, name, locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired)
+	}
+
+	if err := env.Client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	c := rdb.Client()
+	eventually(t, 15*time.Second, "every lock of the deleted namespace to be gone", func() (bool, string) {
+		var list locksv1alpha1.DistributedLockList
+		if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		return len(list.Items) == 0, fmt.Sprintf("%d locks left", len(list.Items))
+	})
+	for _, name := range names {
+		// With a 600 s TTL, a key that is gone was released.
+		if err := c.Get(context.Background(), lockKey(ns, "jobs/"+name)).Err(); !errors.Is(err, goredis.Nil) {
+			t.Errorf("key jobs/%s of the deleted namespace: %v; want it released", name, err)
+		}
+		// The other namespace's locks are untouched.
+		waitCondition(t, time.Second, other, name, locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired)
+		if err := c.Get(context.Background(), lockKey(other, "jobs/"+name)).Err(); err != nil {
+			t.Errorf("key jobs/%s of the other namespace: %v; want it held", name, err)
+		}
+	}
 }
 
 func TestBackendOutageIsReportedAndRecovers(t *testing.T) {
