@@ -60,8 +60,7 @@ func benchRenewalRound(b *testing.B, nodes, n int) {
 			pipe := c.Pipeline()
 			for i := chunk; i < n; i += 50 {
 				le := leases[i]
-				pipe.Set(ctx, "{"+le.Keys[0]+"}:lock", le.Owner, time.Hour)
-				pipe.HSet(ctx, "{"+le.Keys[0]+"}:meta", "holder", le.Holder, "fence", le.Fence, "acquired", 0)
+				pipe.Set(ctx, "{"+le.Keys[0]+"}:lock", redistest.LeaseValue(le.Owner, le.Fence, 0, le.Holder), time.Hour)
 			}
 			if _, err := pipe.Exec(ctx); err != nil {
 				b.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,17 +13,6 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 )
-
-// leaseOwner is the owner token in a lock key's value (lua/lease.lua), or the
-// value itself in the old layout (a bare owner token).
-func leaseOwner(v string) string {
-	n, rest, ok := strings.Cut(v, ":")
-	size, err := strconv.Atoi(n)
-	if !ok || err != nil || size < 0 || len(rest) <= size || rest[size] != ' ' {
-		return v
-	}
-	return rest[:size]
-}
 
 // A lease is one key: its value carries the owner, the fencing token, when
 // it was taken and by whom, so that taking, renewing and releasing it each
@@ -43,7 +31,7 @@ func TestLeaseIsOneKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := leaseOwner(v); got != owner {
+	if got := redistest.LeaseOwner(v); got != owner {
 		t.Fatalf("lock key = %q: owner %q; want %q", v, got, owner)
 	}
 	if want := fmt.Sprintf("%d:%s %d ", len(owner), owner, lease.Fence); !strings.HasPrefix(v, want) || !strings.HasSuffix(v, " batch job 1") {
@@ -149,7 +137,7 @@ func TestLeaseOfTheOldLayoutIsHonoured(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TryAcquire by its owner: %v", err)
 	}
-	if v, err := c.Get(ctx, "{o}:lock").Result(); err != nil || leaseOwner(v) != owner || v == owner {
+	if v, err := c.Get(ctx, "{o}:lock").Result(); err != nil || redistest.LeaseOwner(v) != owner || v == owner {
 		t.Fatalf("lock key after the owner took it again = %q, %v; want the new layout", v, err)
 	}
 	if n, err := c.Exists(ctx, "{o}:meta").Result(); err != nil || n != 0 {

@@ -237,7 +237,7 @@ func TestRedlockPasswordTLSDB(t *testing.T) {
 		if err := conn.Select(ctx, 4).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if v, err := conn.Get(ctx, "{k}:lock").Result(); err != nil || leaseOwner(v) != lease.Owner {
+		if v, err := conn.Get(ctx, "{k}:lock").Result(); err != nil || redistest.LeaseOwner(v) != lease.Owner {
 			t.Fatalf("node %d, db 4: lock key = %q, %v; want the lease's owner token", i, v, err)
 		}
 	}

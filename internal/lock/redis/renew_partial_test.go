@@ -39,7 +39,7 @@ func ownerOn(t *testing.T, s *redistest.Server, key string) (string, time.Durati
 	if err != nil && !errors.Is(err, goredis.Nil) {
 		t.Fatal(err)
 	}
-	owner := leaseOwner(v)
+	owner := redistest.LeaseOwner(v)
 	pttl, err := c.PTTL(ctx, "{"+key+"}:lock").Result()
 	if err != nil {
 		t.Fatal(err)
