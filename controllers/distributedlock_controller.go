@@ -117,8 +117,13 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		// all and then deletes them one by one; at tens of thousands of
 		// locks each call times out after a minute and is retried with
 		// backoff. Deleting them from here, as many at once as there are
-		// workers, ends the namespace in minutes; each finalizer then
-		// releases its lease as for any deleted lock.
+		// workers, ends the namespace in minutes. The lease is released and
+		// the finalizer dropped first, as for any deleted lock, so that the
+		// DELETE removes the lock at once: one pass and one write less per
+		// lock than a DELETE whose finalizer runs afterwards.
+		if res, err := r.reconcileDelete(ctx, &dl); err != nil || !res.IsZero() {
+			return res, err
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Delete(ctx, &dl, client.Preconditions{UID: &dl.UID}))
 	}
 	if controllerutil.AddFinalizer(&dl, locksv1alpha1.Finalizer) {
