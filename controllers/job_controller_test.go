@@ -540,8 +540,8 @@ func TestStaleJobNeverGetsASecondFencingToken(t *testing.T) {
 		t.Fatalf("the Job's token changed from %d to %d", first, got)
 	}
 	// Redis still holds the first token: no second acquisition happened.
-	meta, err := rdb.Client().HGet(context.Background(), "lockwarden:{ns/"+ns+"/billing/ledger}:meta", "fence").Result()
-	if err != nil || meta != strconv.FormatInt(first, 10) {
-		t.Fatalf("Redis holds fence %q (%v), want %d", meta, err, first)
+	v, err := rdb.Client().Get(context.Background(), lockKey(ns, "billing/ledger")).Result()
+	if f, ok := redistest.LeaseFence(v); err != nil || !ok || f != first {
+		t.Fatalf("Redis holds the lease %q (%v), want fencing token %d", v, err, first)
 	}
 }

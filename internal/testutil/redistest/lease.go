@@ -28,3 +28,16 @@ func LeaseValue(owner string, fence, acquiredMicros int64, holder string) string
 	return strconv.Itoa(len(owner)) + ":" + owner + " " + strconv.FormatInt(fence, 10) + " " +
 		strconv.FormatInt(acquiredMicros, 10) + " " + holder
 }
+
+// LeaseFence returns the fencing token in a lock key's value, and false when
+// the value is not in the one-key layout.
+func LeaseFence(v string) (int64, bool) {
+	owner := LeaseOwner(v)
+	if owner == v {
+		return 0, false
+	}
+	rest := v[len(strconv.Itoa(len(owner)))+1+len(owner)+1:]
+	f, _, _ := strings.Cut(rest, " ")
+	n, err := strconv.ParseInt(f, 10, 64)
+	return n, err == nil
+}
