@@ -104,10 +104,9 @@ for i = 1, n do
   counters[i] = got[2]
   local slots = 0
   if not cur and queued[i] then slots = redis.call('ZCOUNT', key(i, 7), afterNowMs, '+inf') end
-  if cur and string.sub(cur, 1, #tag) == tag then
-    mine[i] = true
-  elseif cur == owner then
-    mine[i], old[i] = true, true
+  local how = heldAs(cur, owner, tag)
+  if how then
+    mine[i], old[i] = true, how == 'old'
   elseif cur then
     busy, bHolders = i, 1
     local f, _, h = leaseFields(cur, key(i, 2))

@@ -15,6 +15,16 @@
 -- leaseTag is the prefix of the value of every lease owner holds.
 local function leaseTag(owner) return #owner .. ':' .. owner .. ' ' end
 
+-- heldAs tells how owner (whose leaseTag is tag) holds the lock key whose
+-- value is v: 'lease' in this layout, 'old' in the old one, nil when it does
+-- not. The one definition of "held by" every script uses.
+local function heldAs(v, owner, tag)
+  if not v then return nil end
+  if string.sub(v, 1, #tag) == tag then return 'lease' end
+  if v == owner then return 'old' end
+  return nil
+end
+
 -- leaseOf splits a lock key's value into owner, fence, acquired and holder
 -- (strings), or returns nil when the value is in the old layout.
 local function leaseOf(v)
@@ -40,12 +50,11 @@ end
 -- returns nil and changes nothing when owner does not hold lk.
 local function releaseHeld(lk, meta, owner, tag)
   local v = redis.call('GET', lk)
-  if not v then return nil end
-  if string.sub(v, 1, #tag) == tag then
+  local how = heldAs(v, owner, tag)
+  if how == 'lease' then
     redis.call('DEL', lk)
     return string.match(v, '^(%d+) ', #tag + 1) or '0'
-  end
-  if v == owner then
+  elseif how == 'old' then
     local fence = redis.call('HGET', meta, 'fence') or '0'
     redis.call('DEL', lk, meta)
     return fence

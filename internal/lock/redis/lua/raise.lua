@@ -19,14 +19,15 @@ for i = 1, #KEYS / 3 do
   local lk, c = KEYS[3 * i - 2], tonumber(redis.call('GET', KEYS[3 * i]) or '0')
   if c < fence then redis.call('SET', KEYS[3 * i], ARGV[1]) end
   local v = redis.call('GET', lk)
-  if v and string.sub(v, 1, #tag) == tag then
+  local how = heldAs(v, owner, tag)
+  if how == 'lease' then
     local _, _, acquired, holder = leaseOf(v)
     local pttl = redis.call('PTTL', lk)
     if acquired and pttl > 0 then
       redis.call('SET', lk, tag .. ARGV[1] .. ' ' .. acquired .. ' ' .. holder, 'PX', pttl)
       held = held + 1
     end
-  elseif v == owner then
+  elseif how == 'old' then
     redis.call('HSET', KEYS[3 * i - 1], 'fence', ARGV[1])
     held = held + 1
   end

@@ -16,7 +16,7 @@ local tag = leaseTag(owner)
 local n = #KEYS / 2
 for i = 1, n do
   local v = redis.call('GET', KEYS[2 * i - 1])
-  if not v or (string.sub(v, 1, #tag) ~= tag and v ~= owner) then
+  if not heldAs(v, owner, tag) then
     for j = 1, n do
       local fence = releaseHeld(KEYS[2 * j - 1], KEYS[2 * j], owner, tag)
       if fence then
