@@ -1,5 +1,8 @@
-# Image URL to use all building/pushing image targets
-IMG ?= lockwarden:dev
+# VERSION is the release this tree builds: the image tag, the chart's appVersion
+# and the installer's image default to it.
+VERSION ?= 0.1.0
+# Image reference used by every target that builds, pushes or deploys the image.
+IMG ?= ghcr.io/lockwarden/lockwarden:v$(VERSION)
 
 # Go settings: everything the project needs comes from the Go module proxy.
 GOBIN ?= $(shell go env GOPATH)/bin
