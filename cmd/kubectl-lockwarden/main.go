@@ -1,0 +1,23 @@
+// Command kubectl-lockwarden is the kubectl plugin of lockwarden: put it on
+// the PATH and run `kubectl lockwarden`. See docs/kubectl-plugin.md.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/lockwarden/lockwarden/internal/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := cli.Execute(ctx, genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}, os.Args[1:])
+	stop()
+	if err != nil {
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,207 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	batchv1 "k8s.io/api/batch/v1"
+	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/cli-runtime/pkg/printers"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+func newQueueCommand(o *options) *cobra.Command {
+	return &cobra.Command{
+		Use:   "queue LOCK",
+		Short: "Show who waits for a lock, in order, and for how long",
+		Long: `queue shows the FIFO queue of a lock: each waiter's position (1 is next), who
+it is, the Job when the waiter is a Job of this namespace, and how long it has
+waited. The queue belongs to the lock's keys, so it also holds waiters of other
+locks (scope Global) and other clusters that share them.
+
+The data comes from two places, and the SOURCE column says which:
+
+  status     the lock's status.waiting: the first 10 waiters, oldest first,
+             with the time each joined, as the operator last observed them in
+             the backend (status.queueLength is the exact count)
+  job        the lockwarden.io/queue-position annotation ("3/7") that the
+             operator keeps on each waiting Job of the lock in this namespace;
+             it shows waiters past the first 10. Their waiting time counts
+             from the Job's creation (a Job joins the queue moments later).`,
+		Example: `  kubectl lockwarden queue billing
+  kubectl lockwarden queue billing -n team-a`,
+		Args: exactArgs("LOCK", "the DistributedLock's name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ns, err := o.client()
+			if err != nil {
+				return err
+			}
+			q, err := readQueue(cmd.Context(), c, ns, args[0])
+			if err != nil {
+				return err
+			}
+			return q.print(o.Out, time.Now())
+		},
+	}
+}
+
+// exactArgs accepts exactly one argument and names it when it is missing.
+func exactArgs(name, what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		switch {
+		case len(args) == 0:
+			return fmt.Errorf("%s is required: %s (usage: %s)", name, what, cmd.UseLine())
+		case len(args) > 1:
+			return fmt.Errorf("one %s only, got %d: %s", name, len(args), strings.Join(args, " "))
+		}
+		return nil
+	}
+}
+
+// waiter is one row of the queue.
+type waiter struct {
+	position int
+	identity string
+	job      string
+	since    time.Time
+	source   string
+}
+
+// queueView is what queue shows for one lock.
+type queueView struct {
+	lock    *locksv1alpha1.DistributedLock
+	length  int32
+	waiters []waiter
+}
+
+// readQueue reads the lock's status.waiting and the queue-position
+// annotations of its waiting Jobs in the namespace.
+func readQueue(ctx context.Context, c client.Client, ns, name string) (*queueView, error) {
+	dl, err := getLock(ctx, c, ns, name)
+	if err != nil {
+		return nil, err
+	}
+	var jobs batchv1.JobList
+	if err := c.List(ctx, &jobs, client.InNamespace(ns), client.MatchingLabels{locksv1alpha1.LabelLock: name}); err != nil {
+		return nil, fmt.Errorf("list the Jobs of lock %q in namespace %q: %w", name, ns, err)
+	}
+	q := &queueView{lock: dl, length: queueLength(&dl.Status)}
+	byName := map[string]bool{}
+	for i, w := range dl.Status.Waiting {
+		row := waiter{position: i + 1, identity: w.Identity, source: "status"}
+		if w.Since != nil {
+			row.since = w.Since.Time
+		}
+		if wns, kind, wname, ok := workload(w.Identity); ok && kind == "Job" && wns == ns {
+			row.job = wname
+			byName[wname] = true
+		}
+		q.waiters = append(q.waiters, row)
+	}
+	for i := range jobs.Items {
+		job := &jobs.Items[i]
+		pos, length, ok := parsePosition(job.Annotations[locksv1alpha1.AnnotationQueuePosition])
+		if !ok || byName[job.Name] || pos <= len(dl.Status.Waiting) {
+			continue
+		}
+		q.waiters = append(q.waiters, waiter{position: pos, identity: "Job/" + job.Name, job: job.Name, since: job.CreationTimestamp.Time, source: "job"})
+		q.length = max(q.length, int32(length)) //nolint:gosec // G115: a queue position, far below 2^31
+	}
+	slices.SortStableFunc(q.waiters, func(a, b waiter) int { return a.position - b.position })
+	return q, nil
+}
+
+func (q *queueView) print(out io.Writer, now time.Time) error {
+	dl := q.lock
+	fmt.Fprintf(out, "Lock %s/%s (keys %s): %s.\n", dl.Namespace, dl.Name, strings.Join(dl.Spec.Keys, ","), heldBy(&dl.Status, now))
+	if len(q.waiters) == 0 {
+		if dl.Status.ObservedGeneration == 0 && len(dl.Status.Conditions) == 0 {
+			_, err := fmt.Fprintln(out, "The operator has not reported this lock's status yet: is it running?")
+			return err
+		}
+		_, err := fmt.Fprintln(out, "Nobody waits (status.queueLength is 0).")
+		return err
+	}
+	shown := fmt.Sprintf("%d waiting", q.length)
+	if int(q.length) > len(q.waiters) {
+		shown += fmt.Sprintf(", %d shown: status.waiting lists the first 10 and only this namespace's Jobs carry their position", len(q.waiters))
+	}
+	fmt.Fprintf(out, "%s:\n\n", capitalize(shown))
+	w := printers.GetNewTabWriter(out)
+	fmt.Fprintln(w, "POSITION\tWAITER\tJOB\tWAITING\tSOURCE")
+	for _, r := range q.waiters {
+		job := r.job
+		if job == "" {
+			job = "<none>"
+		}
+		waiting := "<unknown>"
+		if !r.since.IsZero() {
+			waiting = humanSince(now, r.since)
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", r.position, r.identity, job, waiting, r.source)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(out, "\nSOURCE status: the lock's status.waiting, as the operator last observed the backend; job: the Job's %s annotation.\n", locksv1alpha1.AnnotationQueuePosition)
+	return err
+}
+
+// heldBy says who holds a lock and with which fencing token.
+func heldBy(st *locksv1alpha1.DistributedLockStatus, now time.Time) string {
+	if st.Holder == nil || st.Holder.Identity == "" {
+		return "nobody holds it"
+	}
+	s := fmt.Sprintf("held by %s with fencing token %d", st.Holder.Identity, st.FencingToken)
+	if st.AcquiredTime != nil {
+		s += fmt.Sprintf(" for %s", ago(now, st.AcquiredTime))
+	}
+	if st.HolderCount != nil && *st.HolderCount > 1 {
+		s += fmt.Sprintf(" and by %d other holder(s) (slots %s)", *st.HolderCount-1, st.Slots)
+	}
+	return s
+}
+
+// workload splits a workload holder's identity,
+// cluster/namespace/Kind/name/uid-prefix, into its parts.
+func workload(identity string) (namespace, kind, name string, ok bool) {
+	parts := strings.Split(identity, "/")
+	n := len(parts)
+	if n < 5 {
+		return "", "", "", false
+	}
+	return parts[n-4], parts[n-3], parts[n-2], true
+}
+
+// parsePosition reads a queue-position annotation, "position/length".
+func parsePosition(s string) (position, length int, ok bool) {
+	p, l, found := strings.Cut(s, "/")
+	if !found {
+		return 0, 0, false
+	}
+	position, err1 := strconv.Atoi(p)
+	length, err2 := strconv.Atoi(l)
+	if err1 != nil || err2 != nil || position < 1 {
+		return 0, 0, false
+	}
+	return position, length, true
+}
+
+func humanSince(now, t time.Time) string {
+	return duration.HumanDuration(now.Sub(t))
+}
+
+func capitalize(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}

@@ -1,0 +1,159 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+func newWhyCommand(o *options) *cobra.Command {
+	return &cobra.Command{
+		Use:   "why JOB",
+		Short: "Explain why a Job is suspended: its lock, place in line and the holder",
+		Long: `why explains in words what lockwarden does with a Job: which lock gates it,
+its position in the lock's queue and whom it waits behind, who holds the lock
+with which fencing token; or that it holds the lock, did not run because the
+lock was held (contention Skip), waited too long, was superseded, lost its
+lease, or is not gated by lockwarden at all.
+
+It reads the Job's lockwarden.io/* annotations and conditions, and the lock's
+status, as the operator last wrote them.`,
+		Example: `  kubectl lockwarden why nightly-report-29120
+  kubectl lockwarden why nightly-report-29120 -n team-a`,
+		Args: exactArgs("JOB", "the name of a Job"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ns, err := o.client()
+			if err != nil {
+				return err
+			}
+			return why(cmd.Context(), c, ns, args[0], o.Out, time.Now())
+		},
+	}
+}
+
+// why writes the explanation for one Job.
+func why(ctx context.Context, c client.Client, ns, name string, out io.Writer, now time.Time) error {
+	var job batchv1.Job
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &job); err != nil {
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("job %q not found in namespace %q", name, ns)
+		}
+		return fmt.Errorf("get job %q in namespace %q: %w", name, ns, err)
+	}
+	ref := fmt.Sprintf("Job %s/%s", ns, name)
+	lockName := job.Annotations[locksv1alpha1.AnnotationLock]
+	if lockName == "" {
+		lockName = job.Labels[locksv1alpha1.LabelLock]
+	}
+	suspended := job.Spec.Suspend != nil && *job.Spec.Suspend
+	a := job.Annotations
+	var lines []string
+	say := func(format string, args ...any) { lines = append(lines, fmt.Sprintf(format, args...)) }
+
+	if lockName == "" {
+		say("%s is not gated by lockwarden: it has no %s annotation.", ref, locksv1alpha1.AnnotationLock)
+		if suspended {
+			say("It is suspended (spec.suspend is true), but not by lockwarden: whoever created or suspended it decides when it runs.")
+		}
+		return writeLines(out, lines)
+	}
+	if _, gated := job.Labels[locksv1alpha1.LabelLock]; !gated {
+		say("%s names lock %s but lockwarden has not gated it: it has no %s label, so the admission webhook did not admit it as a gated Job (was it created before the webhook ran, or in an excluded namespace?).",
+			ref, lockName, locksv1alpha1.LabelLock)
+		return writeLines(out, lines)
+	}
+
+	dl, lockErr := getLock(ctx, c, ns, lockName)
+	finished, reason, message := finishedCondition(&job)
+	switch {
+	case a[locksv1alpha1.AnnotationSkipped] != "":
+		say("%s did not run: %s, and its contention is Skip (%s).", ref, a[locksv1alpha1.AnnotationSkipped], locksv1alpha1.AnnotationSkipped)
+	case finished && reason == locksv1alpha1.JobReasonWaitTimedOut:
+		say("%s did not run: it waited for lock %s longer than its maximum wait and ended Failed, reason %s: %s", ref, lockName, reason, message)
+	case finished && reason == locksv1alpha1.JobReasonSuperseded:
+		say("%s did not run: a newer Job of its CronJob joined the queue of lock %s (contention QueueLatest) and it ended Failed, reason %s: %s", ref, lockName, reason, message)
+	case a[locksv1alpha1.AnnotationLost] != "":
+		lost := a[locksv1alpha1.AnnotationLost]
+		say("%s lost its lease on lock %s (%s: %s).", ref, lockName, locksv1alpha1.AnnotationLost, lost)
+		if a[locksv1alpha1.AnnotationFencingToken] != "" {
+			say("It held the lock with fencing token %s; a resource that checks fencing tokens refuses its writes once a newer holder wrote.", a[locksv1alpha1.AnnotationFencingToken])
+		}
+		if dl != nil {
+			if dl.Spec.OnLost == locksv1alpha1.OnLostTerminate {
+				say("The lock's onLost is Terminate: its pods were stopped (the Job is suspended).")
+			} else {
+				say("The lock's onLost is %s: the Job runs on without the lock.", dl.Spec.OnLost)
+			}
+		}
+	case finished:
+		say("%s has finished (%s) and no longer takes part in lock %s.", ref, reason, lockName)
+	case !suspended && a[locksv1alpha1.AnnotationFencingToken] != "":
+		say("%s is not suspended: it holds lock %s as %s with fencing token %s (its %s environment variable).",
+			ref, lockName, a[locksv1alpha1.AnnotationHolder], a[locksv1alpha1.AnnotationFencingToken], locksv1alpha1.EnvFencingToken)
+	case !suspended:
+		say("%s is not suspended, but it does not hold lock %s (it has no %s annotation): it was unsuspended by someone other than lockwarden, which suspends it again.",
+			ref, lockName, locksv1alpha1.AnnotationFencingToken)
+	case lockErr != nil:
+		say("%s is suspended by lockwarden: it waits for lock %s, but %v. It starts once the lock exists and it gets its turn.", ref, lockName, lockErr)
+		return writeLines(out, lines)
+	default:
+		pos, length, queued := parsePosition(a[locksv1alpha1.AnnotationQueuePosition])
+		if queued {
+			say("%s is suspended by lockwarden: it waits for lock %s, position %d of %d in the queue (1 is next; %s).", ref, lockName, pos, length, locksv1alpha1.AnnotationQueuePosition)
+		} else {
+			say("%s is suspended by lockwarden: it waits for lock %s, and the operator has not placed it in the queue yet (no %s annotation).", ref, lockName, locksv1alpha1.AnnotationQueuePosition)
+		}
+		if wf := a[locksv1alpha1.AnnotationWaitingFor]; wf != "" {
+			say("It waits behind: %s (%s).", wf, locksv1alpha1.AnnotationWaitingFor)
+		}
+		say("Waiting for %s.", humanSince(now, job.CreationTimestamp.Time))
+	}
+	if dl != nil {
+		say("Lock %s (keys %s) is %s.", dl.Name, strings.Join(dl.Spec.Keys, ","), heldBy(&dl.Status, now))
+		if c := backendProblem(dl); c != "" {
+			say("%s", c)
+		}
+	}
+	return writeLines(out, lines)
+}
+
+// finishedCondition reports whether the Job has finished, with the reason
+// and message of its Complete or Failed condition.
+func finishedCondition(job *batchv1.Job) (finished bool, reason, message string) {
+	for _, c := range job.Status.Conditions {
+		if (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue {
+			reason = c.Reason
+			if reason == "" {
+				reason = string(c.Type)
+			}
+			return true, reason, c.Message
+		}
+	}
+	return false, "", ""
+}
+
+// backendProblem says why a lock's backend cannot be used, or "" when it
+// answers (or the operator has not reported yet).
+func backendProblem(dl *locksv1alpha1.DistributedLock) string {
+	for _, c := range dl.Status.Conditions {
+		if c.Type == locksv1alpha1.ConditionBackendReady && c.Status != "True" {
+			return fmt.Sprintf("Its backend %s is not ready (%s): %s", backendName(dl.Spec.Backend), c.Reason, c.Message)
+		}
+	}
+	return ""
+}
+
+func writeLines(out io.Writer, lines []string) error {
+	_, err := fmt.Fprintln(out, strings.Join(lines, "\n"))
+	return err
+}
