@@ -165,6 +165,7 @@ func (r *DistributedLockReconciler) report(dl *locksv1alpha1.DistributedLock, ob
 		metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(1)
 		if len(obs.states) > 0 {
 			metrics.QueueDepth.WithLabelValues(dl.Namespace, dl.Name).Set(float64(queueLength(obs.states[0])))
+			metrics.OldestWaiter.WithLabelValues(dl.Namespace, dl.Name).Set(oldestWaiter(obs.states[0]))
 			metrics.LockHolders.WithLabelValues(dl.Namespace, dl.Name).Set(float64(holderCount(obs.states[0])))
 		}
 	}
@@ -319,6 +320,15 @@ func maxHolders(dl *locksv1alpha1.DistributedLock) int { return max(int(dl.Spec.
 // queueLength is the exact number of waiters for a key (Queued), or what
 // Inspect listed when the backend does not count.
 func queueLength(s lock.KeyState) int { return max(s.Queued, len(s.Waiters)) }
+
+// oldestWaiter is when the head of a key's queue joined it, in Unix seconds
+// (Waiters are oldest first), or 0 when nobody waits.
+func oldestWaiter(s lock.KeyState) float64 {
+	if len(s.Waiters) == 0 || s.Waiters[0].Since.IsZero() {
+		return 0
+	}
+	return float64(s.Waiters[0].Since.UnixMilli()) / 1000
+}
 
 // holdersOf returns the leases holding a key, oldest first: its Holders, or
 // for a backend that reports only one holder, that one.
@@ -542,6 +552,7 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 	}
 	r.mu.Unlock()
 	metrics.QueueDepth.DeleteLabelValues(dl.Namespace, dl.Name)
+	metrics.OldestWaiter.DeleteLabelValues(dl.Namespace, dl.Name)
 	metrics.LockHolders.DeleteLabelValues(dl.Namespace, dl.Name)
 	metrics.BackendUp.DeleteLabelValues(dl.Namespace, dl.Name)
 	controllerutil.RemoveFinalizer(dl, locksv1alpha1.Finalizer)

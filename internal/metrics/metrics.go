@@ -98,6 +98,13 @@ var (
 		Help: "Waiters in a DistributedLock's FIFO queue (its first key; the exact count, not only those listed in status), as last observed.",
 	}, []string{"namespace", "lock"})
 
+	// OldestWaiter is when the oldest waiter of each lock's FIFO queue
+	// joined it, as last observed; 0 when the queue is empty.
+	OldestWaiter = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "lockwarden_queue_oldest_waiter_timestamp_seconds",
+		Help: "Unix time at which the oldest waiter in a DistributedLock's FIFO queue (its first key) joined it, on the backend's clock, as last observed; 0 when the queue is empty. time() minus it is how long that waiter has waited.",
+	}, []string{"namespace", "lock"})
+
 	// LockHolders is how many holders hold each lock's keys, as last observed.
 	LockHolders = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "lockwarden_lock_holders",
@@ -113,5 +120,5 @@ var (
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(Acquisitions, WaitSeconds, HoldSeconds, Renewals, RenewalBatches,
-		StatusResyncBatches, StatusResyncLocks, StatusResyncChanged, LeasesLost, OrphansReleased, ForceReleases, LeasesHeld, QueueDepth, LockHolders, BackendUp)
+		StatusResyncBatches, StatusResyncLocks, StatusResyncChanged, LeasesLost, OrphansReleased, ForceReleases, LeasesHeld, QueueDepth, OldestWaiter, LockHolders, BackendUp)
 }
