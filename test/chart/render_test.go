@@ -1,0 +1,234 @@
+package chart
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// chartDir is the chart, relative to the module root.
+const chartDir = "charts/lockwarden"
+
+// The release the chart is rendered as, for the lint, render and dry-run
+// tests: a release name without "lockwarden" in it, so that every object name
+// carries the "<release>-lockwarden-" prefix and a name the templates forgot to
+// derive from the release shows up as a mismatch.
+const (
+	releaseName      = "ops"
+	releaseNamespace = "lockwarden-chart"
+	releasePrefix    = "ops-lockwarden-"
+)
+
+// valueSet is one way to install the chart: the --set flags of helm.
+type valueSet struct {
+	set []string
+	// check asserts what the switch changes in the rendered objects.
+	check func(t *testing.T, objs []*unstructured.Unstructured)
+}
+
+// valueSets are the chart's defaults and each of its non-default switches.
+var valueSets = map[string]valueSet{
+	"defaults": {
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			dep := find(t, objs, "Deployment", releasePrefix+"controller-manager")
+			// Numbers decode as float64 or int64 depending on the decoder.
+			if r, _, _ := unstructured.NestedFieldNoCopy(dep.Object, "spec", "replicas"); fmt.Sprint(r) != "2" {
+				t.Errorf("Deployment replicas = %v, want 2 (leader election on)", r)
+			}
+			args := managerArgs(t, dep)
+			for _, want := range []string{
+				"--leader-elect",
+				"--metrics-bind-address=:8443",
+				"--webhook-service=" + releaseNamespace + "/" + releasePrefix + "webhook-service",
+				"--webhook-configuration=" + releasePrefix + "mutating-webhook-configuration",
+			} {
+				if !slices.Contains(args, want) {
+					t.Errorf("manager args %q lack %s", args, want)
+				}
+			}
+			img := managerContainer(t, dep)["image"]
+			if img != "ghcr.io/lockwarden/lockwarden:v0.1.0" {
+				t.Errorf("manager image = %v, want ghcr.io/lockwarden/lockwarden:v0.1.0 (v + appVersion)", img)
+			}
+			// The built-in certificate's Secret, whose name the manager's code fixes.
+			find(t, objs, "Secret", "lockwarden-webhook-server-cert")
+			for _, kind := range []string{"Certificate", "Issuer", "ServiceMonitor", "NetworkPolicy"} {
+				if n := count(objs, kind); n != 0 {
+					t.Errorf("defaults render %d %s objects, want none", n, kind)
+				}
+			}
+		},
+	},
+	"cert-manager": {
+		set: []string{"webhook.certificate.mode=cert-manager"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			cert := find(t, objs, "Certificate", releasePrefix+"serving-cert")
+			find(t, objs, "Issuer", releasePrefix+"selfsigned-issuer")
+			secret, _, _ := unstructured.NestedString(cert.Object, "spec", "secretName")
+			mwc := find(t, objs, "MutatingWebhookConfiguration", releasePrefix+"mutating-webhook-configuration")
+			want := releaseNamespace + "/" + releasePrefix + "serving-cert"
+			if got := mwc.GetAnnotations()["cert-manager.io/inject-ca-from"]; got != want {
+				t.Errorf("webhook configuration annotation cert-manager.io/inject-ca-from = %q, want %q", got, want)
+			}
+			dep := find(t, objs, "Deployment", releasePrefix+"controller-manager")
+			if args := managerArgs(t, dep); !slices.Contains(args, "--webhook-cert-mode=external") {
+				t.Errorf("manager args %q lack --webhook-cert-mode=external", args)
+			}
+			vols, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "volumes")
+			if len(vols) != 1 {
+				t.Fatalf("Deployment volumes = %v, want the webhook-certs volume only", vols)
+			}
+			got, _, _ := unstructured.NestedString(vols[0].(map[string]any), "secret", "secretName")
+			if got != secret || secret == "" {
+				t.Errorf("webhook-certs volume mounts Secret %q, want the Certificate's %q", got, secret)
+			}
+			// The manager neither writes nor may touch the built-in certificate's Secret.
+			if n := count(objs, "Secret"); n != 0 {
+				t.Errorf("cert-manager mode renders %d Secrets, want none", n)
+			}
+		},
+	},
+	"serviceMonitor": {
+		set: []string{"serviceMonitor.enabled=true"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			sm := find(t, objs, "ServiceMonitor", releasePrefix+"controller-manager-metrics-monitor")
+			eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+			if len(eps) != 1 || eps[0].(map[string]any)["port"] != "https" {
+				t.Errorf("ServiceMonitor endpoints = %v, want one on the metrics Service's https port", eps)
+			}
+		},
+	},
+	"networkPolicy": {
+		set: []string{"networkPolicy.enabled=true", "networkPolicy.apiServerCIDRs={192.0.2.10/32}"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			find(t, objs, "NetworkPolicy", releasePrefix+"manager-ingress")
+			eg := find(t, objs, "NetworkPolicy", releasePrefix+"manager-egress")
+			if !strings.Contains(toYAML(t, eg), "cidr: 192.0.2.10/32") {
+				t.Errorf("egress NetworkPolicy does not allow networkPolicy.apiServerCIDRs:\n%s", toYAML(t, eg))
+			}
+		},
+	},
+}
+
+// renderArgs are the arguments of `helm template` for a value set.
+func renderArgs(release, namespace string, set []string) []string {
+	args := []string{"template", release, chartDir, "--namespace", namespace, "--include-crds"}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	return args
+}
+
+// render renders the chart with helm template, CRDs included.
+func render(t testing.TB, release, namespace string, set ...string) []*unstructured.Unstructured {
+	t.Helper()
+	return decode(t, "the rendered chart", run(t, "helm", renderArgs(release, namespace, set)...))
+}
+
+func TestLint(t *testing.T) {
+	// --strict fails on warnings too (a value the templates do not use, a missing field).
+	run(t, "helm", "lint", "--strict", chartDir)
+	for name, vs := range valueSets {
+		args := []string{"lint", "--strict", chartDir}
+		for _, s := range vs.set {
+			args = append(args, "--set", s)
+		}
+		if _, err := runErr(t, "helm", args...); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+func TestRender(t *testing.T) {
+	for name, vs := range valueSets {
+		t.Run(name, func(t *testing.T) {
+			objs := render(t, releaseName, releaseNamespace, vs.set...)
+			vs.check(t, objs)
+		})
+	}
+}
+
+// TestRenderRefusesBadValues: a value the chart cannot honour stops the
+// install with a message that names the value and what is valid.
+func TestRenderRefusesBadValues(t *testing.T) {
+	tests := map[string]struct {
+		set  []string
+		want []string
+	}{
+		"unknown certificate mode": {
+			set:  []string{"webhook.certificate.mode=vault"},
+			want: []string{"webhook.certificate.mode", `"self-signed"`, `"cert-manager"`},
+		},
+		"network policy without the API server": {
+			set:  []string{"networkPolicy.enabled=true"},
+			want: []string{"networkPolicy.apiServerCIDRs"},
+		},
+		"replicas without leader election": {
+			set:  []string{"leaderElection.enabled=false"},
+			want: []string{"replicaCount", "leaderElection.enabled"},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := runErr(t, "helm", renderArgs(releaseName, releaseNamespace, tc.set)...)
+			if err == nil {
+				t.Fatalf("helm template %q succeeded, want an error naming %q", tc.set, tc.want)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("the error does not name %s:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+// find returns the object of that kind and name, or fails the test.
+func find(t testing.TB, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o
+		}
+	}
+	var have []string
+	for _, o := range objs {
+		have = append(have, objectKey(o))
+	}
+	t.Fatalf("no %s %s among the rendered objects: %s", kind, name, strings.Join(have, ", "))
+	return nil
+}
+
+// count returns how many objects are of that kind.
+func count(objs []*unstructured.Unstructured, kind string) int {
+	n := 0
+	for _, o := range objs {
+		if o.GetKind() == kind {
+			n++
+		}
+	}
+	return n
+}
+
+// managerContainer returns the Deployment's manager container.
+func managerContainer(t testing.TB, dep *unstructured.Unstructured) map[string]any {
+	t.Helper()
+	cs, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "containers")
+	for _, c := range cs {
+		if m, ok := c.(map[string]any); ok && m["name"] == "manager" {
+			return m
+		}
+	}
+	t.Fatalf("Deployment %s has no manager container", dep.GetName())
+	return nil
+}
+
+// managerArgs returns the manager container's args.
+func managerArgs(t testing.TB, dep *unstructured.Unstructured) []string {
+	t.Helper()
+	args, _, _ := unstructured.NestedStringSlice(managerContainer(t, dep), "args")
+	return args
+}
