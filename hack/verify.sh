@@ -7,7 +7,9 @@
 #   2. formatting: gofmt and goimports (as configured in .golangci.yml);
 #   3. go vet: the main module, test/e2e and test/perf with their build tags,
 #      and bench/ (its own module);
-#   4. golangci-lint: the same code.
+#   4. golangci-lint: the same code;
+#   5. the one-file installer: dist/install.yaml is what `make build-installer`
+#      renders from config/ with the default IMG.
 #
 # Every step runs even when an earlier one failed, so one run reports everything;
 # the exit status is non-zero when any step failed.
@@ -28,7 +30,7 @@ GOLANGCI_LINT="${GOLANGCI_LINT:-bin/golangci-lint}"
 # types, the API reference.
 generated=(config docs/api.md ':(glob)**/zz_generated.*.go')
 
-steps=4
+steps=5
 failed=()
 
 banner() { printf '==> make verify: step %s/%s: %s\n' "$1" "$steps" "$2"; }
@@ -99,6 +101,27 @@ if "$MAKE" --no-print-directory -s lint; then
 else
   failed+=("golangci-lint")
 fi
+
+# 5. The one-file installer. Rendered with the Makefile's default IMG (an IMG
+# or VERSION in the environment would override it), in place, like step 1.
+banner 5 "dist/install.yaml is up to date with config/ (make build-installer)"
+installer_before="$(mktemp)"
+cp dist/install.yaml "$installer_before" 2>/dev/null || : >"$installer_before"
+if ! env -u IMG -u VERSION "$MAKE" --no-print-directory -s build-installer; then
+  failed+=("dist/install.yaml (make build-installer failed)")
+elif ! diff -u --label "dist/install.yaml (before)" --label "dist/install.yaml (rendered)" \
+  "$installer_before" dist/install.yaml; then
+  cat <<'EOF'
+
+ERROR: dist/install.yaml was out of date with config/ (diff above). The fresh
+version is now in your tree: commit it with the change to config/ that made it
+stale (`make build-installer` renders it).
+EOF
+  failed+=("dist/install.yaml")
+else
+  echo "dist/install.yaml is up to date."
+fi
+rm -f "$installer_before"
 
 if [[ ${#failed[@]} -gt 0 ]]; then
   printf '\n==> make verify FAILED: %s\n' "$(IFS=,; echo "${failed[*]}" | sed 's/,/, /g')"
