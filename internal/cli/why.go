@@ -116,7 +116,7 @@ func why(ctx context.Context, c client.Client, ns, name string, out io.Writer, n
 		if wf := a[locksv1alpha1.AnnotationWaitingFor]; wf != "" {
 			say("It waits behind: %s (%s).", wf, locksv1alpha1.AnnotationWaitingFor)
 		}
-		say("Waiting for %s.", humanSince(now, job.CreationTimestamp.Time))
+		say("It has waited %s, since the Job was created.", humanSince(now, job.CreationTimestamp.Time))
 	}
 	if dl != nil {
 		say("Lock %s (keys %s) is %s.", dl.Name, strings.Join(dl.Spec.Keys, ","), heldBy(&dl.Status, now))
