@@ -356,6 +356,22 @@ func TestReleaseForceSetsTheAuditedAnnotation(t *testing.T) {
 		t.Errorf("the plugin set lockwarden.io/force-release-by=%q: only the webhook may", by)
 	}
 	wantError(t, run(ctx, t, "release", "billing", "-n", ns, "--force"), "already has a force release of fencing token 1796029117064694 pending")
+
+	// A semaphore's holder is named by its token.
+	makeLock("exports", ns).create(ctx, t)
+	setStatus(ctx, t, ns, "exports", func(dl *locksv1alpha1.DistributedLock) {
+		held(dl, "default/"+ns+"/Job/export-1/aaaaa", 21, time.Now())
+		second := dl.Status.Holders[0]
+		second.Identity, second.Name, second.FencingToken = "default/"+ns+"/Job/export-2/bbbbb", "export-2", 22
+		dl.Status.Holders = append(dl.Status.Holders, second)
+		dl.Status.HolderCount = ptr.To[int32](2)
+	})
+	wantError(t, run(ctx, t, "release", "exports", "-n", ns, "--force"),
+		`lock "exports" has several holders: name one with --token; its holders: 21 (default/`+ns+`/Job/export-1/aaaaa), 22 (default/`+ns+`/Job/export-2/bbbbb)`)
+	mustRun(ctx, t, "release", "exports", "-n", ns, "--force", "--token", "22")
+	if got := getLock(ctx, t, ns, "exports").Annotations[locksv1alpha1.AnnotationForceRelease]; got != "22" {
+		t.Errorf("lockwarden.io/force-release = %q after --token 22", got)
+	}
 }
 
 func TestVersion(t *testing.T) {
