@@ -128,9 +128,10 @@ func (b builder) compile(ctx context.Context, p platform) ([]byte, error) {
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
 	out := filepath.Join(dir, "lockwarden")
-	// The manager has no version variable to stamp with -X; Go records the
-	// module and VCS information (vcs.revision, vcs.time) in the binary itself.
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, "./cmd")
+	// The manager has no version variable to stamp with -X. -buildvcs=false:
+	// the binary is the Dockerfile's (whose build context has no .git), and
+	// the commit is in the revision label.
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-ldflags", "-s -w", "-o", out, "./cmd")
 	cmd.Dir = b.root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+p.os, "GOARCH="+p.arch)
 	cmd.Stdout = os.Stderr
