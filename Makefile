@@ -30,8 +30,10 @@ help: ## Display this help.
 ##@ Development
 
 .PHONY: manifests
-manifests: controller-gen ## Generate the CRD, RBAC and webhook manifests from the code markers.
+manifests: controller-gen ## Generate the CRD, RBAC and webhook manifests from the code markers (and copy the CRDs into the Helm chart).
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd webhook paths="./..." output:crd:artifacts:config=config/crd/bases
+	@# The Helm chart installs the same CRDs (Helm reads them from the chart's crds/).
+	cp config/crd/bases/*.yaml charts/lockwarden/crds/
 
 .PHONY: generate
 generate: controller-gen ## Generate the DeepCopy methods of the API types.
@@ -53,11 +55,13 @@ vet: ## Run go vet against code.
 lint: golangci-lint ## Run golangci-lint (configuration in .golangci.yml) over the main module, test/ with its build tags, and bench/.
 	$(GOLANGCI_LINT) run ./...
 	cd bench && $(GOLANGCI_LINT) run --config ../.golangci.yml ./...
+	cd hack/image && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
 
 .PHONY: lint-fix
 lint-fix: golangci-lint ## Run golangci-lint and apply its fixes, formatting (gofmt, goimports) included.
 	$(GOLANGCI_LINT) run --fix ./...
 	cd bench && $(GOLANGCI_LINT) run --config ../.golangci.yml --fix ./...
+	cd hack/image && $(GOLANGCI_LINT) run --config ../../.golangci.yml --fix ./...
 
 .PHONY: redis-server
 redis-server: ## Make sure redis-server is installed (installs the Debian/Ubuntu package as root when missing).
@@ -95,23 +99,25 @@ verify: controller-gen crd-ref-docs golangci-lint ## Fail when regenerating (man
 	@MAKE="$(MAKE)" GOLANGCI_LINT="$(GOLANGCI_LINT)" hack/verify.sh
 
 .PHONY: test
-test: ## Run everything CI runs, in order, stopping at the first failure: verify, test-unit, test-integration, test-e2e.
-	@echo "==> make test: step 1/4: verify (generated files, formatting, vet, lint)"
+test: ## Run everything CI runs, in order, stopping at the first failure: verify, test-unit, test-integration, test-e2e, image-check.
+	@echo "==> make test: step 1/5: verify (generated files, formatting, vet, lint, dist/install.yaml)"
 	@$(MAKE) --no-print-directory verify
-	@echo "==> make test: step 2/4: unit tests (go test -short)"
+	@echo "==> make test: step 2/5: unit tests (go test -short)"
 	@$(MAKE) --no-print-directory test-unit
-	@echo "==> make test: step 3/4: integration tests (envtest kube-apiserver; real Redis, PostgreSQL, ZooKeeper, etcd)"
+	@echo "==> make test: step 3/5: integration tests (envtest kube-apiserver; real Redis, PostgreSQL, ZooKeeper, etcd; the Helm chart)"
 	@$(MAKE) --no-print-directory test-integration
-	@echo "==> make test: step 4/4: end-to-end tests (local control plane, kwok)"
+	@echo "==> make test: step 4/5: end-to-end tests (local control plane, kwok)"
 	@$(MAKE) --no-print-directory test-e2e
-	@echo "==> make test: all 4 steps passed"
+	@echo "==> make test: step 5/5: the manager image (build for linux/amd64 and linux/arm64, inspect, run)"
+	@$(MAKE) --no-print-directory image-check
+	@echo "==> make test: all 5 steps passed"
 
 .PHONY: test-unit
 test-unit: ## Run the unit tests (go test -short): no kube-apiserver, no redis-server; the quick loop.
 	go test -short ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: test-integration
-test-integration: stores ## Run every suite without -short: the envtest suites (real kube-apiserver) and those against real Redis, PostgreSQL, ZooKeeper and etcd servers.
+test-integration: stores helm kustomize ## Run every suite without -short: the envtest suites (real kube-apiserver) and those against real Redis, PostgreSQL, ZooKeeper and etcd servers.
 	@# kube-controller-manager: the tenancy suites run its ClusterRole aggregation and admission-policy type checking.
 	@# LOCKWARDEN_REQUIRE_SERVERS: a test whose server is missing fails here instead of skipping.
 	LOCKWARDEN_REQUIRE_SERVERS=1 KUBEBUILDER_ASSETS="$$(hack/control-plane.sh kube-apiserver etcd kube-controller-manager)" go test ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
@@ -119,6 +125,10 @@ test-integration: stores ## Run every suite without -short: the envtest suites (
 .PHONY: test-e2e
 test-e2e: stores ## Run the end-to-end suite against a local control plane with kube-controller-manager and kwok.
 	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh --e2e)" go test -tags e2e ./test/e2e/... -count=1 -timeout $(E2E_TIMEOUT) -v $(GO_TEST_FLAGS)
+
+.PHONY: test-chart
+test-chart: helm kustomize ## Lint and render the Helm chart, compare it with config/default, and dry-run it and dist/install.yaml against an envtest kube-apiserver.
+	LOCKWARDEN_REQUIRE_SERVERS=1 KUBEBUILDER_ASSETS="$$(hack/control-plane.sh)" go test ./test/chart/... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: perf
 perf: redis-server ## Run the load harness (test/perf) on a local cluster and write bin/perf-report.md.
@@ -136,17 +146,41 @@ bench: redis-server benchstat ## Run the lock engine benchmarks (bench/, its own
 build: manifests generate fmt vet ## Build the manager binary into bin/lockwarden.
 	go build -o bin/lockwarden ./cmd
 
+.PHONY: kubectl-plugin
+kubectl-plugin: ## Build the kubectl plugin into bin/kubectl-lockwarden (put it on the PATH: kubectl lockwarden).
+	go build -ldflags "-X github.com/lockwarden/lockwarden/internal/cli.Version=v$(VERSION)" -o bin/kubectl-lockwarden ./cmd/kubectl-lockwarden
+
 .PHONY: run
 run: manifests generate fmt vet ## Run the manager from your host against the cluster in $KUBECONFIG.
 	go run ./cmd
 
 .PHONY: docker-build
 docker-build: ## Build the manager image (needs a Docker engine).
-	docker build -t ${IMG} .
+	docker build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(IMAGE_REVISION) \
+		--build-arg CREATED=$$(TZ=UTC git show -s --date=format-local:%Y-%m-%dT%H:%M:%SZ --format=%cd $(IMAGE_REVISION)) -t ${IMG} .
 
 .PHONY: docker-push
 docker-push: ## Push the manager image.
 	docker push ${IMG}
+
+# IMAGE_REVISION is the commit make image records in the image's revision label
+# and make image-check expects there; evaluated once per make run.
+IMAGE_REVISION := $(shell git rev-parse HEAD 2>/dev/null)
+
+.PHONY: image
+image: ## Build the manager image for linux/amd64 and linux/arm64 without a container engine (hack/image): OCI layout bin/image/, OCI archive bin/image.tar.
+	@hack/ensure-ca-certificates.sh
+	cd hack/image && go run . --root ../.. --version $(VERSION) --revision "$(IMAGE_REVISION)"
+
+.PHONY: image-push
+image-push: image ## Push the image index of bin/image/ (both platforms) to $(IMG), with the credentials of your Docker config.
+	cd hack/image && go run . --root ../.. --push $(IMG)
+
+.PHONY: image-check
+image-check: image ## Build the image, then inspect it (platforms, user, labels, files, static ELF binaries), run its binary, push it to an in-memory registry; and run it with podman when podman is installed.
+	cd hack/image && LOCKWARDEN_IMAGE_DIR=$(CURDIR)/bin/image LOCKWARDEN_IMAGE_REVISION=$(IMAGE_REVISION) LOCKWARDEN_IMAGE_VERSION=$(VERSION) go test . -count=1 -v
+	@hack/ensure-podman.sh
+	hack/image/podman-check.sh bin/image.tar
 
 ##@ Deployment
 
@@ -162,10 +196,22 @@ install: manifests kustomize kubectl ## Install the CRDs into the cluster in $KU
 uninstall: manifests kustomize kubectl ## Uninstall the CRDs from the cluster in $KUBECONFIG.
 	$(KUSTOMIZE) build config/crd | $(KUBECTL) delete --ignore-not-found=$(ignore-not-found) -f -
 
+# render-default prints config/default with the manager image set to $(IMG). It
+# sets the image in a copy of config/, so that the tree is left unchanged.
+define render-default
+tmp="$$(mktemp -d)" && trap 'rm -rf "$$tmp"' EXIT && cp -R config "$$tmp/config" && \
+(cd "$$tmp/config/manager" && $(KUSTOMIZE) edit set image controller=$(IMG)) && \
+$(KUSTOMIZE) build "$$tmp/config/default"
+endef
+
+.PHONY: build-installer
+build-installer: manifests kustomize ## Write dist/install.yaml, everything config/default installs with the image $(IMG), in one file.
+	@mkdir -p dist
+	@( $(render-default) ) > dist/install.yaml.tmp && mv dist/install.yaml.tmp dist/install.yaml
+
 .PHONY: deploy
 deploy: manifests kustomize kubectl ## Deploy the operator to the cluster in $KUBECONFIG.
-	cd config/manager && $(KUSTOMIZE) edit set image controller=${IMG}
-	$(KUSTOMIZE) build config/default | $(KUBECTL) apply --server-side -f -
+	( $(render-default) ) | $(KUBECTL) apply --server-side -f -
 
 .PHONY: undeploy
 undeploy: kustomize kubectl ## Remove the operator from the cluster in $KUBECONFIG.
@@ -185,6 +231,7 @@ CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
 CRD_REF_DOCS ?= $(LOCALBIN)/crd-ref-docs
 BENCHSTAT ?= $(LOCALBIN)/benchstat
+HELM ?= $(LOCALBIN)/helm
 
 ## Tool versions
 KUSTOMIZE_VERSION ?= v5.8.1
@@ -193,6 +240,7 @@ GOLANGCI_LINT_VERSION ?= v2.15.0
 CRD_REF_DOCS_VERSION ?= v0.3.0
 # golang.org/x/perf has no tags: a pseudo-version the module proxy serves.
 BENCHSTAT_VERSION ?= v0.0.0-20260908200009-22c9c6c9d4da
+HELM_VERSION ?= v3.22.0
 
 .PHONY: kubectl
 kubectl: $(KUBECTL) ## Build kubectl of the pinned Kubernetes version into the control-plane cache and link it into bin/.
@@ -218,6 +266,11 @@ $(GOLANGCI_LINT): $(LOCALBIN)
 benchstat: $(BENCHSTAT) ## Download benchstat locally if necessary.
 $(BENCHSTAT): $(LOCALBIN)
 	$(call go-install-tool,$(BENCHSTAT),golang.org/x/perf/cmd/benchstat,$(BENCHSTAT_VERSION))
+
+.PHONY: helm
+helm: $(HELM) ## Build helm of the pinned version locally if necessary.
+$(HELM): $(LOCALBIN)
+	$(call go-install-tool,$(HELM),helm.sh/helm/v3/cmd/helm,$(HELM_VERSION))
 
 .PHONY: crd-ref-docs
 crd-ref-docs: $(CRD_REF_DOCS) ## Download crd-ref-docs locally if necessary.

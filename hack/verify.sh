@@ -6,7 +6,7 @@
 #      deepcopy code and docs/api.md, and fail when that changed any of them;
 #   2. formatting: gofmt and goimports (as configured in .golangci.yml);
 #   3. go vet: the main module, test/e2e and test/perf with their build tags,
-#      and bench/ (its own module);
+#      and bench/ and hack/image/ (their own modules);
 #   4. golangci-lint: the same code;
 #   5. the one-file installer: dist/install.yaml is what `make build-installer`
 #      renders from config/ with the default IMG.
@@ -26,9 +26,9 @@ MAKE="${MAKE:-make}"
 GOLANGCI_LINT="${GOLANGCI_LINT:-bin/golangci-lint}"
 [[ "$GOLANGCI_LINT" == /* ]] || GOLANGCI_LINT="$PWD/$GOLANGCI_LINT"
 
-# What the generators write: manifests under config/, deepcopy code next to the
-# types, the API reference.
-generated=(config docs/api.md ':(glob)**/zz_generated.*.go')
+# What the generators write: manifests under config/ (and the CRDs' copies in
+# the Helm chart), deepcopy code next to the types, the API reference.
+generated=(config charts/lockwarden/crds docs/api.md ':(glob)**/zz_generated.*.go')
 
 steps=5
 failed=()
@@ -86,16 +86,17 @@ else
 fi
 
 # 3. go vet.
-banner 3 "go vet (main module, test/e2e and test/perf with their tags, bench/)"
+banner 3 "go vet (main module, test/e2e and test/perf with their tags, bench/, hack/image/)"
 vet_ok=true
 go vet ./... || vet_ok=false
 go vet -tags e2e ./test/e2e/... || vet_ok=false
 go vet -tags perf ./test/perf/... || vet_ok=false
 (cd bench && go vet ./...) || vet_ok=false
+(cd hack/image && go vet ./...) || vet_ok=false
 if $vet_ok; then echo "go vet is clean."; else failed+=("go vet"); fi
 
 # 4. golangci-lint.
-banner 4 "golangci-lint (main module with the e2e and perf tags, bench/)"
+banner 4 "golangci-lint (main module with the e2e and perf tags, bench/, hack/image/)"
 if "$MAKE" --no-print-directory -s lint; then
   echo "golangci-lint is clean."
 else

@@ -43,6 +43,19 @@ set +e
 help_out="$(run --help)"
 help_rc=$?
 set -e
+# Sandboxes that refuse podman's defaults (crun setting rlimits, cgroups in
+# hybrid mode) often run containers with runc and rlimits it may keep: try
+# that once, unless the caller chose the flags.
+if [[ $help_rc -ne 0 ]] && grep -qE "$environment_errors" <<<"$help_out" &&
+  [[ "$PODMAN" == podman && -z "$PODMAN_RUN_FLAGS" ]] && command -v runc >/dev/null 2>&1; then
+  echo "[podman] podman's defaults cannot start containers here; trying runc with fixed rlimits"
+  PODMAN="podman --runtime runc"
+  PODMAN_RUN_FLAGS="--ulimit nofile=20000:20000 --ulimit nproc=1000:1000"
+  set +e
+  help_out="$(run --help)"
+  help_rc=$?
+  set -e
+fi
 if [[ $help_rc -ne 0 ]] && grep -qE "$environment_errors" <<<"$help_out"; then
   echo "[podman] podman cannot start containers here; not running the image with podman (optional):"
   echo "$help_out" | sed 's/^/[podman]   /'
