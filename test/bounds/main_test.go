@@ -16,18 +16,14 @@ package bounds
 
 import (
 	"context"
-	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/lockwarden/lockwarden/internal/manager"
-	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
 	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
+	"github.com/lockwarden/lockwarden/internal/testutil/managertest"
 )
 
 // jobController is kube-controller-manager's name for its Job controller.
@@ -57,37 +53,10 @@ func setUp(ctx context.Context, stopped chan<- error) error {
 	if err := env.Client.Create(sctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNamespace}}); err != nil {
 		return err
 	}
-	probePort, err := freeport.Take()
-	if err != nil {
-		return err
-	}
-	host, port, certDir := env.Webhook()
-	o, err := manager.ParseFlags([]string{
+	return managertest.Start(ctx, env, env.Config, []string{
 		"--leader-election-namespace=" + operatorNamespace,
 		"--metrics-bind-address=0",
-		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probePort),
-		"--webhook-cert-mode=external",
-		"--webhook-cert-dir=" + certDir,
-		"--webhook-host=" + host,
-		fmt.Sprintf("--webhook-port=%d", port),
 		"--cluster-name=bounds",
 		"--endpoint-allow=127.0.0.1/32", // the tests' Redis servers are on loopback
-	})
-	if err != nil {
-		return err
-	}
-	go func() { stopped <- manager.Run(ctx, env.Config, o) }()
-	ready := fmt.Sprintf("http://127.0.0.1:%d/readyz", probePort)
-	return wait.PollUntilContextCancel(sctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, ready, nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
+	}, stopped)
 }

@@ -16,17 +16,13 @@ package hostile
 
 import (
 	"context"
-	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/lockwarden/lockwarden/internal/manager"
-	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
 	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
+	"github.com/lockwarden/lockwarden/internal/testutil/managertest"
 	"github.com/lockwarden/lockwarden/internal/testutil/tenancytest"
 )
 
@@ -69,41 +65,14 @@ func setUp(ctx context.Context, stopped chan<- error) error {
 	if _, asTenant, err = tenancytest.User(env, tenancytest.TenantUser, tenancytest.TenantGroup); err != nil {
 		return err
 	}
-	probePort, err := freeport.Take()
-	if err != nil {
-		return err
-	}
-	host, port, certDir := env.Webhook()
-	o, err := manager.ParseFlags([]string{
+	return managertest.Start(ctx, env, operatorCfg, []string{
 		"--leader-elect",
 		"--leader-election-namespace=" + tenancytest.OperatorNamespace,
 		"--metrics-bind-address=0",
-		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probePort),
-		"--webhook-cert-mode=external",
-		"--webhook-cert-dir=" + certDir,
-		"--webhook-host=" + host,
-		fmt.Sprintf("--webhook-port=%d", port),
 		"--cluster-name=hostile",
 		"--resync-period=" + resync.String(),
 		// A local cluster: the Redis servers are on loopback. Every other
 		// loopback address (127.0.0.2, ...) stays denied.
 		"--endpoint-allow=127.0.0.1/32",
-	})
-	if err != nil {
-		return err
-	}
-	go func() { stopped <- manager.Run(ctx, operatorCfg, o) }()
-	ready := fmt.Sprintf("http://127.0.0.1:%d/readyz", probePort)
-	return wait.PollUntilContextCancel(sctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, ready, nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
+	}, stopped)
 }

@@ -15,15 +15,12 @@ package monitoring
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
-
-	"github.com/lockwarden/lockwarden/internal/manager"
 	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
 	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
+	"github.com/lockwarden/lockwarden/internal/testutil/managertest"
 )
 
 // resync is the manager's --resync-period: how often every lock's status,
@@ -48,47 +45,21 @@ func TestMain(m *testing.M) {
 // port and waits until it is ready; stopped receives its result once ctx
 // ends.
 func startManager(ctx context.Context, stopped chan<- error) error {
-	ports, err := freeport.TakeN(2)
+	metricsPort, err := freeport.Take()
 	if err != nil {
 		return err
 	}
-	metricsPort, probePort := ports[0], ports[1]
-	host, webhookPort, certDir := env.Webhook()
-	o, err := manager.ParseFlags([]string{
+	metricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
+	return managertest.Start(ctx, env, env.Config, []string{
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort),
 		"--metrics-secure=false",
-		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probePort),
-		"--webhook-cert-mode=external",
-		"--webhook-cert-dir=" + certDir,
-		"--webhook-host=" + host,
-		fmt.Sprintf("--webhook-port=%d", webhookPort),
 		// The manager keeps its owner key Secret in this namespace.
 		"--leader-election-namespace=default",
 		"--resync-period=" + resync.String(),
 		// The test's Redis is on loopback, which inline endpoints may not
 		// reach by default.
 		"--endpoint-allow=127.0.0.1/32",
-	})
-	if err != nil {
-		return err
-	}
-	metricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
-	go func() { stopped <- manager.Run(ctx, env.Config, o) }()
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	ready := fmt.Sprintf("http://127.0.0.1:%d/readyz", probePort)
-	return wait.PollUntilContextCancel(sctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, ready, nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
+	}, stopped)
 }
 
 // needEnv skips a test that needs the control plane when there is none (-short).
