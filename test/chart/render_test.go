@@ -24,6 +24,8 @@ const (
 
 // valueSet is one way to install the chart: the --set flags of helm.
 type valueSet struct {
+	// set are the values given with --set; an entry that starts with "--"
+	// is a whole flag, such as --set-json=....
 	set []string
 	// check asserts what the switch changes in the rendered objects.
 	check func(t *testing.T, objs []*unstructured.Unstructured)
@@ -101,6 +103,20 @@ var valueSets = map[string]valueSet{
 			}
 		},
 	},
+	"clusterLockBackends": {
+		set: []string{`--set-json=clusterLockBackends=[{"name":"shared-redis","spec":{"redis":{"endpoints":["redis-0.lockwarden-system:6379"],"passwordSecretRef":{"name":"shared-redis-auth","key":"password"}},"namespaceSelector":{"matchLabels":{"lockwarden.io/backend-shared-redis":"true"}}}}]`},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			b := find(t, objs, "ClusterLockBackend", "shared-redis")
+			eps, _, _ := unstructured.NestedStringSlice(b.Object, "spec", "redis", "endpoints")
+			if !slices.Equal(eps, []string{"redis-0.lockwarden-system:6379"}) {
+				t.Errorf("ClusterLockBackend shared-redis endpoints = %q, want the value's", eps)
+			}
+			sel, _, _ := unstructured.NestedStringMap(b.Object, "spec", "namespaceSelector", "matchLabels")
+			if sel["lockwarden.io/backend-shared-redis"] != "true" {
+				t.Errorf("ClusterLockBackend shared-redis namespaceSelector = %v, want the value's", sel)
+			}
+		},
+	},
 	"networkPolicy": {
 		set: []string{"networkPolicy.enabled=true", "networkPolicy.apiServerCIDRs={192.0.2.10/32}"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
@@ -115,9 +131,18 @@ var valueSets = map[string]valueSet{
 
 // renderArgs are the arguments of `helm template` for a value set.
 func renderArgs(release, namespace string, set []string) []string {
-	args := []string{"template", release, chartDir, "--namespace", namespace, "--include-crds"}
+	return append([]string{"template", release, chartDir, "--namespace", namespace, "--include-crds"}, setFlags(set)...)
+}
+
+// setFlags turns a value set's entries into helm flags (see valueSet.set).
+func setFlags(set []string) []string {
+	var args []string
 	for _, s := range set {
-		args = append(args, "--set", s)
+		if strings.HasPrefix(s, "--") {
+			args = append(args, s)
+		} else {
+			args = append(args, "--set", s)
+		}
 	}
 	return args
 }
@@ -132,10 +157,7 @@ func TestLint(t *testing.T) {
 	// --strict fails on warnings too (a value the templates do not use, a missing field).
 	run(t, "helm", "lint", "--strict", chartDir)
 	for name, vs := range valueSets {
-		args := []string{"lint", "--strict", chartDir}
-		for _, s := range vs.set {
-			args = append(args, "--set", s)
-		}
+		args := append([]string{"lint", "--strict", chartDir}, setFlags(vs.set)...)
 		if _, err := runErr(t, "helm", args...); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}
@@ -165,6 +187,14 @@ func TestRenderRefusesBadValues(t *testing.T) {
 		"network policy without the API server": {
 			set:  []string{"networkPolicy.enabled=true"},
 			want: []string{"networkPolicy.apiServerCIDRs"},
+		},
+		"a cluster lock backend without a name": {
+			set:  []string{`--set-json=clusterLockBackends=[{"spec":{"redis":{"endpoints":["redis:6379"]}}}]`},
+			want: []string{"clusterLockBackends[0].name"},
+		},
+		"a cluster lock backend without a spec": {
+			set:  []string{`--set-json=clusterLockBackends=[{"name":"shared-redis"}]`},
+			want: []string{"clusterLockBackends[0].spec"},
 		},
 		"replicas without leader election": {
 			set:  []string{"leaderElection.enabled=false"},
