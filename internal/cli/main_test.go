@@ -3,7 +3,6 @@ package cli_test
 import (
 	"bytes"
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -44,34 +43,16 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() {
-		// Every test that needs the control plane skips.
-		os.Exit(m.Run())
-	}
-	e, err := kubetest.StartEnv()
-	if err != nil {
-		// Missing binaries fail the suite: it must not pass without running.
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	env = e
-	dir, err := os.MkdirTemp("", "kubectl-lockwarden-")
-	if err == nil {
+	kubetest.MainEnv(m, "kubectl-lockwarden", func(e *kubetest.Env) (func(), error) {
+		env = e
+		dir, err := os.MkdirTemp("", "kubectl-lockwarden-")
+		if err != nil {
+			return nil, err
+		}
+		cleanup := func() { _ = os.RemoveAll(dir) }
 		kubeconfig = filepath.Join(dir, "config")
-		err = setUp(kubeconfig)
-	}
-	code := 1
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "set up the kubectl-lockwarden tests:", err)
-	} else {
-		code = m.Run()
-	}
-	if err := e.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stop envtest:", err)
-	}
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+		return cleanup, setUp(kubeconfig)
+	})
 }
 
 // setUp writes the kubeconfig file and creates both contexts' namespaces.

@@ -22,7 +22,6 @@ package chart
 import (
 	"bytes"
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -49,28 +48,16 @@ var env *kubetest.Env
 var root string
 
 func TestMain(m *testing.M) {
-	flag.Parse()
 	r, err := kubetest.ModuleRoot()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "find the module root:", err)
 		os.Exit(1)
 	}
 	root = r
-	if testing.Short() {
-		// Every test here needs helm or the control plane: they skip.
-		os.Exit(m.Run())
-	}
-	e, err := kubetest.StartEnv()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	env = e
-	code := m.Run()
-	if err := e.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stop envtest:", err)
-	}
-	os.Exit(code)
+	kubetest.MainEnv(m, "chart", func(e *kubetest.Env) (func(), error) {
+		env = e
+		return nil, nil
+	})
 }
 
 // needEnv skips a test that needs the control plane when there is none (-short).

@@ -18,9 +18,6 @@ package tenancy
 
 import (
 	"context"
-	"flag"
-	"fmt"
-	"os"
 	"slices"
 	"testing"
 	"time"
@@ -54,35 +51,17 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() {
-		// Every test here needs the control plane: they skip.
-		os.Exit(m.Run())
-	}
-	e, err := kubetest.StartEnv()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	env = e
-	// The edit role is aggregated from its parts, and the policy
-	// type-checked, by kube-controller-manager.
-	err = e.StartControllers(tenancytest.Controllers...)
-	if err == nil {
+	kubetest.MainEnv(m, "tenancy", func(e *kubetest.Env) (func(), error) {
+		env = e
+		// The edit role is aggregated from its parts, and the policy
+		// type-checked, by kube-controller-manager.
+		if err := e.StartControllers(tenancytest.Controllers...); err != nil {
+			return nil, err
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		err = setUp(ctx)
-		cancel()
-	}
-	code := 1
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "set up the tenancy tests:", err)
-	} else {
-		code = m.Run()
-	}
-	if err := e.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stop envtest:", err)
-	}
-	os.Exit(code)
+		defer cancel()
+		return nil, setUp(ctx)
+	})
 }
 
 // setUp installs lockwarden's RBAC and the policy, and makes both identities.

@@ -54,3 +54,35 @@ func Main(m *testing.M, suite string, setUp func(ctx context.Context, e *Env, st
 	}
 	os.Exit(code)
 }
+
+// MainEnv is the TestMain of a suite that runs no manager: under -short it
+// runs the tests without a control plane (they skip); otherwise it starts
+// one with opts, calls setUp (which may return a cleanup, run after the
+// tests), runs the tests, then cleans up, stops the control plane and exits.
+// A control plane that does not start, or a failed setUp, fails the suite:
+// it must not pass without running.
+func MainEnv(m *testing.M, suite string, setUp func(e *Env) (cleanup func(), err error), opts ...Option) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
+	e, err := StartEnv(opts...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	cleanup, err := setUp(e)
+	code := 1
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "set up the %s suite: %v\n", suite, err)
+	} else {
+		code = m.Run()
+	}
+	if cleanup != nil {
+		cleanup()
+	}
+	if err := e.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop envtest:", err)
+	}
+	os.Exit(code)
+}
