@@ -127,7 +127,12 @@ func RequireMutex(limit int) error {
 
 // ValidateKeys checks that keys are non-empty, unique and free of whitespace.
 func ValidateKeys(keys []string) error {
-	seen := make(map[string]struct{}, len(keys))
+	// Few keys (the common case is one) are compared pairwise: no map on
+	// every acquisition.
+	var seen map[string]struct{}
+	if len(keys) > 8 {
+		seen = make(map[string]struct{}, len(keys))
+	}
 	for i, k := range keys {
 		if k == "" {
 			return &InvalidRequestError{Field: fmt.Sprintf("keys[%d]", i), Reason: "a key must not be empty"}
@@ -135,10 +140,16 @@ func ValidateKeys(keys []string) error {
 		if strings.ContainsAny(k, " \t\r\n") {
 			return &InvalidRequestError{Field: fmt.Sprintf("keys[%d]", i), Reason: fmt.Sprintf("key %q must not contain whitespace", k)}
 		}
-		if _, dup := seen[k]; dup {
+		dup := false
+		if seen != nil {
+			_, dup = seen[k]
+			seen[k] = struct{}{}
+		} else {
+			dup = slices.Contains(keys[:i], k)
+		}
+		if dup {
 			return &InvalidRequestError{Field: fmt.Sprintf("keys[%d]", i), Reason: fmt.Sprintf("duplicate key %q", k)}
 		}
-		seen[k] = struct{}{}
 	}
 	return nil
 }

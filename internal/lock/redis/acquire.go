@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -144,32 +145,41 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 		join = "1"
 	}
 	script, name := acquireScript, "acquire"
-	args := []any{req.Owner, req.TTL.Milliseconds(), req.Holder, join, l.opts.waiterTTL.Milliseconds(), ticket, maxToken, proposal}
-	if req.Holders() > 1 {
+	var args []any
+	switch {
+	case req.Holders() > 1:
 		script, name = semAcquireScript, "semaphore acquire"
-		args = append(args, req.Holders())
+		args = []any{req.Owner, req.TTL.Milliseconds(), req.Holder, join, l.waiterTTLArg, ticket, maxTokenArg, proposal, req.Holders()}
+	case !req.Queue && ticket == 0 && proposal == 0:
+		// acquire.lua's defaults: every argument the script parses costs
+		// every acquisition.
+		args = []any{req.Owner, req.TTL.Milliseconds(), req.Holder}
+	default:
+		args = []any{req.Owner, req.TTL.Milliseconds(), req.Holder, join, l.waiterTTLArg, ticket, maxTokenArg, proposal}
 	}
 	v, err := run(ctx, script, n.client, name, keys, args...)
 	if err != nil {
 		return acquireReply{}, err
 	}
-	s, err := asSlice(v, 2)
+	// Taken: the fencing token, a bare string (the cheapest reply to build).
+	if f, ok := v.(string); ok {
+		fence, err := strconv.ParseInt(f, 10, 64)
+		if err == nil && (fence <= 0 || fence > maxToken) {
+			err = fmt.Errorf("fencing token %d out of range [1, %d]", fence, maxToken)
+		}
+		if err != nil {
+			return acquireReply{}, fmt.Errorf("%s script: unexpected reply %q: %w", name, f, err)
+		}
+		return acquireReply{ok: true, fence: fence}, nil
+	}
+	// Busy: a table that starts with 0.
+	s, err := asSlice(v, 9)
 	if err != nil {
 		return acquireReply{}, fmt.Errorf("%s script: %w", name, err)
 	}
 	d := decoder{s: s}
-	if d.int(0) == 1 {
-		fence := d.int(1)
-		if d.err == nil && (fence <= 0 || fence > maxToken) {
-			d.err = fmt.Errorf("fencing token %d out of range [1, %d]", fence, maxToken)
-		}
-		if d.err != nil {
-			return acquireReply{}, fmt.Errorf("%s script: %w", name, d.err)
-		}
-		return acquireReply{ok: true, fence: fence}, nil
-	}
-	if d.err == nil && len(s) < 9 {
-		d.err = fmt.Errorf("unexpected reply %v: want 9 elements", s)
+	if d.int(0) != 0 && d.err == nil {
+		d.err = fmt.Errorf("unexpected reply %v: want 0 first", s)
 	}
 	idx := d.int(1)
 	if d.err == nil && (idx < 1 || int(idx) > len(req.Keys)) {
@@ -303,7 +313,9 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	elapsed := l.opts.clock.Since(start)
 	validity := req.TTL - elapsed - drift(req.TTL)
 	if agreed >= quorum && validity > 0 {
-		l.tickets.Delete(req.Owner)
+		if redlock {
+			l.tickets.Delete(req.Owner)
+		}
 		if req.Queue && len(busyNodes) > 0 {
 			// The nodes that refused queued the owner: there it would hold a
 			// place ahead of the next waiters (refusing every one of them
@@ -770,6 +782,9 @@ func (l *Locker) releaseOnNodes(ctx context.Context, nodes []*node, keys []strin
 // their "largest fencing token allowed", fenceProposal never proposes more,
 // and acquireOn refuses a token above it.
 const maxToken = lock.MaxFence - 1
+
+// maxTokenArg is maxToken as a script argument, converted once.
+var maxTokenArg any = strconv.FormatInt(maxToken, 10)
 
 // acquireDelay is how long Acquire waits before its next attempt when no
 // release message comes: step, the next step of backoff b computed without

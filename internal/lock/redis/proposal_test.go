@@ -24,11 +24,16 @@ func (c offsetClock) Now() time.Time                  { return time.Now().Add(c.
 func (c offsetClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 
 // TestFenceWindowMatchesScript: acquire.lua caps proposals at TIME + window,
-// and the Go side must know that window.
+// and the Go side must know that window; the script's default largest token
+// (for the calls that leave ARGV[7] out) is maxToken.
 func TestFenceWindowMatchesScript(t *testing.T) {
 	want := fmt.Sprintf("local window = %d\n", fenceWindow.Microseconds())
 	if !strings.Contains(acquireLua, want) {
 		t.Fatalf("acquire.lua does not contain %q: fenceWindow and the script disagree", want)
+	}
+	want = fmt.Sprintf("local maxFence = '%d'\n", maxToken)
+	if !strings.Contains(acquireLua, want) {
+		t.Fatalf("acquire.lua does not contain %q: its default largest token and maxToken disagree", want)
 	}
 	if fenceLead <= 0 || fenceLead >= fenceWindow {
 		t.Fatalf("fenceLead %v must be in (0, fenceWindow %v)", fenceLead, fenceWindow)

@@ -83,8 +83,11 @@ type Locker struct {
 	quorum int
 	// ticket is ticketKey(), built once.
 	ticket string
-	opts   options
-	log    logr.Logger
+	// waiterTTLArg is the waiter TTL in milliseconds as a script argument,
+	// converted once.
+	waiterTTLArg any
+	opts         options
+	log          logr.Logger
 
 	// tickets remembers, in Redlock mode, the queue ticket of each queued
 	// owner, so that every node orders the waiters the same way.
@@ -122,6 +125,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	}
 	l := &Locker{cfg: cfg, mode: cfg.Mode(), opts: o, lookup: lookupIP, bg: newBackground()}
 	l.ticket = l.ticketKey()
+	l.waiterTTLArg = o.waiterTTL.Milliseconds()
 	l.log = o.log.WithValues("mode", string(l.mode))
 	// Every connection goes through netguard's dialer: the endpoint policy,
 	// TLS (go-redis does no TLS of its own when a Dialer is set, so TLSConfig
@@ -417,9 +421,11 @@ func (l *Locker) redisKeysCap(keys []string, extra int, parts ...string) []strin
 	return out
 }
 
-// channelArgs returns channel, key-name pairs for the scripts that publish.
-func (l *Locker) channelArgs(keys []string) []any {
-	out := make([]any, 0, 2*len(keys))
+// ownerChannelArgs returns the arguments of the scripts that publish: the
+// owner token, then channel, key-name pairs.
+func (l *Locker) ownerChannelArgs(owner string, keys []string) []any {
+	out := make([]any, 0, 1+2*len(keys))
+	out = append(out, owner)
 	for _, k := range keys {
 		out = append(out, l.channel(k), k)
 	}

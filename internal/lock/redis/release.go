@@ -64,7 +64,7 @@ func (l *Locker) releaseOn(ctx context.Context, nodes []*node, keys []string, ow
 		rk = l.redisKeys(keys, slotParts...)
 		script, name = semReleaseScript, "semaphore release"
 	}
-	args := append([]any{owner}, l.channelArgs(keys)...)
+	args := l.ownerChannelArgs(owner, keys)
 	return fanOut(ctx, nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
 		v, err := run(ctx, script, n.client, name, rk, args...)
 		if err != nil {
@@ -117,7 +117,7 @@ func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error
 
 func (l *Locker) dequeueOn(ctx context.Context, nodes []*node, keys []string, owner string) []result[int64] {
 	rk := l.redisKeys(keys, "lock", "queue", "deadlines", "waiters", "slots")
-	args := append([]any{owner}, l.channelArgs(keys)...)
+	args := l.ownerChannelArgs(owner, keys)
 	return fanOut(ctx, nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
 		v, err := run(ctx, dequeueScript, n.client, "dequeue", rk, args...)
 		if err != nil {

@@ -392,7 +392,7 @@ func (l *Locker) releaseCall(lease *lock.Lease) scriptCall {
 	if lease.Limit > 1 {
 		script, keys = semReleaseScript, l.redisKeys(lease.Keys, slotParts...)
 	}
-	args := append([]any{lease.Owner}, l.channelArgs(lease.Keys)...)
+	args := l.ownerChannelArgs(lease.Owner, lease.Keys)
 	return scriptCall{script: script, keys: keys, args: args}
 }
 

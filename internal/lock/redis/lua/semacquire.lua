@@ -21,7 +21,7 @@
 -- length when it is not queued) is below the free slots: the smallest limit
 -- of the request and of the live holders, minus the holders. So a request
 -- with a larger limit never takes a key past the bound a holder acquired with.
--- Returns {1, fence} when every key was taken, otherwise
+-- Returns the fencing token (a string) when every key was taken, otherwise
 --   {0, busy key index, oldest holder, its fence, position (-1: not queued),
 --    queue length, PTTL ms of the first slot to expire, ticket, holder count}.
 local owner = ARGV[1]
@@ -184,4 +184,4 @@ for i = 1, n do
     redis.call('HDEL', key(i, 6), owner)
   end
 end
-return {1, fenceStr}
+return fenceStr
