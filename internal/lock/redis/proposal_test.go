@@ -23,13 +23,14 @@ type offsetClock struct{ d time.Duration }
 func (c offsetClock) Now() time.Time                  { return time.Now().Add(c.d) }
 func (c offsetClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 
-// TestFenceWindowMatchesScript: acquire.lua caps proposals at TIME + window,
+// TestFenceWindowMatchesScript: acquire.lua caps proposals at TIME + window
+// (queue.lua defines it for both acquisition scripts),
 // and the Go side must know that window; the script's default largest token
 // (for the calls that leave ARGV[7] out) is maxToken.
 func TestFenceWindowMatchesScript(t *testing.T) {
 	want := fmt.Sprintf("local window = %d\n", fenceWindow.Microseconds())
-	if !strings.Contains(acquireLua, want) {
-		t.Fatalf("acquire.lua does not contain %q: fenceWindow and the script disagree", want)
+	if !strings.Contains(queueLua, want) {
+		t.Fatalf("queue.lua does not contain %q: fenceWindow and the scripts disagree", want)
 	}
 	want = fmt.Sprintf("local maxFence = '%d'\n", maxToken)
 	if !strings.Contains(acquireLua, want) {

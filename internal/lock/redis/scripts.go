@@ -14,6 +14,10 @@ var (
 	// or write a mutex lease.
 	//go:embed lua/lease.lua
 	leaseLua string
+	// queueLua is the FIFO queue's shared code, prepended (after leaseLua)
+	// to the acquisition scripts.
+	//go:embed lua/queue.lua
+	queueLua string
 	//go:embed lua/acquire.lua
 	acquireLua string
 	//go:embed lua/release.lua
@@ -35,7 +39,7 @@ var (
 	//go:embed lua/semraise.lua
 	semRaiseLua string
 
-	acquireScript = goredis.NewScript(leaseLua + acquireLua)
+	acquireScript = goredis.NewScript(leaseLua + queueLua + acquireLua)
 	releaseScript = goredis.NewScript(leaseLua + releaseLua)
 	renewScript   = goredis.NewScript(leaseLua + renewLua)
 	raiseScript   = goredis.NewScript(leaseLua + raiseLua)
@@ -43,7 +47,7 @@ var (
 	inspectScript = goredis.NewScript(leaseLua + inspectLua)
 
 	// Semaphores (lock.Request.Limit > 1).
-	semAcquireScript = goredis.NewScript(leaseLua + semAcquireLua)
+	semAcquireScript = goredis.NewScript(leaseLua + queueLua + semAcquireLua)
 	semReleaseScript = goredis.NewScript(semReleaseLua)
 	semRenewScript   = goredis.NewScript(semRenewLua)
 	semRaiseScript   = goredis.NewScript(semRaiseLua)

@@ -58,16 +58,9 @@ local n = (#KEYS - 1) / 9
 local tag = leaseTag(owner)
 local proposal = tonumber(ARGV[8]) or 0
 
--- How far ahead of this server's clock (microseconds) a proposed token may be.
--- Must match fenceWindow in acquire.go.
-local window = 20000
 -- The largest fencing token when ARGV[7] is left out. Must match maxToken in
 -- acquire.go.
 local maxFence = '9007199254740990'
-
--- Lua 5.1 prints numbers with 14 significant digits: format integers explicitly
--- (off the fast path; the common values are built from strings instead).
-local function int(x) return string.format('%.0f', x) end
 
 -- The first key's queue and slot keys, lock and counter, read once: the
 -- fast path below needs nothing else, and the general path reuses them.
@@ -113,13 +106,7 @@ else
       queued = queued or {}
       queued[i] = true
       afterNowMs = afterNowMs or ('(' .. string.sub(nowUsStr, 1, -4))
-      local dead = redis.call('ZRANGEBYSCORE', KEYS[b + 5], '-inf', afterNowMs)
-      for _, w in ipairs(dead) do
-        if w == owner then prunedSelf = true end
-        redis.call('ZREM', KEYS[b + 4], w)
-        redis.call('ZREM', KEYS[b + 5], w)
-        redis.call('HDEL', KEYS[b + 6], w)
-      end
+      if pruneWaiters(b, owner, afterNowMs) then prunedSelf = true end
     end
   end
 
@@ -193,41 +180,9 @@ else
   end
 
   if busy > 0 then
-    local nowMs = math.floor(nowUs / 1000)
     local tk = 0
     if ARGV[4] == '1' then
-      -- Join the queues. The ticket (see the header): the owner's place where
-      -- it is queued, the client's ticket where it is not (a node that missed
-      -- the join or restarted), a new one at the back otherwise.
-      local ticket = tonumber(ARGV[6])
-      local waiterTTL = tonumber(ARGV[5])
-      local holder = ARGV[3]
-      local have = 0
-      for i = 1, n do
-        local s = redis.call('ZSCORE', KEYS[(i - 1) * 9 + 4], owner)
-        if s and tonumber(s) > have then have = tonumber(s) end
-      end
-      local c = tonumber(redis.call('GET', KEYS[#KEYS]) or '0')
-      if have > 0 then
-        tk = math.max(have, ticket)
-      elseif ticket > 0 and not prunedSelf then
-        tk = ticket
-      elseif proposal > 0 then
-        tk = math.min(math.max(proposal, nowUs - window), nowUs + window)
-      else
-        tk = c + 1
-      end
-      if c < tk then redis.call('SET', KEYS[#KEYS], int(tk)) end
-      for i = 1, n do
-        local b = (i - 1) * 9
-        if not redis.call('ZSCORE', KEYS[b + 4], owner) then
-          redis.call('HSET', KEYS[b + 6], owner, nowUsStr .. ' ' .. holder)
-        end
-        redis.call('ZADD', KEYS[b + 4], int(tk), owner)
-        redis.call('ZADD', KEYS[b + 5], int(nowMs + waiterTTL), owner)
-        -- A queue nobody refreshes disappears on its own.
-        for j = 4, 6 do redis.call('PEXPIRE', KEYS[b + j], int(waiterTTL * 2)) end
-      end
+      tk = joinQueues(n, owner, ARGV[3], tonumber(ARGV[6]), proposal, prunedSelf, nowUs, nowUsStr, tonumber(ARGV[5]))
     end
     local qk = KEYS[(busy - 1) * 9 + 4]
     local position = redis.call('ZRANK', qk, owner)

@@ -35,11 +35,7 @@ local proposal = tonumber(ARGV[8]) or 0
 local limit = tonumber(ARGV[9])
 local n = (#KEYS - 1) / 9
 
--- Must match fenceWindow in acquire.go (see acquire.lua).
-local window = 20000
-
 local function key(i, j) return KEYS[(i - 1) * 9 + j] end
-local function int(x) return string.format('%.0f', x) end
 
 local t = redis.call('TIME')
 local usec = string.rep('0', 6 - #t[2]) .. t[2]
@@ -55,13 +51,7 @@ local prunedSelf = false
 for i = 1, n do
   if redis.call('EXISTS', key(i, 4), key(i, 5), key(i, 6)) > 0 then
     queued[i] = true
-    local dead = redis.call('ZRANGEBYSCORE', key(i, 5), '-inf', '(' .. nowMsStr)
-    for _, w in ipairs(dead) do
-      if w == owner then prunedSelf = true end
-      redis.call('ZREM', key(i, 4), w)
-      redis.call('ZREM', key(i, 5), w)
-      redis.call('HDEL', key(i, 6), w)
-    end
+    if pruneWaiters((i - 1) * 9, owner, '(' .. nowMsStr) then prunedSelf = true end
   end
   local gone = redis.call('ZRANGEBYSCORE', key(i, 7), '-inf', nowMsStr)
   for _, o in ipairs(gone) do
@@ -117,33 +107,7 @@ end
 if busy > 0 then
   local tk = 0
   if join then
-    -- The ticket (see the header): the owner's place where it is queued,
-    -- the client's ticket where it is not (a node that missed the join or
-    -- restarted), a new one at the back otherwise.
-    local have = 0
-    for i = 1, n do
-      local s = redis.call('ZSCORE', key(i, 4), owner)
-      if s and tonumber(s) > have then have = tonumber(s) end
-    end
-    local c = tonumber(redis.call('GET', KEYS[#KEYS]) or '0')
-    if have > 0 then
-      tk = math.max(have, ticket)
-    elseif ticket > 0 and not prunedSelf then
-      tk = ticket
-    elseif proposal > 0 then
-      tk = math.min(math.max(proposal, nowUs - window), nowUs + window)
-    else
-      tk = c + 1
-    end
-    if c < tk then redis.call('SET', KEYS[#KEYS], int(tk)) end
-    for i = 1, n do
-      if not redis.call('ZSCORE', key(i, 4), owner) then
-        redis.call('HSET', key(i, 6), owner, nowUsStr .. ' ' .. holder)
-      end
-      redis.call('ZADD', key(i, 4), int(tk), owner)
-      redis.call('ZADD', key(i, 5), int(nowMs + waiterTTL), owner)
-      for j = 4, 6 do redis.call('PEXPIRE', key(i, j), int(waiterTTL * 2)) end
-    end
+    tk = joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs, nowUsStr, waiterTTL)
   end
   local position = redis.call('ZRANK', key(busy, 4), owner)
   if not position then position = -1 end

@@ -1,0 +1,68 @@
+-- queue.lua: the FIFO queues of lock keys, shared by acquire.lua and
+-- semacquire.lua (prepended to both, after lease.lua). Each lock key has
+-- nine Redis keys, in acquire.lua's order; b is the index before a lock
+-- key's first one: (i - 1) * 9 for the i-th.
+
+-- How far ahead of this server's clock (microseconds) a proposed token or
+-- ticket may be. Must match fenceWindow in acquire.go.
+local window = 20000
+
+-- Lua 5.1 prints numbers with 14 significant digits: format integers
+-- explicitly (off the fast path; the common values are built from strings
+-- instead).
+local function int(x) return string.format('%.0f', x) end
+
+-- pruneWaiters removes the waiters of the lock key at b whose heartbeat
+-- deadline is before afterNowMs ('(' .. now in milliseconds), and tells
+-- whether owner was one of them (it missed its heartbeats: it loses its place).
+local function pruneWaiters(b, owner, afterNowMs)
+  local self = false
+  for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[b + 5], '-inf', afterNowMs)) do
+    if w == owner then self = true end
+    redis.call('ZREM', KEYS[b + 4], w)
+    redis.call('ZREM', KEYS[b + 5], w)
+    redis.call('HDEL', KEYS[b + 6], w)
+  end
+  return self
+end
+
+-- joinQueues puts owner, refused, in the queue of each of the n lock keys
+-- (or refreshes its place and heartbeat deadline there) and returns its
+-- ticket: its place where it is queued (raised to the client's ticket, so
+-- that the nodes converge on it), the client's ticket where it is not (a
+-- node that missed the join or restarted empty learns the place the other
+-- nodes gave it) unless this call pruned its expired place, and otherwise a
+-- new one at the back: the shared counter (KEYS[#KEYS]) + 1 or, with a
+-- proposal (Redlock), the proposal kept within TIME +- window. The counter is
+-- raised to every ticket handed out. See acquire.lua's header.
+local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs, nowUsStr, waiterTTL)
+  local have = 0
+  for i = 1, n do
+    local s = redis.call('ZSCORE', KEYS[(i - 1) * 9 + 4], owner)
+    if s and tonumber(s) > have then have = tonumber(s) end
+  end
+  local c = tonumber(redis.call('GET', KEYS[#KEYS]) or '0')
+  local tk
+  if have > 0 then
+    tk = math.max(have, ticket)
+  elseif ticket > 0 and not prunedSelf then
+    tk = ticket
+  elseif proposal > 0 then
+    tk = math.min(math.max(proposal, nowUs - window), nowUs + window)
+  else
+    tk = c + 1
+  end
+  if c < tk then redis.call('SET', KEYS[#KEYS], int(tk)) end
+  local deadline = int(math.floor(nowUs / 1000) + waiterTTL)
+  for i = 1, n do
+    local b = (i - 1) * 9
+    if not redis.call('ZSCORE', KEYS[b + 4], owner) then
+      redis.call('HSET', KEYS[b + 6], owner, nowUsStr .. ' ' .. holder)
+    end
+    redis.call('ZADD', KEYS[b + 4], int(tk), owner)
+    redis.call('ZADD', KEYS[b + 5], deadline, owner)
+    -- A queue nobody refreshes disappears on its own.
+    for j = 4, 6 do redis.call('PEXPIRE', KEYS[b + j], int(waiterTTL * 2)) end
+  end
+  return tk
+end
