@@ -88,11 +88,8 @@ if n == 1 and exists1 == 0 and not got1[1] and proposal == 0 then
   -- The fast path: one free key, nobody queued, no proposal (standalone and
   -- Sentinel mode). It gives what the general path below would: the token
   -- is the largest of TIME and the counter + 1.
-  local c = got1[2]
-  if c then
-    c = tonumber(c) + 1
-    if c > fence then fence, fenceStr = c, nil end
-  end
+  local c = counterFloor(got1[2], 0, nowUs)
+  if c > fence then fence, fenceStr = c, nil end
 else
   -- Prune waiters that missed their heartbeat. A key whose queue and slot keys
   -- do not exist has nobody to prune, no queue head, no semaphore holder and
@@ -168,14 +165,7 @@ else
         end
       end
     end
-    local c = got[2]
-    if c then
-      c = tonumber(c) + 1
-    elseif proposal > 0 then
-      c = nowUs + window
-    else
-      c = 0
-    end
+    local c = counterFloor(got[2], proposal, nowUs)
     if c > fence then fence, fenceStr = c, nil end
   end
 

@@ -1,7 +1,7 @@
--- queue.lua: the FIFO queues of lock keys, shared by acquire.lua and
--- semacquire.lua (prepended to both, after lease.lua). Each lock key has
--- nine Redis keys, in acquire.lua's order; b is the index before a lock
--- key's first one: (i - 1) * 9 for the i-th.
+-- queue.lua: what acquire.lua and semacquire.lua share (prepended to both,
+-- after lease.lua): the FIFO queues of lock keys, and the fencing token's
+-- rule per key. Each lock key has nine Redis keys, in acquire.lua's order; b
+-- is the index before a lock key's first one: (i - 1) * 9 for the i-th.
 
 -- How far ahead of this server's clock (microseconds) a proposed token or
 -- ticket may be. Must match fenceWindow in acquire.go.
@@ -11,6 +11,18 @@ local window = 20000
 -- explicitly (off the fast path; the common values are built from strings
 -- instead).
 local function int(x) return string.format('%.0f', x) end
+
+-- counterFloor is the smallest fencing token a lock key's counter c (its
+-- value, or nil) allows: c + 1; with a proposal (Redlock), TIME + window for
+-- a key without a counter (never used, or lost in an empty restart), above
+-- anything this node could have issued before; otherwise 0. The token is the
+-- largest of every key's floor, TIME and the proposal kept within TIME +
+-- window (see acquire.lua's header).
+local function counterFloor(c, proposal, nowUs)
+  if c then return tonumber(c) + 1 end
+  if proposal > 0 then return nowUs + window end
+  return 0
+end
 
 -- pruneWaiters removes the waiters of the lock key at b whose heartbeat
 -- deadline is before afterNowMs ('(' .. now in milliseconds), and tells

@@ -118,14 +118,7 @@ end
 local fence = nowUs
 if proposal > nowUs then fence = math.min(proposal, nowUs + window) end
 for i = 1, n do
-  local c = redis.call('GET', key(i, 3))
-  if c then
-    c = tonumber(c) + 1
-  elseif proposal > 0 then
-    c = nowUs + window
-  else
-    c = 0
-  end
+  local c = counterFloor(redis.call('GET', key(i, 3)), proposal, nowUs)
   if c > fence then fence = c end
 end
 if fence > maxFence then
