@@ -145,17 +145,15 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 		join = "1"
 	}
 	script, name := acquireScript, "acquire"
-	var args []any
+	args := []any{req.Owner, req.TTL.Milliseconds(), req.Holder, join, l.waiterTTLArg, ticket, maxTokenArg, proposal}
 	switch {
 	case req.Holders() > 1:
 		script, name = semAcquireScript, "semaphore acquire"
-		args = []any{req.Owner, req.TTL.Milliseconds(), req.Holder, join, l.waiterTTLArg, ticket, maxTokenArg, proposal, req.Holders()}
+		args = append(args, req.Holders())
 	case !req.Queue && ticket == 0 && proposal == 0:
-		// acquire.lua's defaults: every argument the script parses costs
-		// every acquisition.
-		args = []any{req.Owner, req.TTL.Milliseconds(), req.Holder}
-	default:
-		args = []any{req.Owner, req.TTL.Milliseconds(), req.Holder, join, l.waiterTTLArg, ticket, maxTokenArg, proposal}
+		// ARGV 4 to 8 are acquire.lua's defaults: left out, as every
+		// argument sent is parsed on every acquisition.
+		args = args[:3]
 	}
 	v, err := run(ctx, script, n.client, name, keys, args...)
 	if err != nil {
