@@ -67,12 +67,7 @@ local maxFence = '9007199254740990'
 local exists1 = redis.call('EXISTS', KEYS[4], KEYS[5], KEYS[6], KEYS[7])
 local got1 = redis.call('MGET', KEYS[1], KEYS[3])
 
-local t = redis.call('TIME')
-local usec = t[2]
-if #usec < 6 then usec = string.rep('0', 6 - #usec) .. usec end
-local nowUsStr = t[1] .. usec
--- Seconds and microseconds make 16 digits until the year 2286: exact in a double.
-local nowUs = tonumber(nowUsStr)
+local nowUs, nowUsStr = serverNow()
 -- '(' .. now in milliseconds: an exclusive lower bound of live entries (only
 -- where a queue or slots exist).
 local afterNowMs

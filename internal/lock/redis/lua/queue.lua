@@ -1,6 +1,6 @@
 -- queue.lua: what acquire.lua and semacquire.lua share (prepended to both,
--- after lease.lua): the FIFO queues of lock keys, and the fencing token's
--- rule per key. Each lock key has nine Redis keys, in acquire.lua's order; b
+-- after lease.lua): the server's clock, the FIFO queues of lock keys, and
+-- the fencing token's rule per key. Each lock key has nine Redis keys, in acquire.lua's order; b
 -- is the index before a lock key's first one: (i - 1) * 9 for the i-th.
 
 -- How far ahead of this server's clock (microseconds) a proposed token or
@@ -11,6 +11,18 @@ local window = 20000
 -- explicitly (off the fast path; the common values are built from strings
 -- instead).
 local function int(x) return string.format('%.0f', x) end
+
+-- serverNow reads this server's clock: microseconds since the epoch as a
+-- number and as its decimal string (16 digits until the year 2286: exact in
+-- a double). The string is what leases and queues store, so that the common
+-- values need no formatting.
+local function serverNow()
+  local t = redis.call('TIME')
+  local usec = t[2]
+  if #usec < 6 then usec = string.rep('0', 6 - #usec) .. usec end
+  local s = t[1] .. usec
+  return tonumber(s), s
+end
 
 -- counterFloor is the smallest fencing token a lock key's counter c (its
 -- value, or nil) allows: c + 1; with a proposal (Redlock), TIME + window for

@@ -37,11 +37,8 @@ local n = (#KEYS - 1) / 9
 
 local function key(i, j) return KEYS[(i - 1) * 9 + j] end
 
-local t = redis.call('TIME')
-local usec = string.rep('0', 6 - #t[2]) .. t[2]
-local nowUs = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local nowUsStr = t[1] .. usec
-local nowMsStr = t[1] .. string.sub(usec, 1, 3)
+local nowUs, nowUsStr = serverNow()
+local nowMsStr = string.sub(nowUsStr, 1, -4)
 local nowMs = tonumber(nowMsStr)
 
 -- Prune waiters that missed their heartbeat and holders past their expiry.
