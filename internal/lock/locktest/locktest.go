@@ -170,6 +170,12 @@ func inspect1(ctx context.Context, l lock.Locker, key string) (lock.KeyState, er
 	return st[0], nil
 }
 
+// heldFields shows every field of a HeldError (its Error() leaves out the
+// queue position, the waiters and the holder count).
+func heldFields(he *lock.HeldError) string {
+	return fmt.Sprintf("{Key:%q Holder:%q Fence:%d Position:%d Waiters:%d Holders:%d}", he.Key, he.Holder, he.Fence, he.Position, he.Waiters, he.Holders)
+}
+
 func wantHeldError(t *testing.T, err error, key string) *lock.HeldError {
 	t.Helper()
 	if !errors.Is(err, lock.ErrNotAcquired) {
@@ -378,7 +384,7 @@ func (s *suite) releaseLetsNextIn(t *testing.T) {
 	_, err := b.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: longTTL, Holder: "b"})
 	he := wantHeldError(t, err, key)
 	if he.Holder != "a" || he.Fence != la.Fence {
-		t.Fatalf("HeldError = %+v, want holder a with fence %d", he, la.Fence)
+		t.Fatalf("HeldError = %s, want holder a with fence %d", heldFields(he), la.Fence)
 	}
 	mustRelease(t, a, la)
 	lb := mustAcquire(t, b, lock.Request{Keys: []string{key}, TTL: longTTL, Holder: "b"})
@@ -440,7 +446,7 @@ func (s *suite) multiKey(t *testing.T) {
 	for _, k := range ks {
 		_, err := a.TryAcquire(ctx, lock.Request{Keys: []string{k}, TTL: longTTL, Holder: "a"})
 		if he := wantHeldError(t, err, k); he.Holder != "b" || he.Fence != lb.Fence {
-			t.Fatalf("HeldError = %+v, want holder b with fence %d", he, lb.Fence)
+			t.Fatalf("HeldError = %s, want holder b with fence %d", heldFields(he), lb.Fence)
 		}
 	}
 	mustRelease(t, b, lb)
@@ -470,7 +476,7 @@ func (s *suite) fifoDeadWaiter(t *testing.T) {
 		_, err := l.TryAcquire(ctx, r)
 		he := wantHeldError(t, err, key)
 		if he.Position != i || he.Holder != "holder" || he.Waiters != i+1 {
-			t.Fatalf("%s joins: HeldError = %+v, want position %d, holder %q, %d waiters", r.Holder, he, i, "holder", i+1)
+			t.Fatalf("%s joins: HeldError = %s, want position %d, holder %q, %d waiters", r.Holder, heldFields(he), i, "holder", i+1)
 		}
 	}
 	st, err := inspect1(ctx, l, key)
@@ -493,11 +499,11 @@ func (s *suite) fifoDeadWaiter(t *testing.T) {
 	// a waiter behind the head may take it.
 	_, err = l.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: longTTL, Holder: "jumper"})
 	if he := wantHeldError(t, err, key); he.Position != -1 || he.Waiters != 3 || he.Holder != "" {
-		t.Fatalf("unqueued request on a free key with waiters: HeldError = %+v, want position -1, 3 waiters, no holder", he)
+		t.Fatalf("unqueued request on a free key with waiters: HeldError = %s, want position -1, 3 waiters, no holder", heldFields(he))
 	}
 	_, err = l.TryAcquire(ctx, w2)
 	if he := wantHeldError(t, err, key); he.Position != 2 {
-		t.Fatalf("w2 before its turn: HeldError = %+v, want position 2", he)
+		t.Fatalf("w2 before its turn: HeldError = %s, want position 2", heldFields(he))
 	}
 	l1 := mustAcquire(t, l, w1)
 	mustRelease(t, l, l1)

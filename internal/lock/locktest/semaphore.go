@@ -90,7 +90,7 @@ func (s *suite) semAtMostLimit(t *testing.T) {
 	_, err := l.TryAcquire(ctxT(t, 10*time.Second), semReq(key, n, "extra"))
 	he := wantHeldError(t, err, key)
 	if he.Holders != n || he.Holder != "h0" || he.Fence != held[0].Fence || he.Position != -1 {
-		t.Fatalf("HeldError = %+v, want Holders=%d, the oldest holder h0 with fence %d, Position -1", he, n, held[0].Fence)
+		t.Fatalf("HeldError = %s, want Holders=%d, the oldest holder h0 with fence %d, Position -1", heldFields(he), n, held[0].Fence)
 	}
 	wantHolders(t, l, key, held...)
 	// Another holder cannot release or renew a slot it does not hold.
@@ -270,7 +270,7 @@ func (s *suite) semFIFO(t *testing.T) {
 		_, err := l.TryAcquire(ctx, waiters[i])
 		he := wantHeldError(t, err, key)
 		if he.Position != i || he.Waiters != i+1 || he.Holders != n || he.Holder != "h0" {
-			t.Fatalf("waiter %d: HeldError = %+v, want Position %d, Waiters %d, Holders %d, Holder h0", i, he, i, i+1, n)
+			t.Fatalf("waiter %d: HeldError = %s, want Position %d, Waiters %d, Holders %d, Holder h0", i, heldFields(he), i, i+1, n)
 		}
 	}
 	// Two slots free, three waiters: positions 0 and 1 may take them, not 2,
@@ -280,12 +280,12 @@ func (s *suite) semFIFO(t *testing.T) {
 	_, err := l.TryAcquire(ctx, semReq(key, n, "jumper"))
 	he := wantHeldError(t, err, key)
 	if he.Position != -1 || he.Waiters != 3 || he.Holders != 1 {
-		t.Fatalf("request without a queue: HeldError = %+v, want Position -1, Waiters 3, Holders 1", he)
+		t.Fatalf("request without a queue: HeldError = %s, want Position -1, Waiters 3, Holders 1", heldFields(he))
 	}
 	_, err = l.TryAcquire(ctx, waiters[2])
 	he = wantHeldError(t, err, key)
 	if he.Position != 2 || he.Holders != 1 {
-		t.Fatalf("waiter 2 with two free slots: HeldError = %+v, want Position 2, Holders 1", he)
+		t.Fatalf("waiter 2 with two free slots: HeldError = %s, want Position 2, Holders 1", heldFields(he))
 	}
 	w1 := mustAcquire(t, l, waiters[1])
 	st, err := inspect1(ctx, l, key)
@@ -298,12 +298,12 @@ func (s *suite) semFIFO(t *testing.T) {
 	// One slot free, w0 at the head: w2 (now position 1) waits, w0 takes it.
 	_, err = l.TryAcquire(ctx, waiters[2])
 	if he := wantHeldError(t, err, key); he.Position != 1 || he.Waiters != 2 {
-		t.Fatalf("waiter 2 behind w0: HeldError = %+v, want Position 1, Waiters 2", he)
+		t.Fatalf("waiter 2 behind w0: HeldError = %s, want Position 1, Waiters 2", heldFields(he))
 	}
 	w0 := mustAcquire(t, l, waiters[0])
 	_, err = l.TryAcquire(ctx, waiters[2])
 	if he := wantHeldError(t, err, key); he.Position != 0 || he.Waiters != 1 || he.Holders != n {
-		t.Fatalf("waiter 2 at the head of a full key: HeldError = %+v, want Position 0, Waiters 1, Holders %d", he, n)
+		t.Fatalf("waiter 2 at the head of a full key: HeldError = %s, want Position 0, Waiters 1, Holders %d", heldFields(he), n)
 	}
 	wantHolders(t, l, key, held[2], w1, w0)
 	if err := l.Dequeue(ctx, []string{key}, waiters[2].Owner); err != nil {
@@ -475,12 +475,12 @@ func (s *suite) semMixed(t *testing.T) {
 	s1 := mustAcquire(t, l, semReq(key, 3, "s1"))
 	_, err := l.TryAcquire(ctx, semReq(key, 1, "mutex"))
 	if he := wantHeldError(t, err, key); he.Holders != 2 || he.Holder != "s0" || he.Fence != s0.Fence {
-		t.Fatalf("mutex on a semaphore with 2 holders: HeldError = %+v, want Holders 2, oldest s0 (fence %d)", he, s0.Fence)
+		t.Fatalf("mutex on a semaphore with 2 holders: HeldError = %s, want Holders 2, oldest s0 (fence %d)", heldFields(he), s0.Fence)
 	}
 	mustRelease(t, l, s0)
 	_, err = l.TryAcquire(ctx, semReq(key, 0, "mutex"))
 	if he := wantHeldError(t, err, key); he.Holders != 1 || he.Holder != "s1" {
-		t.Fatalf("mutex on a semaphore with 1 holder: HeldError = %+v, want Holders 1, s1", he)
+		t.Fatalf("mutex on a semaphore with 1 holder: HeldError = %s, want Holders 1, s1", heldFields(he))
 	}
 	mustRelease(t, l, s1)
 	m := mustAcquire(t, l, semReq(key, 1, "mutex"))
@@ -490,7 +490,7 @@ func (s *suite) semMixed(t *testing.T) {
 	wantHolders(t, l, key, m)
 	_, err = l.TryAcquire(ctx, semReq(key, 3, "s2"))
 	if he := wantHeldError(t, err, key); he.Holders != 1 || he.Holder != "mutex" || he.Fence != m.Fence {
-		t.Fatalf("semaphore on a held mutex: HeldError = %+v, want Holders 1, mutex (fence %d)", he, m.Fence)
+		t.Fatalf("semaphore on a held mutex: HeldError = %s, want Holders 1, mutex (fence %d)", heldFields(he), m.Fence)
 	}
 	mustRelease(t, l, m)
 	s2 := mustAcquire(t, l, semReq(key, 3, "s2"))
@@ -511,7 +511,7 @@ func (s *suite) semMultiKey(t *testing.T) {
 	req := lock.Request{Keys: ks, TTL: longTTL, Holder: "multi", Limit: n}
 	_, err := l.TryAcquire(ctx, req)
 	if he := wantHeldError(t, err, ks[1]); he.Holders != n {
-		t.Fatalf("HeldError = %+v, want Holders %d", he, n)
+		t.Fatalf("HeldError = %s, want Holders %d", heldFields(he), n)
 	}
 	wantHolders(t, l, ks[0])
 	wantHolders(t, l, ks[2])
@@ -577,7 +577,7 @@ func (s *suite) semMixedLimits(t *testing.T) {
 	big := mustAcquire(t, l, semReq(key, 5, "big")) // 2 holders: within both bounds
 	_, err := l.TryAcquire(ctx, semReq(key, 5, "third"))
 	if he := wantHeldError(t, err, key); he.Holders != 2 {
-		t.Fatalf("a third holder with limit 5 beside a limit-2 holder: HeldError = %+v, want busy with 2 holders", he)
+		t.Fatalf("a third holder with limit 5 beside a limit-2 holder: HeldError = %s, want busy with 2 holders", heldFields(he))
 	}
 	mustRelease(t, l, small)
 	third := mustAcquire(t, l, semReq(key, 5, "third")) // the limit-2 holder is gone
