@@ -184,7 +184,9 @@ func TestWhyExplainsAJob(t *testing.T) {
 		locksv1alpha1.AnnotationFencingToken: "17",
 	})
 	setStatus(ctx, t, ns, "billing", func(dl *locksv1alpha1.DistributedLock) {
-		held(dl, jobIdentity(holderJob), 17, time.Now().Add(-2*time.Minute))
+		// 20 minutes: kubectl's duration shows whole minutes from 10 on, so a
+		// slow test run does not turn "20m" into "20m1s" (2m did).
+		held(dl, jobIdentity(holderJob), 17, time.Now().Add(-20*time.Minute))
 		dl.Status.QueueLength = ptr.To[int32](2)
 	})
 	waiting := createJob(ctx, t, ns, "report-2", "billing", true, nil)
@@ -209,7 +211,7 @@ func TestWhyExplainsAJob(t *testing.T) {
 		"report-2": {
 			fmt.Sprintf("Job %s/report-2 is suspended by lockwarden: it waits for lock billing, position 2 of 2 in the queue", ns),
 			"It waits behind: held by " + jobIdentity(holderJob) + " (fencing token 17); 1 waiter ahead",
-			"Lock billing (keys billing/main) is held by " + jobIdentity(holderJob) + " with fencing token 17 for 2m.",
+			"Lock billing (keys billing/main) is held by " + jobIdentity(holderJob) + " with fencing token 17 for 20m.",
 		},
 		"report-3": {
 			"it waits for lock billing, and the operator has not placed it in the queue yet",
