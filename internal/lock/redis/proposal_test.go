@@ -26,15 +26,15 @@ func (c offsetClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 // TestFenceWindowMatchesScript: acquire.lua caps proposals at TIME + window
 // (queue.lua defines it for both acquisition scripts),
 // and the Go side must know that window; the script's default largest token
-// (for the calls that leave ARGV[7] out) is maxToken.
+// (for the calls that leave ARGV[7] out, defined in acquirefast.lua) is maxToken.
 func TestFenceWindowMatchesScript(t *testing.T) {
 	want := fmt.Sprintf("local window = %d\n", fenceWindow.Microseconds())
 	if !strings.Contains(queueLua, want) {
 		t.Fatalf("queue.lua does not contain %q: fenceWindow and the scripts disagree", want)
 	}
 	want = fmt.Sprintf("local maxFence = '%d'\n", maxToken)
-	if !strings.Contains(acquireLua, want) {
-		t.Fatalf("acquire.lua does not contain %q: its default largest token and maxToken disagree", want)
+	if !strings.Contains(acquireFastLua, want) {
+		t.Fatalf("acquirefast.lua does not contain %q: its default largest token and maxToken disagree", want)
 	}
 	if fenceLead <= 0 || fenceLead >= fenceWindow {
 		t.Fatalf("fenceLead %v must be in (0, fenceWindow %v)", fenceLead, fenceWindow)
@@ -285,5 +285,39 @@ func TestAcquireScriptFence(t *testing.T) {
 	}
 	if f, b, a := acquire("", func(int64) int64 { return 1 }); f < b+w || f > a+w {
 		t.Errorf("proposal 1, no counter: fence %d, want TIME + window in [%d, %d]", f, b+w, a+w)
+	}
+	// A counter that is not a number counts as none, on both paths.
+	if f, b, a := acquire("not a number", func(int64) int64 { return 0 }); f < b || f > a {
+		t.Errorf("no proposal, counter not a number: fence %d, want TIME in [%d, %d]", f, b, a)
+	}
+	if f, b, a := acquire("99999999999999999999 no", func(int64) int64 { return 0 }); f < b || f > a {
+		t.Errorf("no proposal, counter not a number (longer than TIME): fence %d, want TIME in [%d, %d]", f, b, a)
+	}
+	if f, b, a := acquire("not a number", func(now int64) int64 { return now + w/2 }); f < b+w || f > a+w {
+		t.Errorf("proposal, counter not a number: fence %d, want TIME + window in [%d, %d]", f, b+w, a+w)
+	}
+	// A counter at the largest token: the acquisition fails, saying so, and
+	// changes nothing (the counter is not lowered, the key is not taken).
+	for _, proposal := range []int64{0, 1} {
+		n++
+		key := fmt.Sprintf("script-%d", n)
+		full := strconv.FormatInt(maxToken, 10)
+		if err := c.Set(ctx, "{"+key+"}:fence", full, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		req, err := lock.PrepareRequest(lock.Request{Keys: []string{key}, TTL: time.Minute}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := l.acquireOn(ctx, l.nodes[0], req, 0, proposal)
+		if err == nil || !strings.Contains(err.Error(), "would exceed "+full) {
+			t.Errorf("proposal %d, counter at the largest token: %+v, %v; want an error saying the token would exceed %s", proposal, r, err, full)
+		}
+		if got, err := c.Get(ctx, "{"+key+"}:fence").Result(); err != nil || got != full {
+			t.Errorf("proposal %d: counter after the refusal = %q, %v; want %s", proposal, got, err, full)
+		}
+		if n, err := c.Exists(ctx, "{"+key+"}:lock").Result(); err != nil || n != 0 {
+			t.Errorf("proposal %d: lock key exists after the refusal (%d, %v)", proposal, n, err)
+		}
 	}
 }

@@ -18,6 +18,9 @@ var (
 	// to the acquisition scripts.
 	//go:embed lua/queue.lua
 	queueLua string
+	// acquireFastLua is acquire.lua's common call; it runs first.
+	//go:embed lua/acquirefast.lua
+	acquireFastLua string
 	//go:embed lua/acquire.lua
 	acquireLua string
 	//go:embed lua/release.lua
@@ -39,7 +42,7 @@ var (
 	//go:embed lua/semraise.lua
 	semRaiseLua string
 
-	acquireScript = goredis.NewScript(leaseLua + queueLua + acquireLua)
+	acquireScript = goredis.NewScript(acquireFastLua + leaseLua + queueLua + acquireLua)
 	releaseScript = goredis.NewScript(leaseLua + releaseLua)
 	renewScript   = goredis.NewScript(leaseLua + renewLua)
 	raiseScript   = goredis.NewScript(leaseLua + raiseLua)

@@ -25,7 +25,8 @@
 --     value to every node (their clock in microseconds plus a lead), so that
 --     the nodes issue the same token.
 -- ARGV 4 to 8 may be left out together (a standalone or Sentinel request that
--- does not queue): then 4 is "0", 6 and 8 are 0 and 7 is maxFence below.
+-- does not queue): then 4 is "0", 6 and 8 are 0 and 7 is maxFence
+-- (acquirefast.lua).
 -- Tickets order a key's queue. Where the owner is queued, it keeps its place
 -- (raised to ARGV[6] when that is larger, so that the nodes converge on the
 -- client's ticket). Where it is not, it takes ARGV[6] (a node that missed the
@@ -48,24 +49,12 @@
 --    queue length, holder PTTL in milliseconds, ticket, holder count}.
 -- A key with a live semaphore holder (slots) is busy: a mutex needs it whole.
 --
--- The common call (one free key, nobody queued, no proposal) takes a fast
--- path: one EXISTS, one MGET, TIME and the two SETs, and nothing else. Every
--- other read, table and string is made only on the paths that need it: Lua
--- runs on Redis's one thread, so each instruction here is paid by every
--- client (see docs/benchmarks.md, "Where the time goes").
+-- The common call (one free key, nobody queued, no proposal) is taken by
+-- acquirefast.lua, which runs first; this is the general path.
 local owner = ARGV[1]
 local n = (#KEYS - 1) / 9
 local tag = leaseTag(owner)
 local proposal = tonumber(ARGV[8]) or 0
-
--- The largest fencing token when ARGV[7] is left out. Must match maxToken in
--- acquire.go.
-local maxFence = '9007199254740990'
-
--- The first key's queue and slot keys, lock and counter, read once: the
--- fast path below needs nothing else, and the general path reuses them.
-local exists1 = redis.call('EXISTS', KEYS[4], KEYS[5], KEYS[6], KEYS[7])
-local got1 = redis.call('MGET', KEYS[1], KEYS[3])
 
 local nowUs, nowUsStr = serverNow()
 -- '(' .. now in milliseconds: an exclusive lower bound of live entries (only
@@ -79,101 +68,93 @@ local queued, old
 -- without formatting.
 local fence, fenceStr = nowUs, nowUsStr
 
-if n == 1 and exists1 == 0 and not got1[1] and proposal == 0 then
-  -- The fast path: one free key, nobody queued, no proposal (standalone and
-  -- Sentinel mode). It gives what the general path below would: the token
-  -- is the largest of TIME and the counter + 1.
-  local c = counterFloor(got1[2], 0, nowUs)
-  if c > fence then fence, fenceStr = c, nil end
-else
-  -- Prune waiters that missed their heartbeat. A key whose queue and slot keys
-  -- do not exist has nobody to prune, no queue head, no semaphore holder and
-  -- nothing to clean up below: one EXISTS per key on the fast path.
-  -- prunedSelf: this call found the owner's own place expired (it missed its heartbeats).
-  local prunedSelf = false
-  for i = 1, n do
-    local b = (i - 1) * 9
-    local e = i == 1 and exists1 or redis.call('EXISTS', KEYS[b + 4], KEYS[b + 5], KEYS[b + 6], KEYS[b + 7])
-    if e > 0 then
-      queued = queued or {}
-      queued[i] = true
-      afterNowMs = afterNowMs or ('(' .. string.sub(nowUsStr, 1, -4))
-      if pruneWaiters(b, owner, afterNowMs) then prunedSelf = true end
-    end
+-- Prune waiters that missed their heartbeat. A key whose queue and slot keys
+-- do not exist has nobody to prune, no queue head, no semaphore holder and
+-- nothing to clean up below: one EXISTS per key.
+-- prunedSelf: this call found the owner's own place expired (it missed its heartbeats).
+local prunedSelf = false
+for i = 1, n do
+  local b = (i - 1) * 9
+  local e = redis.call('EXISTS', KEYS[b + 4], KEYS[b + 5], KEYS[b + 6], KEYS[b + 7])
+  if e > 0 then
+    queued = queued or {}
+    queued[i] = true
+    afterNowMs = afterNowMs or ('(' .. string.sub(nowUsStr, 1, -4))
+    if pruneWaiters(b, owner, afterNowMs) then prunedSelf = true end
   end
+end
 
-  -- The fencing token, if every key is free: the largest of this server's
-  -- clock, the proposal kept within TIME + window, and every key's counter + 1
-  -- (with a proposal, a key without a counter counts as TIME + window).
-  if proposal > nowUs then
-    if proposal <= nowUs + window then
-      fence, fenceStr = proposal, ARGV[8]
-    else
-      fence, fenceStr = nowUs + window, nil
-    end
+-- The fencing token, if every key is free: the largest of this server's
+-- clock, the proposal kept within TIME + window, and every key's counter + 1
+-- (with a proposal, a key without a counter counts as TIME + window).
+if proposal > nowUs then
+  if proposal <= nowUs + window then
+    fence, fenceStr = proposal, ARGV[8]
+  else
+    fence, fenceStr = nowUs + window, nil
   end
+end
 
-  -- Find the first key held by another owner, or whose queue has someone else
-  -- at its head; read each key's counter with its lock in the same MGET.
-  local busy, bHolder, bFence, bPttl, bHolders = 0, '', 0, 0, 0
-  for i = 1, n do
-    local b = (i - 1) * 9
-    local got = i == 1 and got1 or redis.call('MGET', KEYS[b + 1], KEYS[b + 3])
-    local cur = got[1]
-    local how = heldAs(cur, owner, tag)
-    if cur and not how then
-      busy, bHolders = i, 1
-      local f, _, h = leaseFields(cur, KEYS[b + 2])
-      bHolder, bFence = h, tonumber(f)
-      bPttl = redis.call('PTTL', KEYS[b + 1])
-      break
-    end
-    if how == 'old' then
-      old = old or {}
-      old[i] = true
-    end
-    if queued and queued[i] then
-      local slots = 0
-      if not cur then slots = redis.call('ZCOUNT', KEYS[b + 7], afterNowMs, '+inf') end
-      if slots > 0 then
-        -- Semaphore holders (expired ones are pruned by the semaphore scripts
-        -- only: skip them here). Report the oldest live one.
-        busy, bHolders = i, slots
-        local nowMs = math.floor(nowUs / 1000)
-        for _, o in ipairs(redis.call('ZRANGE', KEYS[b + 8], 0, -1)) do
-          local e = tonumber(redis.call('ZSCORE', KEYS[b + 7], o) or '0')
-          if e > nowMs then
-            local f, _, _, h = string.match(redis.call('HGET', KEYS[b + 9], o) or '', '^(%d+) (%d+) (%d+) (.*)$')
-            bHolder, bFence = h or '', tonumber(f or '0')
-            break
-          end
-        end
-        local first = redis.call('ZRANGEBYSCORE', KEYS[b + 7], afterNowMs, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-        if first[2] then bPttl = tonumber(first[2]) - nowMs end
-        break
-      end
-      if not how then
-        local head = redis.call('ZRANGE', KEYS[b + 4], 0, 0)
-        if head[1] and head[1] ~= owner then
-          busy = i
+-- Find the first key held by another owner, or whose queue has someone else
+-- at its head; read each key's counter with its lock in the same MGET.
+local busy, bHolder, bFence, bPttl, bHolders = 0, '', 0, 0, 0
+for i = 1, n do
+  local b = (i - 1) * 9
+  local got = redis.call('MGET', KEYS[b + 1], KEYS[b + 3])
+  local cur = got[1]
+  local how = heldAs(cur, owner, tag)
+  if cur and not how then
+    busy, bHolders = i, 1
+    local f, _, h = leaseFields(cur, KEYS[b + 2])
+    bHolder, bFence = h, tonumber(f)
+    bPttl = redis.call('PTTL', KEYS[b + 1])
+    break
+  end
+  if how == 'old' then
+    old = old or {}
+    old[i] = true
+  end
+  if queued and queued[i] then
+    local slots = 0
+    if not cur then slots = redis.call('ZCOUNT', KEYS[b + 7], afterNowMs, '+inf') end
+    if slots > 0 then
+      -- Semaphore holders (expired ones are pruned by the semaphore scripts
+      -- only: skip them here). Report the oldest live one.
+      busy, bHolders = i, slots
+      local nowMs = math.floor(nowUs / 1000)
+      for _, o in ipairs(redis.call('ZRANGE', KEYS[b + 8], 0, -1)) do
+        local e = tonumber(redis.call('ZSCORE', KEYS[b + 7], o) or '0')
+        if e > nowMs then
+          local f, _, _, h = string.match(redis.call('HGET', KEYS[b + 9], o) or '', '^(%d+) (%d+) (%d+) (.*)$')
+          bHolder, bFence = h or '', tonumber(f or '0')
           break
         end
       end
+      local first = redis.call('ZRANGEBYSCORE', KEYS[b + 7], afterNowMs, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      if first[2] then bPttl = tonumber(first[2]) - nowMs end
+      break
     end
-    local c = counterFloor(got[2], proposal, nowUs)
-    if c > fence then fence, fenceStr = c, nil end
+    if not how then
+      local head = redis.call('ZRANGE', KEYS[b + 4], 0, 0)
+      if head[1] and head[1] ~= owner then
+        busy = i
+        break
+      end
+    end
   end
+  local c = counterFloor(got[2], proposal, nowUs)
+  if c > fence then fence, fenceStr = c, nil end
+end
 
-  if busy > 0 then
-    local tk = 0
-    if ARGV[4] == '1' then
-      tk = joinQueues(n, owner, ARGV[3], tonumber(ARGV[6]), proposal, prunedSelf, nowUs, nowUsStr, tonumber(ARGV[5]))
-    end
-    local qk = KEYS[(busy - 1) * 9 + 4]
-    local position = redis.call('ZRANK', qk, owner)
-    if not position then position = -1 end
-    return {0, busy, bHolder, int(bFence), position, redis.call('ZCARD', qk), bPttl, int(tk), bHolders}
+if busy > 0 then
+  local tk = 0
+  if ARGV[4] == '1' then
+    tk = joinQueues(n, owner, ARGV[3], tonumber(ARGV[6]), proposal, prunedSelf, nowUs, nowUsStr, tonumber(ARGV[5]))
   end
+  local qk = KEYS[(busy - 1) * 9 + 4]
+  local position = redis.call('ZRANK', qk, owner)
+  if not position then position = -1 end
+  return {0, busy, bHolder, int(bFence), position, redis.call('ZCARD', qk), bPttl, int(tk), bHolders}
 end
 
 maxFence = ARGV[7] or maxFence

@@ -25,13 +25,14 @@ local function serverNow()
 end
 
 -- counterFloor is the smallest fencing token a lock key's counter c (its
--- value, or nil) allows: c + 1; with a proposal (Redlock), TIME + window for
+-- value, or nil) allows: c + 1; a value that is not a number counts as none; with a proposal (Redlock), TIME + window for
 -- a key without a counter (never used, or lost in an empty restart), above
 -- anything this node could have issued before; otherwise 0. The token is the
 -- largest of every key's floor, TIME and the proposal kept within TIME +
 -- window (see acquire.lua's header).
 local function counterFloor(c, proposal, nowUs)
-  if c then return tonumber(c) + 1 end
+  local v = c and tonumber(c)
+  if v then return v + 1 end
   if proposal > 0 then return nowUs + window end
   return 0
 end
