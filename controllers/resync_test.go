@@ -53,7 +53,7 @@ func TestChangesMadeInRedisShowWithinOneResync(t *testing.T) {
 
 	// Deleted by hand: no release message either.
 	start = time.Now()
-	if err := rdb.Client().Del(context.Background(), lockKey(ns, "ledger"), strings.TrimSuffix(lockKey(ns, "ledger"), "lock")+"meta").Err(); err != nil {
+	if err := rdb.Client().Del(context.Background(), lockKey(ns, "ledger")).Err(); err != nil {
 		t.Fatal(err)
 	}
 	dl = waitCondition(t, resync+5*time.Second, ns, "ledger", locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonFree)

@@ -145,7 +145,7 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 		join = "1"
 	}
 	script, name := acquireScript, "acquire"
-	args := []any{req.Owner, req.TTL.Milliseconds(), req.Holder, join, l.waiterTTLArg, ticket, maxTokenArg, proposal}
+	args := []any{scriptOwner(req.Owner, req.Holders()), req.TTL.Milliseconds(), req.Holder, join, l.waiterTTLArg, ticket, maxTokenArg, proposal}
 	switch {
 	case req.Holders() > 1:
 		script, name = semAcquireScript, "semaphore acquire"
@@ -744,13 +744,13 @@ func (l *Locker) writeBack(ctx context.Context, req lock.Request, acquired []res
 // token of the owner's lease there. It returns how many keys the owner holds
 // there.
 func (l *Locker) raiseOn(ctx context.Context, n *node, req lock.Request, fence int64) (int64, error) {
-	keys := l.redisKeys(req.Keys, "lock", "meta", "fence")
+	keys := l.redisKeys(req.Keys, "lock", "fence")
 	script, name := raiseScript, "raise"
 	if req.Holders() > 1 {
 		keys = l.redisKeys(req.Keys, "fence", "slots", "slotfences", "slotmeta")
 		script, name = semRaiseScript, "semaphore raise"
 	}
-	v, err := run(ctx, script, n.client, name, keys, fence, req.Owner)
+	v, err := run(ctx, script, n.client, name, keys, fence, scriptOwner(req.Owner, req.Holders()))
 	if err != nil {
 		return 0, err
 	}

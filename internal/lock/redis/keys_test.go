@@ -24,8 +24,8 @@ func TestRedisKeysNamesEveryPartOfEveryKey(t *testing.T) {
 		if cap(got) < len(want)+1 {
 			t.Fatalf("prefix %q: cap %d, want room for one more key", prefix, cap(got))
 		}
-		if got := l.redisKeys(keys[:1], "lock", "meta"); !slices.Equal(got, []string{prefix + "{a}:lock", prefix + "{a}:meta"}) {
-			t.Fatalf("prefix %q: redisKeys(lock, meta) = %q", prefix, got)
+		if got := l.redisKeys(keys[:1], "lock", "fence"); !slices.Equal(got, []string{prefix + "{a}:lock", prefix + "{a}:fence"}) {
+			t.Fatalf("prefix %q: redisKeys(lock, fence) = %q", prefix, got)
 		}
 		if got := l.channel("a"); got != prefix+"{a}:released" {
 			t.Fatalf("channel = %q", got)

@@ -37,9 +37,6 @@ func TestLeaseIsOneKey(t *testing.T) {
 	if want := fmt.Sprintf("%d:%s %d ", len(owner), owner, lease.Fence); !strings.HasPrefix(v, want) || !strings.HasSuffix(v, " batch job 1") {
 		t.Fatalf("lock key = %q; want <owner length>:<owner> <fence> <acquired> <holder>, starting %q", v, want)
 	}
-	if n, err := c.Exists(ctx, "{m}:meta").Result(); err != nil || n != 0 {
-		t.Fatalf("EXISTS meta = %d, %v; want no metadata key", n, err)
-	}
 	states, err := l.Inspect(ctx, []string{"m"})
 	if err != nil {
 		t.Fatalf("Inspect: %v", err)
@@ -86,87 +83,54 @@ func TestLeaseIsOneKey(t *testing.T) {
 	}
 }
 
-// A lease taken before the one-key layout (the lock key's value is the bare
-// owner token, the rest in a hash) is honoured across an upgrade: others
-// are refused and told its holder, its owner renews, raises and releases it,
-// and taking it again moves it to the new layout.
-func TestLeaseOfTheOldLayoutIsHonoured(t *testing.T) {
+// A lock key whose value is not a lease (the bare owner token that leases
+// were before the one-key layout, or anything another client wrote there) is
+// held by nobody the engine can name: every acquisition is refused, the token
+// in it renews and releases nothing, and the key is free once it expires.
+func TestLockKeyThatIsNotALeaseIsBusy(t *testing.T) {
 	ctx := context.Background()
 	l, c := layoutServer(t)
 	const owner = "0123456789abcdef0123456789abcdef"
-	oldLease := func(key string, fence int64) *lock.Lease {
-		t.Helper()
-		pipe := c.TxPipeline()
-		pipe.Set(ctx, "{"+key+"}:lock", owner, 10*time.Second)
-		pipe.HSet(ctx, "{"+key+"}:meta", "holder", "old holder", "fence", fence, "acquired", 1700000000000000)
-		pipe.Set(ctx, "{"+key+"}:fence", fence, 0)
-		if _, err := pipe.Exec(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return &lock.Lease{Keys: []string{key}, Owner: owner, Holder: "old holder", Fence: fence, TTL: time.Minute}
+	if err := c.Set(ctx, "{o}:lock", owner, time.Minute).Err(); err != nil {
+		t.Fatal(err)
 	}
-	lease := oldLease("o", 41)
-
-	_, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"o"}, TTL: time.Minute, Holder: "new"})
-	var held *lock.HeldError
-	if !errors.As(err, &held) || held.Holder != "old holder" || held.Fence != 41 {
-		t.Fatalf("TryAcquire of a key held in the old layout = %v; want a HeldError naming %q with fence 41", err, "old holder")
+	for _, req := range []lock.Request{
+		{Keys: []string{"o"}, TTL: time.Minute, Holder: "new"},
+		{Keys: []string{"o"}, TTL: time.Minute, Holder: "its token", Owner: owner},
+	} {
+		_, err := l.TryAcquire(ctx, req)
+		var held *lock.HeldError
+		if !errors.As(err, &held) || held.Holder != "" || held.Fence != 0 {
+			t.Fatalf("TryAcquire by %q of a key that is not a lease = %v; want a HeldError with no holder and token 0", req.Holder, err)
+		}
 	}
 	states, err := l.Inspect(ctx, []string{"o"})
 	if err != nil {
 		t.Fatalf("Inspect: %v", err)
 	}
-	if st := states[0]; !st.Held || st.Holder != "old holder" || st.Fence != 41 || st.Acquired.UnixMicro() != 1700000000000000 {
-		t.Fatalf("Inspect = held %v, holder %q, fence %d, acquired %v; want the old layout's", st.Held, st.Holder, st.Fence, st.Acquired)
+	if st := states[0]; !st.Held || st.Holder != "" || st.Fence != 0 {
+		t.Fatalf("Inspect = held %v, holder %q, fence %d; want held, by nobody named, token 0", st.Held, st.Holder, st.Fence)
 	}
-	if _, err := l.Renew(ctx, lease, time.Minute); err != nil {
-		t.Fatalf("Renew of an old-layout lease: %v", err)
+	lease := &lock.Lease{Keys: []string{"o"}, Owner: owner, TTL: time.Minute, Fence: 1}
+	if _, err := l.Renew(ctx, lease, time.Minute); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("Renew with the token in the key = %v; want ErrLost", err)
 	}
-	if pttl, err := c.PTTL(ctx, "{o}:lock").Result(); err != nil || pttl <= 50*time.Second {
-		t.Fatalf("PTTL after Renew = %v, %v; want about a minute", pttl, err)
+	// The lost renewal released nothing it did not hold: the value is as it was.
+	if v, err := c.Get(ctx, "{o}:lock").Result(); err != nil || v != owner {
+		t.Fatalf("lock key after the renewal = %q, %v; want it unchanged", v, err)
 	}
-	if n, err := l.raiseOn(ctx, l.nodes[0], lock.Request{Keys: []string{"o"}, Owner: owner}, 50); err != nil || n != 1 {
-		t.Fatalf("raise = %d, %v; want 1 key held", n, err)
+	if n, err := l.raiseOn(ctx, l.nodes[0], lock.Request{Keys: []string{"o"}, Owner: owner}, 50); err != nil || n != 0 {
+		t.Fatalf("raise = %d, %v; want 0 keys held", n, err)
 	}
-	if f, err := c.HGet(ctx, "{o}:meta", "fence").Result(); err != nil || f != "50" {
-		t.Fatalf("old layout's fence after the raise = %q, %v; want 50", f, err)
+	if v, err := c.Get(ctx, "{o}:lock").Result(); err != nil || v != owner {
+		t.Fatalf("lock key after the raise = %q, %v; want it unchanged", v, err)
 	}
-
-	// Taken again by its owner: one key, the new layout, the metadata gone.
-	again, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"o"}, TTL: time.Minute, Holder: "old holder", Owner: owner})
-	if err != nil {
-		t.Fatalf("TryAcquire by its owner: %v", err)
+	// Gone (expired, or deleted by hand): free again.
+	if err := c.Del(ctx, "{o}:lock").Err(); err != nil {
+		t.Fatal(err)
 	}
-	if v, err := c.Get(ctx, "{o}:lock").Result(); err != nil || redistest.LeaseOwner(v) != owner || v == owner {
-		t.Fatalf("lock key after the owner took it again = %q, %v; want the new layout", v, err)
-	}
-	if n, err := c.Exists(ctx, "{o}:meta").Result(); err != nil || n != 0 {
-		t.Fatalf("EXISTS meta = %d, %v; want the old metadata gone", n, err)
-	}
-	// The raise keeps the lease's TTL and rewrites its token.
-	if n, err := l.raiseOn(ctx, l.nodes[0], lock.Request{Keys: []string{"o"}, Owner: owner}, again.Fence+10); err != nil || n != 1 {
-		t.Fatalf("raise = %d, %v; want 1 key held", n, err)
-	}
-	states, err = l.Inspect(ctx, []string{"o"})
-	if err != nil {
-		t.Fatalf("Inspect: %v", err)
-	}
-	if st := states[0]; st.Fence != again.Fence+10 || st.Holder != "old holder" || time.Until(st.Expires) <= 50*time.Second {
-		t.Fatalf("Inspect after the raise = fence %d holder %q expires in %v; want %d, %q, about a minute", st.Fence, st.Holder, time.Until(st.Expires), again.Fence+10, "old holder")
-	}
-
-	// Released in the old layout: both keys go, and waiters hear the token.
-	lease = oldLease("p", 77)
-	released, err := l.Watch(ctx, "p")
-	if err != nil {
-		t.Fatalf("Watch: %v", err)
-	}
-	if err := l.Release(ctx, lease); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
-	expectRelease(t, released, "p")
-	if n, err := c.Exists(ctx, "{p}:lock", "{p}:meta").Result(); err != nil || n != 0 {
-		t.Fatalf("after the release %d of lock and meta are left (%v); want none", n, err)
+	if _, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"o"}, TTL: time.Minute, Holder: "new"}); err != nil {
+		t.Fatalf("TryAcquire after the key is gone: %v", err)
 	}
 }
 

@@ -319,7 +319,7 @@ func TestRedlockWriteBackCountsOnlyHolders(t *testing.T) {
 			l := newTestLocker(t, Config{Addrs: addrs(servers)})
 			l.beforeWriteBack = func() {
 				for _, s := range servers[1:] {
-					if err := s.Client().Del(ctx, "{wb}:lock", "{wb}:meta", "{wb}:slots", "{wb}:slotfences", "{wb}:slotmeta").Err(); err != nil {
+					if err := s.Client().Del(ctx, "{wb}:lock", "{wb}:slots", "{wb}:slotfences", "{wb}:slotmeta").Err(); err != nil {
 						t.Error(err)
 					}
 				}

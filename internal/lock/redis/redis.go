@@ -14,8 +14,6 @@
 //
 //	P{K}:lock       the mutex lease, with its TTL:
 //	                "<length of owner>:<owner> <fence> <acquired us> <holder>" (lua/lease.lua)
-//	P{K}:meta       hash holder, fence, acquired of a lease taken before that layout
-//	                (the lock key was the bare owner token); never created any more
 //	P{K}:fence      last fencing token issued for K (no TTL: must outlive leases)
 //	P{K}:queue      FIFO queue: waiting owner -> ticket
 //	P{K}:deadlines  waiting owner -> heartbeat deadline (server milliseconds)
@@ -39,6 +37,7 @@
 package redis
 
 import (
+	"strconv"
 	"context"
 	"errors"
 	"fmt"
@@ -373,13 +372,13 @@ func (l *Locker) allChannelsPattern() string {
 
 // allParts are the Redis keys of one lock key that acquire.lua,
 // semacquire.lua and inspect.lua take, in their order.
-var allParts = []string{"lock", "meta", "fence", "queue", "deadlines", "waiters", "slots", "slotfences", "slotmeta"}
+var allParts = []string{"lock", "fence", "queue", "deadlines", "waiters", "slots", "slotfences", "slotmeta"}
 
 // slotParts are the keys of a semaphore's holders (semrelease.lua, semrenew.lua).
 var slotParts = []string{"slots", "slotfences", "slotmeta"}
 
 // redisKeys lists, for each lock key, the Redis keys named by parts (lock,
-// meta, fence, queue, deadlines, waiters, slots, slotfences, slotmeta), in the
+// fence, queue, deadlines, waiters, slots, slotfences, slotmeta), in the
 // order the scripts expect.
 func (l *Locker) redisKeys(keys []string, parts ...string) []string {
 	return l.redisKeysCap(keys, 0, parts...)
@@ -421,8 +420,26 @@ func (l *Locker) redisKeysCap(keys []string, extra int, parts ...string) []strin
 	return out
 }
 
-// ownerChannelArgs returns the arguments of the scripts that publish: the
-// owner token, then channel, key-name pairs.
+// leaseTag is lease.lua's tag of owner: "<length of owner>:<owner> ", the
+// prefix of the value of every lock key owner holds. The mutex scripts are
+// given the tag instead of the owner, so that none formats the length.
+func leaseTag(owner string) string {
+	return strconv.Itoa(len(owner)) + ":" + owner + " "
+}
+
+// scriptOwner is how the scripts of a lease of the given limit name its
+// owner: the semaphore scripts by the owner token, the mutex scripts (limit
+// 0 or 1) by its leaseTag.
+func scriptOwner(owner string, limit int) string {
+	if limit > 1 {
+		return owner
+	}
+	return leaseTag(owner)
+}
+
+// ownerChannelArgs returns the arguments of the scripts that publish: owner
+// (the token, or its leaseTag for a mutex script: scriptOwner), then channel,
+// key-name pairs.
 func (l *Locker) ownerChannelArgs(owner string, keys []string) []any {
 	out := make([]any, 0, 1+2*len(keys))
 	out = append(out, owner)

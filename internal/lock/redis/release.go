@@ -58,13 +58,13 @@ func (l *Locker) releaseOnAll(ctx context.Context, keys []string, owner string, 
 
 // releaseOn runs the release script (as releaseOnAll) on some nodes.
 func (l *Locker) releaseOn(ctx context.Context, nodes []*node, keys []string, owner string, limit int) []result[int64] {
-	rk := l.redisKeys(keys, "lock", "meta")
+	rk := l.redisKeys(keys, "lock")
 	script, name := releaseScript, "release"
 	if limit > 1 {
 		rk = l.redisKeys(keys, slotParts...)
 		script, name = semReleaseScript, "semaphore release"
 	}
-	args := l.ownerChannelArgs(owner, keys)
+	args := l.ownerChannelArgs(scriptOwner(owner, limit), keys)
 	return fanOut(ctx, nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
 		v, err := run(ctx, script, n.client, name, rk, args...)
 		if err != nil {

@@ -264,12 +264,12 @@ func containsScript(scripts []*goredis.Script, s *goredis.Script) bool {
 // renewCall picks the renew script of the lease (semrenew.lua for a
 // semaphore slot) and its keys and arguments.
 func (l *Locker) renewCall(lease *lock.Lease, ttl time.Duration) scriptCall {
-	script, keys := renewScript, l.redisKeys(lease.Keys, "lock", "meta")
+	script, keys := renewScript, l.redisKeys(lease.Keys, "lock")
 	if lease.Limit > 1 {
 		script, keys = semRenewScript, l.redisKeys(lease.Keys, slotParts...)
 	}
 	args := make([]any, 0, 2+2*len(lease.Keys))
-	args = append(args, lease.Owner, ttl.Milliseconds())
+	args = append(args, scriptOwner(lease.Owner, lease.Limit), ttl.Milliseconds())
 	for _, k := range lease.Keys {
 		args = append(args, l.channel(k), k)
 	}
@@ -388,11 +388,11 @@ func (l *Locker) releaseLost(ttl time.Duration, leases []*lock.Lease, idx, lost 
 // releaseCall is the release script call of a lease: release.lua for a
 // mutex, semrelease.lua for a semaphore slot.
 func (l *Locker) releaseCall(lease *lock.Lease) scriptCall {
-	script, keys := releaseScript, l.redisKeys(lease.Keys, "lock", "meta")
+	script, keys := releaseScript, l.redisKeys(lease.Keys, "lock")
 	if lease.Limit > 1 {
 		script, keys = semReleaseScript, l.redisKeys(lease.Keys, slotParts...)
 	}
-	args := l.ownerChannelArgs(lease.Owner, lease.Keys)
+	args := l.ownerChannelArgs(scriptOwner(lease.Owner, lease.Limit), lease.Keys)
 	return scriptCall{script: script, keys: keys, args: args}
 }
 

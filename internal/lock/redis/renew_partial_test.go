@@ -277,8 +277,7 @@ func TestRenewAllOfMoreLeasesThanOneTimeoutFits(t *testing.T) {
 	for i := range leases {
 		le := &lock.Lease{Keys: []string{fmt.Sprintf("many-%06d", i)}, Owner: fmt.Sprintf("owner-%06d", i), Fence: int64(i + 1), TTL: ttl}
 		leases[i] = le
-		pipe.Set(ctx, "{"+le.Keys[0]+"}:lock", le.Owner, time.Minute)
-		pipe.HSet(ctx, "{"+le.Keys[0]+"}:meta", "holder", "many", "fence", le.Fence)
+		pipe.Set(ctx, "{"+le.Keys[0]+"}:lock", redistest.LeaseValue(le.Owner, le.Fence, 1700000000000000, "many"), time.Minute)
 		if pipe.Len() >= 2000 || i == n-1 {
 			if _, err := pipe.Exec(ctx); err != nil {
 				t.Fatal(err)

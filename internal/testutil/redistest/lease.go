@@ -11,8 +11,7 @@ import (
 //	<length of owner>:<owner> <fence> <acquired µs> <holder>
 
 // LeaseOwner returns the owner token in a lock key's value, or the value
-// itself when it is not in that layout (a lease an earlier version took: the
-// value was the bare owner token).
+// itself when it is not a lease.
 func LeaseOwner(v string) string {
 	n, rest, ok := strings.Cut(v, ":")
 	size, err := strconv.Atoi(n)

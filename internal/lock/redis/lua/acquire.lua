@@ -1,9 +1,7 @@
 -- acquire.lua: take every key of one lease for one owner, or none of them.
 --
--- KEYS: nine per lock key, in this order, and then one shared key:
+-- KEYS: eight per lock key, in this order, and then one shared key:
 --   lock       string  the lease (lease.lua), with the lease TTL
---   meta       hash    the old layout's holder, fence and acquired: read only
---                      for a lease taken before lease.lua's layout
 --   counter    string  last fencing token issued for the key (no TTL)
 --   queue      zset    waiting owner -> ticket (FIFO order)
 --   deadlines  zset    waiting owner -> heartbeat deadline (server milliseconds)
@@ -13,7 +11,7 @@
 --   slotmeta   hash    semaphore holder -> "<fence> <acquired us> <limit> <holder>"
 --   KEYS[#KEYS] string ticket counter shared by every key under the prefix
 -- ARGV:
---   1 owner token            2 lease TTL in milliseconds   3 holder identity
+--   1 the owner's tag (lease.lua)   2 lease TTL in milliseconds   3 holder identity
 --   4 "1": join the queues when not acquired, "0": do not
 --   5 waiter TTL in milliseconds
 --   6 ticket to queue with: the client's ticket for this owner (Redlock), 0
@@ -51,9 +49,9 @@
 --
 -- The common call (one free key, nobody queued, no proposal) is taken by
 -- acquirefast.lua, which runs first; this is the general path.
-local owner = ARGV[1]
-local n = (#KEYS - 1) / 9
-local tag = leaseTag(owner)
+local tag = ARGV[1]
+local owner = ownerOf(tag)
+local n = (#KEYS - 1) / 8
 local proposal = tonumber(ARGV[8]) or 0
 
 local nowUs, nowUsStr = serverNow()
@@ -61,9 +59,8 @@ local nowUs, nowUsStr = serverNow()
 -- where a queue or slots exist).
 local afterNowMs
 
--- queued[i]: key i has a queue or slots; old[i]: key i is the owner's, in
--- the old layout (lease.lua). Both nil when no key is.
-local queued, old
+-- queued[i]: key i has a queue or slots (nil when no key has).
+local queued
 -- The fencing token, and fenceStr, the same as a string when it is known
 -- without formatting.
 local fence, fenceStr = nowUs, nowUsStr
@@ -74,8 +71,8 @@ local fence, fenceStr = nowUs, nowUsStr
 -- prunedSelf: this call found the owner's own place expired (it missed its heartbeats).
 local prunedSelf = false
 for i = 1, n do
-  local b = (i - 1) * 9
-  local e = redis.call('EXISTS', KEYS[b + 4], KEYS[b + 5], KEYS[b + 6], KEYS[b + 7])
+  local b = (i - 1) * 8
+  local e = redis.call('EXISTS', KEYS[b + 3], KEYS[b + 4], KEYS[b + 5], KEYS[b + 6])
   if e > 0 then
     queued = queued or {}
     queued[i] = true
@@ -99,43 +96,39 @@ end
 -- at its head; read each key's counter with its lock in the same MGET.
 local busy, bHolder, bFence, bPttl, bHolders = 0, '', 0, 0, 0
 for i = 1, n do
-  local b = (i - 1) * 9
-  local got = redis.call('MGET', KEYS[b + 1], KEYS[b + 3])
+  local b = (i - 1) * 8
+  local got = redis.call('MGET', KEYS[b + 1], KEYS[b + 2])
   local cur = got[1]
-  local how = heldAs(cur, owner, tag)
-  if cur and not how then
+  local mine = holds(cur, tag)
+  if cur and not mine then
     busy, bHolders = i, 1
-    local f, _, h = leaseFields(cur, KEYS[b + 2])
+    local f, _, h = leaseFields(cur)
     bHolder, bFence = h, tonumber(f)
     bPttl = redis.call('PTTL', KEYS[b + 1])
     break
   end
-  if how == 'old' then
-    old = old or {}
-    old[i] = true
-  end
   if queued and queued[i] then
     local slots = 0
-    if not cur then slots = redis.call('ZCOUNT', KEYS[b + 7], afterNowMs, '+inf') end
+    if not cur then slots = redis.call('ZCOUNT', KEYS[b + 6], afterNowMs, '+inf') end
     if slots > 0 then
       -- Semaphore holders (expired ones are pruned by the semaphore scripts
       -- only: skip them here). Report the oldest live one.
       busy, bHolders = i, slots
       local nowMs = math.floor(nowUs / 1000)
-      for _, o in ipairs(redis.call('ZRANGE', KEYS[b + 8], 0, -1)) do
-        local e = tonumber(redis.call('ZSCORE', KEYS[b + 7], o) or '0')
+      for _, o in ipairs(redis.call('ZRANGE', KEYS[b + 7], 0, -1)) do
+        local e = tonumber(redis.call('ZSCORE', KEYS[b + 6], o) or '0')
         if e > nowMs then
-          local f, _, _, h = string.match(redis.call('HGET', KEYS[b + 9], o) or '', '^(%d+) (%d+) (%d+) (.*)$')
+          local f, _, _, h = string.match(redis.call('HGET', KEYS[b + 8], o) or '', '^(%d+) (%d+) (%d+) (.*)$')
           bHolder, bFence = h or '', tonumber(f or '0')
           break
         end
       end
-      local first = redis.call('ZRANGEBYSCORE', KEYS[b + 7], afterNowMs, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      local first = redis.call('ZRANGEBYSCORE', KEYS[b + 6], afterNowMs, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
       if first[2] then bPttl = tonumber(first[2]) - nowMs end
       break
     end
-    if not how then
-      local head = redis.call('ZRANGE', KEYS[b + 4], 0, 0)
+    if not mine then
+      local head = redis.call('ZRANGE', KEYS[b + 3], 0, 0)
       if head[1] and head[1] ~= owner then
         busy = i
         break
@@ -151,7 +144,7 @@ if busy > 0 then
   if ARGV[4] == '1' then
     tk = joinQueues(n, owner, ARGV[3], tonumber(ARGV[6]), proposal, prunedSelf, nowUs, nowUsStr, tonumber(ARGV[5]))
   end
-  local qk = KEYS[(busy - 1) * 9 + 4]
+  local qk = KEYS[(busy - 1) * 8 + 3]
   local position = redis.call('ZRANK', qk, owner)
   if not position then position = -1 end
   return {0, busy, bHolder, int(bFence), position, redis.call('ZCARD', qk), bPttl, int(tk), bHolders}
@@ -165,18 +158,13 @@ fenceStr = fenceStr or int(fence)
 local lease = tag .. fenceStr .. ' ' .. nowUsStr .. ' ' .. ARGV[3]
 local ttl = ARGV[2]
 for i = 1, n do
-  local b = (i - 1) * 9
+  local b = (i - 1) * 8
   redis.call('SET', KEYS[b + 1], lease, 'PX', ttl)
-  if old and old[i] then
-    -- Taken again by its owner (a rebuilt lease) that held it in the old
-    -- layout: its metadata now lives in the lock key.
-    redis.call('DEL', KEYS[b + 2])
-  end
-  redis.call('SET', KEYS[b + 3], fenceStr)
+  redis.call('SET', KEYS[b + 2], fenceStr)
   if queued and queued[i] then
+    redis.call('ZREM', KEYS[b + 3], owner)
     redis.call('ZREM', KEYS[b + 4], owner)
-    redis.call('ZREM', KEYS[b + 5], owner)
-    redis.call('HDEL', KEYS[b + 6], owner)
+    redis.call('HDEL', KEYS[b + 5], owner)
   end
 end
 return fenceStr

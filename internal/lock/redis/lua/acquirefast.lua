@@ -26,14 +26,14 @@
 -- Must match maxToken in acquire.go.
 local maxFence = '9007199254740990'
 
-if #KEYS == 10 and (ARGV[8] or '0') == '0'
-  and redis.call('EXISTS', KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[7]) == 0 then
+if #KEYS == 9 and (ARGV[8] or '0') == '0'
+  and redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]) == 0 then
   local t = redis.call('TIME')
   local usec = t[2]
   if #usec < 6 then usec = string.rep('0', 6 - #usec) .. usec end
   local now = t[1] .. usec
   local fence = now
-  local prev = redis.call('GETSET', KEYS[3], now)
+  local prev = redis.call('GETSET', KEYS[2], now)
   local max = ARGV[7]
   if prev and (#prev > #now or (#prev == #now and prev >= now)) then
     -- Rare: the counter is at or past TIME (or not a number at all).
@@ -41,16 +41,16 @@ if #KEYS == 10 and (ARGV[8] or '0') == '0'
     if p then
       local limit = tonumber(max or maxFence)
       if p + 1 > limit then
-        redis.call('SET', KEYS[3], prev)
+        redis.call('SET', KEYS[2], prev)
         return redis.error_reply('ERR fencing token ' .. string.format('%.0f', p + 1) .. ' would exceed ' .. (max or maxFence))
       end
       fence = string.format('%.0f', p + 1)
-      redis.call('SET', KEYS[3], fence)
+      redis.call('SET', KEYS[2], fence)
     end
   elseif max and (#now > #max or (#now == #max and now > max)) then
-    if prev then redis.call('SET', KEYS[3], prev) else redis.call('DEL', KEYS[3]) end
+    if prev then redis.call('SET', KEYS[2], prev) else redis.call('DEL', KEYS[2]) end
     return redis.error_reply('ERR fencing token ' .. now .. ' would exceed ' .. max)
   end
-  redis.call('SET', KEYS[1], #ARGV[1] .. ':' .. ARGV[1] .. ' ' .. fence .. ' ' .. now .. ' ' .. ARGV[3], 'PX', ARGV[2])
+  redis.call('SET', KEYS[1], ARGV[1] .. fence .. ' ' .. now .. ' ' .. ARGV[3], 'PX', ARGV[2])
   return fence
 end

@@ -1,8 +1,8 @@
 -- inspect.lua: read what the node holds for some keys (writes nothing).
 --
--- KEYS: nine per lock key, as acquire.lua:
---   lock, meta, counter, queue, deadlines, waiters, slots, slotfences, slotmeta
---   (lock and meta: lease.lua)
+-- KEYS: eight per lock key, as acquire.lua:
+--   lock, counter, queue, deadlines, waiters, slots, slotfences, slotmeta
+--   (lock: lease.lua)
 -- ARGV:
 --   1 how many waiters to report per key (the head of the queue)
 --   2 how many semaphore holders to report per key (the oldest)
@@ -19,24 +19,24 @@ local t = redis.call('TIME')
 local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nowMsStr = string.format('%.0f', nowMs)
 local out = {}
-for i = 1, #KEYS / 9 do
-  local b = (i - 1) * 9
+for i = 1, #KEYS / 8 do
+  local b = (i - 1) * 8
   local v = redis.call('GET', KEYS[b + 1])
   local owner, holder, fence, acquired, pttl = '', '', '0', '0', -2
   if v then
     owner = leaseOf(v) or v
-    fence, acquired, holder = leaseFields(v, KEYS[b + 2])
+    fence, acquired, holder = leaseFields(v)
     pttl = redis.call('PTTL', KEYS[b + 1])
   else
-    fence = redis.call('GET', KEYS[b + 3]) or '0'
+    fence = redis.call('GET', KEYS[b + 2]) or '0'
   end
   local ws = {}
-  local members = redis.call('ZRANGE', KEYS[b + 4], 0, 999)
+  local members = redis.call('ZRANGE', KEYS[b + 3], 0, 999)
   for _, w in ipairs(members) do
     if #ws >= 2 * limit then break end
-    local d = redis.call('ZSCORE', KEYS[b + 5], w)
+    local d = redis.call('ZSCORE', KEYS[b + 4], w)
     if d and tonumber(d) >= nowMs then
-      local info = redis.call('HGET', KEYS[b + 6], w) or ''
+      local info = redis.call('HGET', KEYS[b + 5], w) or ''
       local sp = string.find(info, ' ', 1, true)
       if sp then
         table.insert(ws, string.sub(info, sp + 1))
@@ -47,15 +47,15 @@ for i = 1, #KEYS / 9 do
       end
     end
   end
-  local queued = redis.call('ZCOUNT', KEYS[b + 5], nowMsStr, '+inf')
-  local slots = redis.call('ZCOUNT', KEYS[b + 7], '(' .. nowMsStr, '+inf')
+  local queued = redis.call('ZCOUNT', KEYS[b + 4], nowMsStr, '+inf')
+  local slots = redis.call('ZCOUNT', KEYS[b + 6], '(' .. nowMsStr, '+inf')
   local hs = {}
   if slots > 0 then
-    for _, o in ipairs(redis.call('ZRANGE', KEYS[b + 8], 0, -1)) do
+    for _, o in ipairs(redis.call('ZRANGE', KEYS[b + 7], 0, -1)) do
       if #hs >= 6 * maxHolders then break end
-      local e = redis.call('ZSCORE', KEYS[b + 7], o)
+      local e = redis.call('ZSCORE', KEYS[b + 6], o)
       if e and tonumber(e) > nowMs then
-        local f, a, l, h = string.match(redis.call('HGET', KEYS[b + 9], o) or '', '^(%d+) (%d+) (%d+) (.*)$')
+        local f, a, l, h = string.match(redis.call('HGET', KEYS[b + 8], o) or '', '^(%d+) (%d+) (%d+) (.*)$')
         for _, v in ipairs({o, h or '', f or '0', string.format('%.0f', tonumber(e) - nowMs), a or '0', l or '0'}) do
           table.insert(hs, v)
         end

@@ -1,7 +1,7 @@
 -- queue.lua: what acquire.lua and semacquire.lua share (prepended to both,
 -- after lease.lua): the server's clock, the FIFO queues of lock keys, and
--- the fencing token's rule per key. Each lock key has nine Redis keys, in acquire.lua's order; b
--- is the index before a lock key's first one: (i - 1) * 9 for the i-th.
+-- the fencing token's rule per key. Each lock key has eight Redis keys, in acquire.lua's order; b
+-- is the index before a lock key's first one: (i - 1) * 8 for the i-th.
 
 -- How far ahead of this server's clock (microseconds) a proposed token or
 -- ticket may be. Must match fenceWindow in acquire.go.
@@ -42,11 +42,11 @@ end
 -- whether owner was one of them (it missed its heartbeats: it loses its place).
 local function pruneWaiters(b, owner, afterNowMs)
   local self = false
-  for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[b + 5], '-inf', afterNowMs)) do
+  for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[b + 4], '-inf', afterNowMs)) do
     if w == owner then self = true end
+    redis.call('ZREM', KEYS[b + 3], w)
     redis.call('ZREM', KEYS[b + 4], w)
-    redis.call('ZREM', KEYS[b + 5], w)
-    redis.call('HDEL', KEYS[b + 6], w)
+    redis.call('HDEL', KEYS[b + 5], w)
   end
   return self
 end
@@ -63,7 +63,7 @@ end
 local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs, nowUsStr, waiterTTL)
   local have = 0
   for i = 1, n do
-    local s = redis.call('ZSCORE', KEYS[(i - 1) * 9 + 4], owner)
+    local s = redis.call('ZSCORE', KEYS[(i - 1) * 8 + 3], owner)
     if s and tonumber(s) > have then have = tonumber(s) end
   end
   local c = tonumber(redis.call('GET', KEYS[#KEYS]) or '0')
@@ -80,14 +80,14 @@ local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs,
   if c < tk then redis.call('SET', KEYS[#KEYS], int(tk)) end
   local deadline = int(math.floor(nowUs / 1000) + waiterTTL)
   for i = 1, n do
-    local b = (i - 1) * 9
-    if not redis.call('ZSCORE', KEYS[b + 4], owner) then
-      redis.call('HSET', KEYS[b + 6], owner, nowUsStr .. ' ' .. holder)
+    local b = (i - 1) * 8
+    if not redis.call('ZSCORE', KEYS[b + 3], owner) then
+      redis.call('HSET', KEYS[b + 5], owner, nowUsStr .. ' ' .. holder)
     end
-    redis.call('ZADD', KEYS[b + 4], int(tk), owner)
-    redis.call('ZADD', KEYS[b + 5], deadline, owner)
+    redis.call('ZADD', KEYS[b + 3], int(tk), owner)
+    redis.call('ZADD', KEYS[b + 4], deadline, owner)
     -- A queue nobody refreshes disappears on its own.
-    for j = 4, 6 do redis.call('PEXPIRE', KEYS[b + j], int(waiterTTL * 2)) end
+    for j = 3, 5 do redis.call('PEXPIRE', KEYS[b + j], int(waiterTTL * 2)) end
   end
   return tk
 end

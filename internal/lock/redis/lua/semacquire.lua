@@ -1,9 +1,8 @@
 -- semacquire.lua: take one slot of a counting semaphore on every key of one
 -- lease for one owner, or none of them.
 --
--- KEYS: nine per lock key (as acquire.lua), and then one shared key:
+-- KEYS: eight per lock key (as acquire.lua), and then one shared key:
 --   lock       string  a mutex holder's lease (Limit 1; lease.lua)
---   meta       hash    the old layout's holder, fence, acquired (lease.lua)
 --   counter    string  last fencing token issued for the key (no TTL; shared with the mutex)
 --   queue      zset    waiting owner -> ticket (FIFO order)
 --   deadlines  zset    waiting owner -> heartbeat deadline (server milliseconds)
@@ -14,7 +13,7 @@
 --   KEYS[#KEYS] string ticket counter shared by every key under the prefix
 -- The three slot keys live as long as their longest-lived holder; a holder
 -- past its expiry is pruned by the next semaphore script that sees it.
--- ARGV: 1-8 as acquire.lua (tickets too), and
+-- ARGV: 1-8 as acquire.lua (tickets too), but 1 is the owner token itself, and
 --   9 limit: how many holders the key admits (at least 2)
 -- A key is free for the owner when it holds a slot already, or when no mutex
 -- holds it and the owner's position in the live queue (its rank, or the queue
@@ -33,9 +32,9 @@ local ticket = tonumber(ARGV[6])
 local maxFence = tonumber(ARGV[7])
 local proposal = tonumber(ARGV[8]) or 0
 local limit = tonumber(ARGV[9])
-local n = (#KEYS - 1) / 9
+local n = (#KEYS - 1) / 8
 
-local function key(i, j) return KEYS[(i - 1) * 9 + j] end
+local function key(i, j) return KEYS[(i - 1) * 8 + j] end
 
 local nowUs, nowUsStr = serverNow()
 local nowMsStr = string.sub(nowUsStr, 1, -4)
@@ -46,15 +45,15 @@ local queued = {}
 -- prunedSelf: this call found the owner's own place expired (it missed its heartbeats).
 local prunedSelf = false
 for i = 1, n do
-  if redis.call('EXISTS', key(i, 4), key(i, 5), key(i, 6)) > 0 then
+  if redis.call('EXISTS', key(i, 3), key(i, 4), key(i, 5)) > 0 then
     queued[i] = true
-    if pruneWaiters((i - 1) * 9, owner, '(' .. nowMsStr) then prunedSelf = true end
+    if pruneWaiters((i - 1) * 8, owner, '(' .. nowMsStr) then prunedSelf = true end
   end
-  local gone = redis.call('ZRANGEBYSCORE', key(i, 7), '-inf', nowMsStr)
+  local gone = redis.call('ZRANGEBYSCORE', key(i, 6), '-inf', nowMsStr)
   for _, o in ipairs(gone) do
+    redis.call('ZREM', key(i, 6), o)
     redis.call('ZREM', key(i, 7), o)
-    redis.call('ZREM', key(i, 8), o)
-    redis.call('HDEL', key(i, 9), o)
+    redis.call('HDEL', key(i, 8), o)
   end
 end
 
@@ -65,35 +64,35 @@ for i = 1, n do
   if cur then
     -- A mutex holder occupies the key whole.
     busy, bHolders = i, 1
-    local f, _, h = leaseFields(cur, key(i, 2))
+    local f, _, h = leaseFields(cur)
     bHolder, bFence = h, tonumber(f)
     bPttl = redis.call('PTTL', key(i, 1))
     break
   end
-  if redis.call('ZSCORE', key(i, 7), owner) then
+  if redis.call('ZSCORE', key(i, 6), owner) then
     mine[i] = true
   else
-    local count = redis.call('ZCARD', key(i, 7))
+    local count = redis.call('ZCARD', key(i, 6))
     -- Every holder keeps its own bound: the key admits no more holders
     -- than the smallest limit among the request and the live holders.
     local eff = limit
     if count > 0 then
-      for _, v in ipairs(redis.call('HVALS', key(i, 9))) do
+      for _, v in ipairs(redis.call('HVALS', key(i, 8))) do
         local l = tonumber(string.match(v, '^%d+ %d+ (%d+) ') or '')
         if l and l < eff then eff = l end
       end
     end
     local pos = 0
     if queued[i] then
-      pos = redis.call('ZRANK', key(i, 4), owner) or redis.call('ZCARD', key(i, 4))
+      pos = redis.call('ZRANK', key(i, 3), owner) or redis.call('ZCARD', key(i, 3))
     end
     if pos >= eff - count then
       busy, bHolders = i, count
-      local first = redis.call('ZRANGE', key(i, 8), 0, 0)
+      local first = redis.call('ZRANGE', key(i, 7), 0, 0)
       if first[1] then
-        local f, _, _, h = string.match(redis.call('HGET', key(i, 9), first[1]) or '', '^(%d+) (%d+) (%d+) (.*)$')
+        local f, _, _, h = string.match(redis.call('HGET', key(i, 8), first[1]) or '', '^(%d+) (%d+) (%d+) (.*)$')
         bHolder, bFence = h or '', tonumber(f or '0')
-        local e = redis.call('ZRANGE', key(i, 7), 0, 0, 'WITHSCORES')
+        local e = redis.call('ZRANGE', key(i, 6), 0, 0, 'WITHSCORES')
         if e[2] then bPttl = tonumber(e[2]) - nowMs end
       end
       break
@@ -106,16 +105,16 @@ if busy > 0 then
   if join then
     tk = joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs, nowUsStr, waiterTTL)
   end
-  local position = redis.call('ZRANK', key(busy, 4), owner)
+  local position = redis.call('ZRANK', key(busy, 3), owner)
   if not position then position = -1 end
-  return {0, busy, bHolder, int(bFence), position, redis.call('ZCARD', key(busy, 4)), bPttl, int(tk), bHolders}
+  return {0, busy, bHolder, int(bFence), position, redis.call('ZCARD', key(busy, 3)), bPttl, int(tk), bHolders}
 end
 
 -- The fencing token, as in acquire.lua: one counter per key for every holder.
 local fence = nowUs
 if proposal > nowUs then fence = math.min(proposal, nowUs + window) end
 for i = 1, n do
-  local c = counterFloor(redis.call('GET', key(i, 3)), proposal, nowUs)
+  local c = counterFloor(redis.call('GET', key(i, 2)), proposal, nowUs)
   if c > fence then fence = c end
 end
 if fence > maxFence then
@@ -125,17 +124,17 @@ local fenceStr = int(fence)
 local expiry = int(nowMs + ttl)
 local info = fenceStr .. ' ' .. nowUsStr .. ' ' .. ARGV[9] .. ' ' .. holder
 for i = 1, n do
-  redis.call('ZADD', key(i, 7), expiry, owner)
-  redis.call('ZADD', key(i, 8), fenceStr, owner)
-  redis.call('HSET', key(i, 9), owner, info)
-  if redis.call('PTTL', key(i, 7)) < ttl then
-    for j = 7, 9 do redis.call('PEXPIRE', key(i, j), ARGV[2]) end
+  redis.call('ZADD', key(i, 6), expiry, owner)
+  redis.call('ZADD', key(i, 7), fenceStr, owner)
+  redis.call('HSET', key(i, 8), owner, info)
+  if redis.call('PTTL', key(i, 6)) < ttl then
+    for j = 6, 8 do redis.call('PEXPIRE', key(i, j), ARGV[2]) end
   end
-  redis.call('SET', key(i, 3), fenceStr)
+  redis.call('SET', key(i, 2), fenceStr)
   if queued[i] then
+    redis.call('ZREM', key(i, 3), owner)
     redis.call('ZREM', key(i, 4), owner)
-    redis.call('ZREM', key(i, 5), owner)
-    redis.call('HDEL', key(i, 6), owner)
+    redis.call('HDEL', key(i, 5), owner)
   end
 end
 return fenceStr
