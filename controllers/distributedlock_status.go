@@ -122,7 +122,7 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 			fmt.Sprintf("Waiting: the keys are held by %s (fencing token %d)", st.Holder.Identity, st.FencingToken))
 	case held != nil:
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonHeldByOther,
-			fmt.Sprintf("The keys are held by %s (fencing token %d), not through this lock", st.Holder.Identity, st.FencingToken))
+			fmt.Sprintf("The keys are held by %s (fencing token %d), not through this lock%s", st.Holder.Identity, st.FencingToken, unconfirmed(held)))
 	case obs.waiting:
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonWaiting,
 			fmt.Sprintf("Waiting at %s, behind %d waiter(s)", waitingFor(obs.busy, nil), max(obs.busy.Position, 0)))
@@ -130,6 +130,15 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonFree, "No holder holds the keys")
 	}
 	return st
+}
+
+// unconfirmed is what the Held condition adds when the holder of held was
+// seen on fewer Redlock nodes than its quorum while others did not answer.
+func unconfirmed(held *lock.KeyState) string {
+	if len(held.Holders) == 0 || !held.Holders[0].Unconfirmed {
+		return ""
+	}
+	return "; seen on fewer Redis nodes than a majority while some did not answer, so it may hold them through those nodes"
 }
 
 // firstHeld returns the state of the first held key, or nil.

@@ -3,6 +3,7 @@ package controllers
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -135,6 +136,23 @@ func TestComputeStatusConditions(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A holder Redlock could not confirm (some nodes did not answer) shows as
+// holding the keys, and the Held condition says why it is not certain.
+func TestComputeStatusUnconfirmedHolder(t *testing.T) {
+	t.Parallel()
+	states := heldState(other, 9)
+	states[0].Holders = []lock.HolderState{{Holder: other.Encode(), Fence: 9, Unconfirmed: true}}
+	obs := observation{states: states, now: statusNow}
+	st := computeStatus(testLock(), &obs, "prod")
+	c := meta.FindStatusCondition(st.Conditions, locksv1alpha1.ConditionHeld)
+	if c == nil || c.Reason != locksv1alpha1.ReasonHeldByOther || !strings.Contains(c.Message, "fewer Redis nodes than a majority") {
+		t.Fatalf("Held condition %+v; want %s, saying the holder was seen on fewer nodes than a majority", c, locksv1alpha1.ReasonHeldByOther)
+	}
+	if st.Holder == nil || st.Holder.Identity != other.Identity || st.FencingToken != 9 {
+		t.Fatalf("status holder %+v, token %d; want %s with token 9", st.Holder, st.FencingToken, other.Identity)
 	}
 }
 

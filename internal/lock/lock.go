@@ -110,6 +110,12 @@ type HolderState struct {
 	Acquired time.Time
 	// Expires is when the lease expires in the backend unless renewed.
 	Expires time.Time
+	// Unconfirmed is set when only some nodes of a Redlock backend answered
+	// and they show the lease on fewer of them than its quorum, but the
+	// nodes that did not answer could hold the rest: the lease may hold the
+	// key, and no other lease can take it while those nodes stay away.
+	// Reported as a holder so that such a key is never shown as free.
+	Unconfirmed bool
 }
 
 // MaxInspectHolders bounds KeyState.Holders: the largest maxHolders the

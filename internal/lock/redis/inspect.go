@@ -43,7 +43,10 @@ type slotView struct {
 // semaphore, whose limit each node records); its expiry is when fewer than
 // that quorum will still hold it; its fence is the lease's token, and for a
 // free key the largest token any node issued (failed attempts included);
-// waiters and their count come from the first node that answered.
+// waiters and their count come from the first node that answered. When some
+// nodes did not answer, a lease seen on fewer nodes than its quorum, which
+// the missing nodes could make up, is reported as a holder marked
+// Unconfirmed (lock.HolderState): such a key is never reported free.
 func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, error) {
 	if err := validateKeys("keys", keys); err != nil {
 		return nil, err
@@ -243,8 +246,12 @@ func (l *Locker) keyState(k string, now time.Time, views [][]keyView, i int) loc
 			slotCounts[h.owner]++
 		}
 	}
+	// missing is how many nodes did not answer: a lease seen on fewer nodes
+	// than its quorum may still hold the key on them.
+	missing := len(l.nodes) - len(views)
 	// quorumHolder merges the views of one owner's lease, held when at least
-	// quorum nodes agree.
+	// quorum nodes agree, and reported unconfirmed when fewer do but the
+	// missing nodes could make up the quorum.
 	quorumHolder := func(quorum int, get func(v keyView) (lock.HolderState, time.Duration, bool)) (lock.HolderState, bool) {
 		var hs lock.HolderState
 		var expiries []time.Time
@@ -266,19 +273,31 @@ func (l *Locker) keyState(k string, now time.Time, views [][]keyView, i int) loc
 				expiries = append(expiries, now.Add(pttl))
 			}
 		}
-		if n < quorum {
+		if n+missing < quorum || n == 0 {
 			return hs, false
 		}
-		// The lease ends when fewer than its quorum still hold it.
+		// The lease ends when fewer than its quorum still hold it. Seen on
+		// fewer nodes than that, the answering nodes refuse the key until
+		// the last of them lets it go.
 		slices.SortFunc(expiries, func(a, b time.Time) int { return b.Compare(a) })
-		if len(expiries) >= quorum {
+		switch {
+		case n < quorum:
+			hs.Unconfirmed = true
+			if len(expiries) > 0 {
+				hs.Expires = expiries[0]
+			}
+		case len(expiries) >= quorum:
 			hs.Expires = expiries[quorum-1]
 		}
 		return hs, true
 	}
-	var holders []lock.HolderState
+	// The mutex holder: the owner on a quorum of nodes, or else the likeliest
+	// owner that the missing nodes could give one (seen on the most nodes,
+	// then the oldest), unconfirmed. At most one lease holds a mutex.
+	var mutex *lock.HolderState
+	mutexSeen := 0
 	for owner, c := range counts {
-		if c < l.quorum {
+		if c+missing < l.quorum {
 			continue
 		}
 		hs, ok := quorumHolder(l.quorum, func(v keyView) (lock.HolderState, time.Duration, bool) {
@@ -291,9 +310,13 @@ func (l *Locker) keyState(k string, now time.Time, views [][]keyView, i int) loc
 			}
 			return h, v.pttl, true
 		})
-		if ok {
-			holders = append(holders, hs)
+		if ok && (mutex == nil || c > mutexSeen || (c == mutexSeen && hs.Fence < mutex.Fence)) {
+			mutex, mutexSeen = &hs, c
 		}
+	}
+	var holders []lock.HolderState
+	if mutex != nil {
+		holders = append(holders, *mutex)
 	}
 	slots := 0
 	if len(l.nodes) == 1 {
@@ -313,7 +336,7 @@ func (l *Locker) keyState(k string, now time.Time, views [][]keyView, i int) loc
 				}
 			}
 			q := l.quorumFor(limit)
-			if c < q {
+			if c+missing < q {
 				continue
 			}
 			hs, _ := quorumHolder(q, func(v keyView) (lock.HolderState, time.Duration, bool) {

@@ -462,3 +462,55 @@ func TestFenceLimitIsTheLargestValidToken(t *testing.T) {
 		t.Fatalf("Inspect after the refusal: %+v, want a free key whose last token is below MaxFence", st[0])
 	}
 }
+
+// TestRedlockInspectShowsAMaybeHeldKeyAsHeld: with a node away, a lease that
+// the answering nodes show on fewer nodes than a majority may still hold the
+// key through the missing node. Inspect must not call such a key free (no
+// other lease can take it meanwhile); it names the holder, unconfirmed. With
+// every node answering, the same minority is what it is: the key is free.
+func TestRedlockInspectShowsAMaybeHeldKeyAsHeld(t *testing.T) {
+	servers := redistest.StartN(t, 3)
+	l := newTestLocker(t, Config{Addrs: addrs(servers)})
+	ctx := context.Background()
+	lease, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"maybe"}, TTL: time.Minute, Holder: "nightly"})
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	inspect := func(what string) lock.KeyState {
+		t.Helper()
+		states, err := l.Inspect(ctx, []string{"maybe"})
+		if err != nil {
+			t.Fatalf("%s: Inspect: %v", what, err)
+		}
+		return states[0]
+	}
+	if st := inspect("all nodes"); !st.Held || st.Holders[0].Unconfirmed {
+		t.Fatalf("all nodes: Inspect = held %v, holders %+v; want held, confirmed", st.Held, st.Holders)
+	}
+
+	// Node 1 loses the lease; node 2 goes away. Node 0 still shows it, and
+	// node 2 may too: the key cannot be taken.
+	if err := servers[1].Client().Del(ctx, "{maybe}:lock").Err(); err != nil {
+		t.Fatal(err)
+	}
+	servers[2].Kill()
+	st := inspect("node 2 away")
+	if !st.Held || st.Holder != "nightly" || st.Fence != lease.Fence || st.HolderCount != 1 || !st.Holders[0].Unconfirmed {
+		t.Fatalf("node 2 away: Inspect = held %v, holder %q, fence %d, %d holder(s) %+v; want held by %q with fence %d, one holder, unconfirmed",
+			st.Held, st.Holder, st.Fence, st.HolderCount, st.Holders, "nightly", lease.Fence)
+	}
+	if time.Until(st.Expires) < 30*time.Second {
+		t.Fatalf("node 2 away: Expires in %v; want about a minute (node 0's lease)", time.Until(st.Expires))
+	}
+	if _, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"maybe"}, TTL: time.Minute, Holder: "other"}); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire by another holder with node 2 away: %v; want it refused, as Inspect says", err)
+	}
+
+	// Node 2 comes back empty: the lease is on one node of three, and the
+	// key is free.
+	servers[2].Restart()
+	waitReachable(t, l)
+	if st := inspect("node 2 back, empty"); st.Held || st.HolderCount != 0 {
+		t.Fatalf("node 2 back, empty: Inspect = held %v, holders %+v; want free", st.Held, st.Holders)
+	}
+}

@@ -37,12 +37,12 @@
 package redis
 
 import (
-	"strconv"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
