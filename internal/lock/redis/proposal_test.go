@@ -24,13 +24,16 @@ func (c offsetClock) Now() time.Time                  { return time.Now().Add(c.
 func (c offsetClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 
 // TestFenceWindowMatchesScript: acquire.lua caps proposals at TIME + window
-// (queue.lua defines it for both acquisition scripts),
+// (queue.lua defines it for both acquisition scripts, acquirefast.lua for
+// the free-key path that runs before it),
 // and the Go side must know that window; the script's default largest token
 // (for the calls that leave ARGV[7] out, defined in acquirefast.lua) is maxToken.
 func TestFenceWindowMatchesScript(t *testing.T) {
 	want := fmt.Sprintf("local window = %d\n", fenceWindow.Microseconds())
-	if !strings.Contains(queueLua, want) {
-		t.Fatalf("queue.lua does not contain %q: fenceWindow and the scripts disagree", want)
+	for name, src := range map[string]string{"queue.lua": queueLua, "acquirefast.lua": acquireFastLua} {
+		if !strings.Contains(src, want) {
+			t.Fatalf("%s does not contain %q: fenceWindow and the scripts disagree", name, want)
+		}
 	}
 	want = fmt.Sprintf("local maxFence = '%d'\n", maxToken)
 	if !strings.Contains(acquireFastLua, want) {
@@ -218,8 +221,19 @@ func TestFencesWithSkewedClientsAndEmptyRestarts(t *testing.T) {
 
 // TestAcquireScriptFence checks acquire.lua's fence rule on one node, with
 // explicit proposals: max(counter + 1, TIME, min(proposal, TIME + window)),
-// and, with a proposal, TIME + window for a key without a counter.
+// and, with a proposal, TIME + window for a key without a counter. Every
+// case runs on both paths of the script: the free-key path
+// (acquirefast.lua), and the general path, reached here by queueing the
+// owner at the head of the key's queue first.
 func TestAcquireScriptFence(t *testing.T) {
+	for _, general := range []bool{false, true} {
+		t.Run(map[bool]string{false: "free-key path", true: "general path"}[general], func(t *testing.T) {
+			testAcquireScriptFence(t, general)
+		})
+	}
+}
+
+func testAcquireScriptFence(t *testing.T, general bool) {
 	s := redistest.Start(t)
 	c := s.Client()
 	l := newTestLocker(t, Config{Addrs: []string{s.Addr}})
@@ -239,6 +253,9 @@ func TestAcquireScriptFence(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if general {
+			queueAtHead(t, c, key, req.Owner)
+		}
 		before = serverMicros(t, c)
 		r, err := l.acquireOn(ctx, l.nodes[0], req, 0, proposal(before))
 		after = serverMicros(t, c)
@@ -248,6 +265,9 @@ func TestAcquireScriptFence(t *testing.T) {
 		got, err := c.Get(ctx, "{"+key+"}:fence").Int64()
 		if err != nil || got != r.fence {
 			t.Fatalf("counter of %s = %d, %v; want the token %d", key, got, err, r.fence)
+		}
+		if n, err := c.Exists(ctx, "{"+key+"}:queue").Result(); general && (err != nil || n != 0) {
+			t.Fatalf("queue of %s after the general path took it: EXISTS %d, %v; want the owner gone from it", key, n, err)
 		}
 		return r.fence, before, after
 	}
@@ -309,6 +329,9 @@ func TestAcquireScriptFence(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if general {
+			queueAtHead(t, c, key, req.Owner)
+		}
 		r, err := l.acquireOn(ctx, l.nodes[0], req, 0, proposal)
 		if err == nil || !strings.Contains(err.Error(), "would exceed "+full) {
 			t.Errorf("proposal %d, counter at the largest token: %+v, %v; want an error saying the token would exceed %s", proposal, r, err, full)
@@ -319,5 +342,20 @@ func TestAcquireScriptFence(t *testing.T) {
 		if n, err := c.Exists(ctx, "{"+key+"}:lock").Result(); err != nil || n != 0 {
 			t.Errorf("proposal %d: lock key exists after the refusal (%d, %v)", proposal, n, err)
 		}
+	}
+}
+
+// queueAtHead puts owner alone in key's FIFO queue, alive for a minute, as a
+// waiter that joined and kept its heartbeat would be.
+func queueAtHead(t *testing.T, c *goredis.Client, key, owner string) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(time.Minute).UnixMilli()
+	pipe := c.TxPipeline()
+	pipe.ZAdd(ctx, "{"+key+"}:queue", goredis.Z{Score: 1, Member: owner})
+	pipe.ZAdd(ctx, "{"+key+"}:deadlines", goredis.Z{Score: float64(deadline), Member: owner})
+	pipe.HSet(ctx, "{"+key+"}:waiters", owner, "1700000000000000 waiter")
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
