@@ -19,8 +19,10 @@
 --   requirements"). The counter is the last token issued, so it is below
 --   TIME unless the clock stepped back; then the token is the counter + 1
 --   and the counter is written again, so that it never goes down. Tokens and
---   TIME are canonical decimal integers, compared here as strings (by
---   length, then bytewise): cheaper than converting them.
+--   TIME are canonical decimal integers, compared here as strings, by length
+--   and then with Lua's string order: cheaper than converting them. (Lua
+--   orders strings with strcoll; digits collate in numeric order in every
+--   locale Redis may run in.)
 -- * With a proposal (Redlock), five calls: the largest of TIME, the proposal
 --   kept within TIME + window, and the counter + 1, where a key without a
 --   counter counts as TIME + window. The counter is read first, so that a
@@ -63,23 +65,18 @@ if #KEYS == 9 and redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[
   end
   local fence = now
   local prev = redis.call('GETSET', KEYS[2], now)
-  local max = ARGV[7]
   if prev and (#prev > #now or (#prev == #now and prev >= now)) then
     -- Rare: the counter is at or past TIME (or not a number at all).
-    local p = tonumber(prev)
-    if p then
-      local limit = tonumber(max or maxFence)
-      if p + 1 > limit then
-        redis.call('SET', KEYS[2], prev)
-        return redis.error_reply('ERR fencing token ' .. string.format('%.0f', p + 1) .. ' would exceed ' .. (max or maxFence))
-      end
-      fence = string.format('%.0f', p + 1)
-      redis.call('SET', KEYS[2], fence)
-    end
-  elseif max and (#now > #max or (#now == #max and now > max)) then
-    if prev then redis.call('SET', KEYS[2], prev) else redis.call('DEL', KEYS[2]) end
-    return redis.error_reply('ERR fencing token ' .. now .. ' would exceed ' .. max)
+    local c = tonumber(prev)
+    if c then fence = string.format('%.0f', c + 1) end
   end
+  local max = ARGV[7] or maxFence
+  if #fence > #max or (#fence == #max and fence > max) then
+    -- Refused: the counter goes back to what it was.
+    if prev then redis.call('SET', KEYS[2], prev) else redis.call('DEL', KEYS[2]) end
+    return redis.error_reply('ERR fencing token ' .. fence .. ' would exceed ' .. max)
+  end
+  if fence ~= now then redis.call('SET', KEYS[2], fence) end
   redis.call('SET', KEYS[1], ARGV[1] .. fence .. ' ' .. now .. ' ' .. ARGV[3], 'PX', ARGV[2])
   return fence
 end
