@@ -227,9 +227,12 @@ func TestDeletingALockReleasesItsKeysAtOnce(t *testing.T) {
 // lists every lock first and, at tens of thousands of locks, times out after
 // a minute, again and again. envtest runs no namespace controller, so here
 // the locks would stay (and their keys stay held) without the operator.
+// The releases record no Events there: the API server refuses them in a
+// namespace being deleted, and every refusal would be an error in the log.
 func TestDeletingANamespaceDeletesItsLocks(t *testing.T) {
 	rdb := redistest.Start(t)
-	startManager(t, managerOptions{})
+	log := &eventLog{}
+	startManager(t, managerOptions{events: log})
 	ns := newNamespace(t, nil)
 	other := newNamespace(t, nil)
 	names := []string{"billing", "ledger", "reports"}
@@ -263,6 +266,12 @@ func TestDeletingANamespaceDeletesItsLocks(t *testing.T) {
 		if err := c.Get(context.Background(), lockKey(other, "jobs/"+name)).Err(); err != nil {
 			t.Errorf("key jobs/%s of the other namespace: %v; want it held", name, err)
 		}
+	}
+	if n := log.count(ns, locksv1alpha1.EventAcquired); n != len(names) {
+		t.Errorf("%d Acquired Events in the namespace before its deletion; want %d (one per lock)", n, len(names))
+	}
+	if n := log.count(ns, locksv1alpha1.EventReleased); n != 0 {
+		t.Errorf("%d Released Events recorded in the namespace being deleted; want none", n)
 	}
 }
 

@@ -7,6 +7,9 @@ import (
 
 	"github.com/go-logr/logr"
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
@@ -95,6 +98,9 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, d Deps, o LockOptio
 	if err := IndexFields(ctx, mgr.GetFieldIndexer()); err != nil {
 		return nil, fmt.Errorf("register field indexes: %w", err)
 	}
+	if d.Recorder != nil {
+		d.Recorder = liveNamespaceRecorder{EventRecorder: d.Recorder, client: d.Client}
+	}
 	locks := NewDistributedLockReconciler(d, o)
 	jobs := NewJobReconciler(d, locks.Enqueue)
 	jobs.workers = locks.Workers
@@ -128,6 +134,29 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, d Deps, o LockOptio
 		}
 	}
 	return out, nil
+}
+
+// liveNamespaceRecorder drops the Events of objects in a namespace that is
+// being deleted. The API server refuses to create anything there, and the
+// event broadcaster logs each refusal as an error: deleting a namespace
+// releases every lock and Job lease in it, and would log one error per
+// lock (tens of thousands at the sizes the load harness runs).
+type liveNamespaceRecorder struct {
+	events.EventRecorder
+	client client.Reader
+}
+
+// Eventf records the Event unless regarding's namespace is being deleted. The
+// namespace is read from the manager's cache (the lock controller watches
+// namespaces); when it cannot be read, the Event is recorded.
+func (r liveNamespaceRecorder) Eventf(regarding, related runtime.Object, eventtype, reason, action, note string, args ...any) {
+	if o, ok := regarding.(metav1.Object); ok && o.GetNamespace() != "" {
+		var ns corev1.Namespace
+		if err := r.client.Get(context.Background(), types.NamespacedName{Name: o.GetNamespace()}, &ns); err == nil && !ns.DeletionTimestamp.IsZero() {
+			return
+		}
+	}
+	r.EventRecorder.Eventf(regarding, related, eventtype, reason, action, note, args...)
 }
 
 // NewDistributedLockReconciler returns the DistributedLock reconciler.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,8 +16,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
@@ -81,6 +84,39 @@ type managerOptions struct {
 	// configCheck is how often the registry reads the servers' settings
 	// again (default: backend.DefaultConfigCheckInterval).
 	configCheck time.Duration
+	// events, when set, sees every Event the controllers record (after
+	// their own filtering), before the manager's recorder does.
+	events *eventLog
+}
+
+// eventLog is an events.EventRecorder that remembers the namespace and
+// reason of every Event and passes it on.
+type eventLog struct {
+	events.EventRecorder
+	mu   sync.Mutex
+	seen []string // "<namespace>/<reason>"
+}
+
+func (e *eventLog) Eventf(regarding, related runtime.Object, eventtype, reason, action, note string, args ...any) {
+	if o, ok := regarding.(metav1.Object); ok {
+		e.mu.Lock()
+		e.seen = append(e.seen, o.GetNamespace()+"/"+reason)
+		e.mu.Unlock()
+	}
+	e.EventRecorder.Eventf(regarding, related, eventtype, reason, action, note, args...)
+}
+
+// count returns how many Events with reason were recorded in namespace ns.
+func (e *eventLog) count(ns, reason string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, s := range e.seen {
+		if s == ns+"/"+reason {
+			n++
+		}
+	}
+	return n
 }
 
 // testManager is a running manager with the lock controller.
@@ -131,12 +167,17 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 	if err := mgr.Add(dog); err != nil {
 		t.Fatal(err)
 	}
+	var recorder events.EventRecorder = mgr.GetEventRecorder("lockwarden")
+	if o.events != nil {
+		o.events.EventRecorder = recorder
+		recorder = o.events
+	}
 	rs, err := SetupWithManager(ctx, mgr, Deps{
 		Client:      mgr.GetClient(),
 		Registry:    registry,
 		Watchdog:    dog,
 		Tokens:      tokens,
-		Recorder:    mgr.GetEventRecorder("lockwarden"),
+		Recorder:    recorder,
 		ClusterName: o.cluster,
 	}, LockOptions{MinSafeTTL: 20 * time.Second, Resync: o.resync, SyncCronJobTemplates: o.syncCronJobs})
 	if err != nil {
