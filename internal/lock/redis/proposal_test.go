@@ -240,7 +240,10 @@ func testAcquireScriptFence(t *testing.T, general bool) {
 	ctx := context.Background()
 	w := fenceWindow.Microseconds()
 	n := 0
-	acquire := func(counter string, proposal func(now int64) int64) (fence, before, after int64) {
+	// prepare returns a fresh key whose counter is counter ("": none) and a
+	// request for it, its owner at the head of the key's queue on the
+	// general path.
+	prepare := func(counter string) (string, lock.Request) {
 		t.Helper()
 		n++
 		key := fmt.Sprintf("script-%d", n)
@@ -256,6 +259,11 @@ func testAcquireScriptFence(t *testing.T, general bool) {
 		if general {
 			queueAtHead(t, c, key, req.Owner)
 		}
+		return key, req
+	}
+	acquire := func(counter string, proposal func(now int64) int64) (fence, before, after int64) {
+		t.Helper()
+		key, req := prepare(counter)
 		before = serverMicros(t, c)
 		r, err := l.acquireOn(ctx, l.nodes[0], req, 0, proposal(before))
 		after = serverMicros(t, c)
@@ -318,20 +326,9 @@ func testAcquireScriptFence(t *testing.T, general bool) {
 	}
 	// A counter at the largest token: the acquisition fails, saying so, and
 	// changes nothing (the counter is not lowered, the key is not taken).
+	full := strconv.FormatInt(maxToken, 10)
 	for _, proposal := range []int64{0, 1} {
-		n++
-		key := fmt.Sprintf("script-%d", n)
-		full := strconv.FormatInt(maxToken, 10)
-		if err := c.Set(ctx, "{"+key+"}:fence", full, 0).Err(); err != nil {
-			t.Fatal(err)
-		}
-		req, err := lock.PrepareRequest(lock.Request{Keys: []string{key}, TTL: time.Minute}, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if general {
-			queueAtHead(t, c, key, req.Owner)
-		}
+		key, req := prepare(full)
 		r, err := l.acquireOn(ctx, l.nodes[0], req, 0, proposal)
 		if err == nil || !strings.Contains(err.Error(), "would exceed "+full) {
 			t.Errorf("proposal %d, counter at the largest token: %+v, %v; want an error saying the token would exceed %s", proposal, r, err, full)
