@@ -134,6 +134,38 @@ func TestLockKeyThatIsNotALeaseIsBusy(t *testing.T) {
 	}
 }
 
+// The Redlock write-back (raise.lua) records a larger token in a lease its
+// owner holds: the counter and the lease's value take it, and the lease keeps
+// its TTL, holder and acquisition time.
+func TestRaiseRewritesTheLeaseToken(t *testing.T) {
+	ctx := context.Background()
+	l, c := layoutServer(t)
+	const owner = "0123456789abcdef0123456789abcdef"
+	lease, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"r"}, TTL: time.Minute, Holder: "raised", Owner: owner})
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	before, err := l.Inspect(ctx, []string{"r"})
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	if n, err := l.raiseOn(ctx, l.nodes[0], lock.Request{Keys: []string{"r"}, Owner: owner}, lease.Fence+10); err != nil || n != 1 {
+		t.Fatalf("raise = %d, %v; want 1 key held", n, err)
+	}
+	states, err := l.Inspect(ctx, []string{"r"})
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	st := states[0]
+	if !st.Held || st.Fence != lease.Fence+10 || st.Holder != "raised" || !st.Acquired.Equal(before[0].Acquired) || time.Until(st.Expires) <= 50*time.Second {
+		t.Fatalf("Inspect after the raise = held %v, fence %d, holder %q, acquired %v, expires in %v; want fence %d, %q, acquired %v, about a minute",
+			st.Held, st.Fence, st.Holder, st.Acquired, time.Until(st.Expires), lease.Fence+10, "raised", before[0].Acquired)
+	}
+	if got, err := c.Get(ctx, "{r}:fence").Int64(); err != nil || got != lease.Fence+10 {
+		t.Fatalf("counter after the raise = %d, %v; want %d", got, err, lease.Fence+10)
+	}
+}
+
 // layoutServer starts a redis-server and returns a Locker on it and a client.
 func layoutServer(t *testing.T) (*Locker, *goredis.Client) {
 	t.Helper()
