@@ -47,8 +47,8 @@
 --    queue length, holder PTTL in milliseconds, ticket, holder count}.
 -- A key with a live semaphore holder (slots) is busy: a mutex needs it whole.
 --
--- The common call (one free key, nobody queued, no proposal) is taken by
--- acquirefast.lua, which runs first; this is the general path.
+-- The common call (one free key, nobody queued, no semaphore holder) is
+-- taken by acquirefast.lua, which runs first; this is the general path.
 local tag = ARGV[1]
 local owner = ownerOf(tag)
 local n = (#KEYS - 1) / 8

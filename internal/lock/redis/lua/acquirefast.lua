@@ -40,6 +40,7 @@ local window = 20000
 local maxFence = '9007199254740990'
 
 if #KEYS == 9 and redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]) == 0 then
+  -- queue.lua's serverNow, inlined: it is defined below this path.
   local t = redis.call('TIME')
   local usec = t[2]
   if #usec < 6 then usec = string.rep('0', 6 - #usec) .. usec end

@@ -1,7 +1,8 @@
 -- queue.lua: what acquire.lua and semacquire.lua share (prepended to both,
 -- after lease.lua): the server's clock, the FIFO queues of lock keys, and
--- the fencing token's rule per key. Each lock key has eight Redis keys, in acquire.lua's order; b
--- is the index before a lock key's first one: (i - 1) * 8 for the i-th.
+-- the fencing token's rule per key. Each lock key has eight Redis keys, in
+-- acquire.lua's order; b is the index before a lock key's first one:
+-- (i - 1) * 8 for the i-th.
 
 -- How far ahead of this server's clock (microseconds) a proposed token or
 -- ticket may be. Must match fenceWindow in acquire.go.
@@ -25,9 +26,10 @@ local function serverNow()
 end
 
 -- counterFloor is the smallest fencing token a lock key's counter c (its
--- value, or nil) allows: c + 1; a value that is not a number counts as none; with a proposal (Redlock), TIME + window for
--- a key without a counter (never used, or lost in an empty restart), above
--- anything this node could have issued before; otherwise 0. The token is the
+-- value, or nil; a value that is not a number counts as none) allows: c + 1;
+-- with a proposal (Redlock), TIME + window for a key without a counter (never
+-- used, or lost in an empty restart), above anything this node could have
+-- issued before; otherwise 0. The token is the
 -- largest of every key's floor, TIME and the proposal kept within TIME +
 -- window (see acquire.lua's header).
 local function counterFloor(c, proposal, nowUs)
