@@ -132,6 +132,12 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	// Sentinel client uses the same dialer for the Sentinels and for the
 	// master they name.
 	dialer := netguard.Dialer(netguard.DialOptions{Policy: cfg.EndpointPolicy, TLS: cfg.TLS, Timeout: dialTimeout})
+	// Every call bounds itself with its context's deadline (the node
+	// timeout, a quarter of the TTL, an inspection batch's allowance).
+	// go-redis takes the sooner of that deadline and its own read and write
+	// timeouts, whose default (5s) would silently cut a longer bound short:
+	// its own are only a backstop here, above every bound a call sets.
+	ioTimeout := max(ioBackstop, o.nodeTimeout)
 	switch l.mode {
 	case ModeSentinel:
 		c := goredis.NewFailoverClient(&goredis.FailoverOptions{
@@ -142,6 +148,8 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 			Password:              cfg.Password,
 			DB:                    cfg.DB,
 			Dialer:                dialer,
+			ReadTimeout:           ioTimeout,
+			WriteTimeout:          ioTimeout,
 			MaxRetries:            -1,
 			DialTimeout:           dialTimeout,
 			DialerRetries:         1,
@@ -157,6 +165,8 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 				Password:              cfg.Password,
 				DB:                    cfg.DB,
 				Dialer:                dialer,
+				ReadTimeout:           ioTimeout,
+				WriteTimeout:          ioTimeout,
 				MaxRetries:            -1,
 				DialTimeout:           dialTimeout,
 				DialerRetries:         1,
@@ -181,6 +191,11 @@ func lookupIP(ctx context.Context, host string) ([]netip.Addr, error) {
 
 // dialTimeout bounds one connection attempt, TLS handshake included.
 const dialTimeout = time.Second
+
+// ioBackstop is go-redis's own read and write timeout (at least the node
+// timeout): a call without a deadline of its own would wait this long at
+// most. Every call of the engine has a sooner one.
+const ioBackstop = time.Minute
 
 // Mode reports how the Locker reaches Redis.
 func (l *Locker) Mode() Mode { return l.mode }
