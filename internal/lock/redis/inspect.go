@@ -326,16 +326,27 @@ func (l *Locker) keyState(k string, now time.Time, views [][]keyView, i int) loc
 			holders = append(holders, h.state(now))
 		}
 	} else {
+		// The semaphore's holders: every owner on its quorum of nodes, and
+		// the owners the missing nodes could complete, unconfirmed. No more
+		// than the limit hold at once, so the unconfirmed ones are counted
+		// only up to it: the likeliest first (seen on the most nodes, then
+		// the oldest).
+		type candidate struct {
+			hs   lock.HolderState
+			seen int
+		}
+		var maybe []candidate
+		limit := 0
 		for owner, c := range slotCounts {
-			limit := 0
+			ownerLimit := 0
 			for _, v := range views {
 				for _, h := range v[i].holders {
 					if h.owner == owner {
-						limit = max(limit, h.limit)
+						ownerLimit = max(ownerLimit, h.limit)
 					}
 				}
 			}
-			q := l.quorumFor(limit)
+			q := l.quorumFor(ownerLimit)
 			if c+missing < q {
 				continue
 			}
@@ -347,7 +358,22 @@ func (l *Locker) keyState(k string, now time.Time, views [][]keyView, i int) loc
 				}
 				return lock.HolderState{}, 0, false
 			})
+			limit = max(limit, ownerLimit)
+			if hs.Unconfirmed {
+				maybe = append(maybe, candidate{hs: hs, seen: c})
+				continue
+			}
 			holders = append(holders, hs)
+			slots++
+		}
+		slices.SortFunc(maybe, func(a, b candidate) int {
+			return cmp.Or(cmp.Compare(b.seen, a.seen), cmp.Compare(a.hs.Fence, b.hs.Fence))
+		})
+		for _, m := range maybe {
+			if slots >= limit {
+				break
+			}
+			holders = append(holders, m.hs)
 			slots++
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -512,5 +513,55 @@ func TestRedlockInspectShowsAMaybeHeldKeyAsHeld(t *testing.T) {
 	waitReachable(t, l)
 	if st := inspect("node 2 back, empty"); st.Held || st.HolderCount != 0 {
 		t.Fatalf("node 2 back, empty: Inspect = held %v, holders %+v; want free", st.Held, st.Holders)
+	}
+}
+
+// TestRedlockInspectCountsNoMoreMaybeHoldersThanTheLimit: with Redlock
+// nodes away, a semaphore's slot seen on too few answering nodes may still
+// be held through the missing ones (unconfirmed), but no more than the
+// limit can hold at once. Five nodes, two slots (a quorum of four): three
+// owners each hold a slot on two of the three nodes that answer (as crashed
+// attempts leave them), so each could be completed by the two missing
+// nodes. Inspect reports two of them, the oldest; before, it counted three
+// holders of a two-slot semaphore.
+func TestRedlockInspectCountsNoMoreMaybeHoldersThanTheLimit(t *testing.T) {
+	servers := redistest.StartN(t, 5)
+	l := newTestLocker(t, Config{Addrs: addrs(servers)})
+	ctx := context.Background()
+	owners := map[string]string{}
+	// A slot on each of the given nodes, as a standalone Locker on each node
+	// takes it (the same keys as Redlock's on that node).
+	take := func(holder string, nodes ...int) {
+		t.Helper()
+		if owners[holder] == "" {
+			owners[holder] = newOwner(t)
+		}
+		for _, i := range nodes {
+			one := newTestLocker(t, Config{Addrs: []string{servers[i].Addr}})
+			req := lock.Request{Keys: []string{"pool"}, TTL: time.Minute, Holder: holder, Owner: owners[holder], Limit: 2}
+			if _, err := one.TryAcquire(ctx, req); err != nil {
+				t.Fatalf("TryAcquire by %s on node %d: %v", holder, i, err)
+			}
+		}
+	}
+	take("first", 0, 2)
+	take("second", 0, 1)
+	take("third", 1, 2)
+	servers[3].Kill()
+	servers[4].Kill()
+	states, err := l.Inspect(ctx, []string{"pool"})
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	st := states[0]
+	var got []string
+	for _, h := range st.Holders {
+		if !h.Unconfirmed {
+			t.Errorf("holder %q reported confirmed; want unconfirmed (on two of five nodes)", h.Holder)
+		}
+		got = append(got, h.Holder)
+	}
+	if want := []string{"first", "second"}; st.HolderCount != 2 || !slices.Equal(got, want) {
+		t.Fatalf("Inspect with nodes 3 and 4 away = %d holder(s) %q; want %d, %q (the limit, the oldest)", st.HolderCount, got, len(want), want)
 	}
 }
