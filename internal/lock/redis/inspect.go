@@ -358,7 +358,7 @@ func (l *Locker) keyState(k string, now time.Time, views [][]keyView, i int) loc
 				}
 				return lock.HolderState{}, 0, false
 			})
-			limit = max(limit, ownerLimit)
+			limit = max(limit, ownerLimit, 1) // as quorumFor reads a limit
 			if hs.Unconfirmed {
 				maybe = append(maybe, candidate{hs: hs, seen: c})
 				continue
