@@ -528,18 +528,18 @@ func TestRedlockInspectCountsNoMoreMaybeHoldersThanTheLimit(t *testing.T) {
 	servers := redistest.StartN(t, 5)
 	l := newTestLocker(t, Config{Addrs: addrs(servers)})
 	ctx := context.Background()
-	owners := map[string]string{}
-	// A slot on each of the given nodes, as a standalone Locker on each node
-	// takes it (the same keys as Redlock's on that node).
+	// A slot on some of the nodes, as a standalone Locker on each node takes
+	// it (the same keys as Redlock's on that node).
+	single := make([]*Locker, 3)
+	for i := range single {
+		single[i] = newTestLocker(t, Config{Addrs: []string{servers[i].Addr}})
+	}
 	take := func(holder string, nodes ...int) {
 		t.Helper()
-		if owners[holder] == "" {
-			owners[holder] = newOwner(t)
-		}
+		owner := newOwner(t)
 		for _, i := range nodes {
-			one := newTestLocker(t, Config{Addrs: []string{servers[i].Addr}})
-			req := lock.Request{Keys: []string{"pool"}, TTL: time.Minute, Holder: holder, Owner: owners[holder], Limit: 2}
-			if _, err := one.TryAcquire(ctx, req); err != nil {
+			req := lock.Request{Keys: []string{"pool"}, TTL: time.Minute, Holder: holder, Owner: owner, Limit: 2}
+			if _, err := single[i].TryAcquire(ctx, req); err != nil {
 				t.Fatalf("TryAcquire by %s on node %d: %v", holder, i, err)
 			}
 		}
