@@ -306,7 +306,11 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	}
 	agreed := len(acquired)
 	if redlock && agreed >= quorum {
-		agreed = l.writeBack(ctx, req, acquired, fence, timeout)
+		var err error
+		agreed, fence, err = l.writeBack(ctx, req, acquired, fence, timeout)
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
 	elapsed := l.opts.clock.Since(start)
 	validity := req.TTL - elapsed - drift(req.TTL)
@@ -369,7 +373,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	if len(busy) > len(l.nodes)-quorum {
 		return nil, hint, pickHeld(busy)
 	}
-	return nil, hint, l.failureOf(op, len(acquired), quorum, errs)
+	return nil, hint, l.failureOf(op, agreed, quorum, errs)
 }
 
 // queuedTicket is the queue ticket a Redlock waiter was given, and until
@@ -611,7 +615,8 @@ const stragglerGrace = 4
 //   - granted: a grant is kept: the node holds the lease like the others.
 //     When it issued another token than the lease's (its counter was
 //     ahead), the lease's is written back there (raise.lua), as the
-//     write-back would have done had it answered in time. With Queue, a
+//     write-back would have done had it answered in time; a semaphore slot
+//     whose node refuses that (semraise.lua) is released. With Queue, a
 //     refusal or a failure dequeues the owner there (it may have been
 //     queued before the reply was lost): a granted owner keeps no place in
 //     any queue.
@@ -626,8 +631,15 @@ func (l *Locker) settleLate(r result[acquireReply], req lock.Request, v verdict)
 		if r.val.fence != v.fence {
 			ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
 			defer cancel()
-			if _, err := l.raiseOn(ctx, r.node, req, v.fence); err != nil {
+			held, err := l.raiseOn(ctx, r.node, req, v.fence)
+			switch {
+			case err != nil:
 				l.log.V(2).Info("Fence write-back failed on node", "node", r.node.name, "keys", req.Keys, "fence", v.fence, "err", err.Error())
+			case held < 0:
+				// semraise.lua: the node has issued the lease's token (or a
+				// larger one) to another holder; it cannot record it as
+				// this lease's, so it does not keep the lease.
+				l.releaseOnNode(r.node, req)
 			}
 		}
 	case v.granted && req.Queue:
@@ -703,46 +715,74 @@ func pickHeld(busy []*lock.HeldError) *lock.HeldError {
 
 // writeBack raises the fence counters to fence on the nodes where the lease
 // was taken with a lower token, and returns how many nodes now hold the lease
-// with counters at fence or above: a node counts only when raise.lua (or
-// semraise.lua) says the owner still holds every key there.
-func (l *Locker) writeBack(ctx context.Context, req lock.Request, acquired []result[acquireReply], fence int64, timeout time.Duration) int {
+// with counters at fence or above (a node counts only when raise.lua or
+// semraise.lua says the owner still holds every key there) and the lease's
+// token.
+//
+// A semaphore's holders overlap, so a node may meanwhile have issued the
+// lease's token, or a larger one, to another holder: semraise.lua then
+// refuses and answers with its counter, and the token moves above the
+// largest such counter, written to every node of the lease again (at most
+// writeBackRounds times; after that no node counts). Two holders therefore
+// never share a token: the second write-back of a token to a node both hold
+// finds the counter the first left there. A mutex has no such race: no other
+// lease of its keys is valid meanwhile.
+func (l *Locker) writeBack(ctx context.Context, req lock.Request, acquired []result[acquireReply], fence int64, timeout time.Duration) (int, int64, error) {
 	done := 0
-	var behind []*node
+	var behind, all []*node
 	for _, r := range acquired {
+		all = append(all, r.node)
 		if r.val.fence >= fence {
 			done++
 		} else {
 			behind = append(behind, r.node)
 		}
 	}
-	if len(behind) == 0 {
-		return done
-	}
-	if l.beforeWriteBack != nil {
-		l.beforeWriteBack()
-	}
-	res := fanOut(ctx, behind, timeout, func(ctx context.Context, n *node) (int64, error) {
-		return l.raiseOn(ctx, n, req, fence)
-	})
-	for _, r := range res {
-		switch {
-		case r.err != nil:
-			l.log.V(2).Info("Fence write-back failed on node", "node", r.node.name, "keys", req.Keys, "fence", fence, "err", r.err.Error())
-		case r.val != int64(len(req.Keys)):
-			// The lease expired there, or was taken over, between the grant
-			// and the write-back: the node does not hold it.
-			l.log.V(2).Info("Fence write-back found the lease gone on node", "node", r.node.name, "keys", req.Keys, "held", r.val)
-		default:
-			done++
+	for round := 1; len(behind) > 0; round++ {
+		if l.beforeWriteBack != nil {
+			l.beforeWriteBack()
 		}
+		res := fanOut(ctx, behind, timeout, func(ctx context.Context, n *node) (int64, error) {
+			return l.raiseOn(ctx, n, req, fence)
+		})
+		var ahead int64
+		for _, r := range res {
+			switch {
+			case r.err != nil:
+				l.log.V(2).Info("Fence write-back failed on node", "node", r.node.name, "keys", req.Keys, "fence", fence, "err", r.err.Error())
+			case r.val < 0:
+				// semraise.lua: the node issued this token or a larger one
+				// to another holder since.
+				ahead = max(ahead, -r.val)
+			case r.val != int64(len(req.Keys)):
+				// The lease expired there, or was taken over, between the grant
+				// and the write-back: the node does not hold it.
+				l.log.V(2).Info("Fence write-back found the lease gone on node", "node", r.node.name, "keys", req.Keys, "held", r.val)
+			default:
+				done++
+			}
+		}
+		if ahead == 0 {
+			break
+		}
+		if round == writeBackRounds || ahead >= maxToken {
+			return 0, fence, fmt.Errorf("fencing token %d: the nodes issued tokens up to %d to other holders meanwhile (%d write-back(s))", fence, ahead, round)
+		}
+		l.log.V(2).Info("Fence write-back found the token issued to another holder; moving above it", "keys", req.Keys, "fence", fence, "issued", ahead)
+		fence, behind, done = ahead+1, all, 0
 	}
-	return done
+	return done, fence, nil
 }
+
+// writeBackRounds bounds how often writeBack moves a semaphore lease's token
+// above tokens issued to other holders meanwhile.
+const writeBackRounds = 3
 
 // raiseOn runs raise.lua (semraise.lua for a semaphore) on one node: the
 // counters are raised to fence where lower, and fence is recorded as the
 // token of the owner's lease there. It returns how many keys the owner holds
-// there.
+// there; for a semaphore, minus the node's counter when that is at or past
+// fence (semraise.lua refused: see writeBack).
 func (l *Locker) raiseOn(ctx context.Context, n *node, req lock.Request, fence int64) (int64, error) {
 	keys := l.redisKeys(req.Keys, "lock", "fence")
 	script, name := raiseScript, "raise"

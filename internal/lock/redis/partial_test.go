@@ -565,3 +565,62 @@ func TestRedlockInspectCountsNoMoreMaybeHoldersThanTheLimit(t *testing.T) {
 		t.Fatalf("Inspect with nodes 3 and 4 away = %d holder(s) %q; want %d, %q (the limit, the oldest)", st.HolderCount, got, len(want), want)
 	}
 }
+
+// TestRedlockSemaphoreHoldersNeverShareAToken: two semaphore holders whose
+// acquisitions crossed on the nodes (each node issues its own tokens, in its
+// own order) can each find their largest token on a different node, and the
+// same value on both: the fault run found two holders of a Redlock-3
+// semaphore with one token. Here the nodes issue, as standalone acquisitions
+// do, first (X-1, X, X-9) and second (X, X-1, X-8): both leases' token is X
+// before the write-back. The write-back must give them two tokens, each above
+// every token a node issued; before, both kept X.
+func TestRedlockSemaphoreHoldersNeverShareAToken(t *testing.T) {
+	servers := redistest.StartN(t, 3)
+	l := newTestLocker(t, Config{Addrs: addrs(servers)})
+	ctx := context.Background()
+	counter := l.redisKeys([]string{"pool"}, "fence")[0]
+	x := time.Now().UnixMicro() + int64(time.Hour/time.Microsecond) // far above every node's clock
+	first := lock.Request{Keys: []string{"pool"}, TTL: time.Minute, Holder: "first", Owner: newOwner(t), Limit: 2}
+	second := lock.Request{Keys: []string{"pool"}, TTL: time.Minute, Holder: "second", Owner: newOwner(t), Limit: 2}
+	var took [2][]result[acquireReply]
+	// take has node i run the acquisitions in order, from a counter at c.
+	take := func(i int, c int64, order ...int) {
+		t.Helper()
+		if err := servers[i].Client().Set(ctx, counter, c, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		one := newTestLocker(t, Config{Addrs: []string{servers[i].Addr}})
+		for _, who := range order {
+			req := []lock.Request{first, second}[who]
+			lease, err := one.TryAcquire(ctx, req)
+			if err != nil {
+				t.Fatalf("TryAcquire by %s on node %d: %v", req.Holder, i, err)
+			}
+			took[who] = append(took[who], result[acquireReply]{node: l.nodes[i], val: acquireReply{ok: true, fence: lease.Fence}})
+		}
+	}
+	take(0, x-2, 0, 1) // first X-1, second X
+	take(1, x-2, 1, 0) // second X-1, first X
+	take(2, x-10, 0, 1)
+	agreed1, fence1, err1 := l.writeBack(ctx, first, took[0], x, testNodeTimeout)
+	agreed2, fence2, err2 := l.writeBack(ctx, second, took[1], x, testNodeTimeout)
+	if err1 != nil || err2 != nil || agreed1 != 3 || agreed2 != 3 {
+		t.Fatalf("write-backs: first %d node(s), %v; second %d node(s), %v; want both on all 3", agreed1, err1, agreed2, err2)
+	}
+	if fence1 == fence2 || fence1 <= x || fence2 <= x {
+		t.Fatalf("after the write-backs the holders' tokens are %d and %d; want two tokens, each above %d (every token the nodes issued)", fence1, fence2, x)
+	}
+	// Every node records each holder's token as its slot's.
+	for i, s := range servers {
+		got, err := s.Client().ZRangeWithScores(ctx, l.redisKeys([]string{"pool"}, "slotfences")[0], 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]int64{first.Owner: fence1, second.Owner: fence2}
+		for _, z := range got {
+			if f, ok := want[z.Member.(string)]; !ok || int64(z.Score) != f {
+				t.Errorf("node %d: slot of %v has token %d; want %d", i, z.Member, int64(z.Score), f)
+			}
+		}
+	}
+}

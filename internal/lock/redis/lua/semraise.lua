@@ -8,14 +8,27 @@
 -- ARGV:
 --   1 fencing token
 --   2 owner token
--- Sets each counter to the token when it is lower, and records the token as
--- the fence of the owner's slot where it holds one. Returns how many keys it holds.
+-- The write-back gives the owner's slots the lease's token, issued by another
+-- node. Semaphore holders overlap, and each node issues its own tokens, so
+-- this node may meanwhile have issued the same token, or a larger one, to
+-- another holder (or another write-back raised its counter there): two
+-- holders would then share a token. So a counter at or past the token
+-- refuses the write-back, changing nothing, and the reply is minus the
+-- largest such counter; the client moves the lease's token above it on
+-- every node (writeBack in acquire.go).
+-- Otherwise sets each counter to the token and records the token as the
+-- fence of the owner's slot where it holds one. Returns how many keys it holds.
 local fence, owner = tonumber(ARGV[1]), ARGV[2]
+local ahead = 0
+for i = 1, #KEYS / 4 do
+  local c = tonumber(redis.call('GET', KEYS[4 * (i - 1) + 1]) or '0') or 0
+  if c >= fence and c > ahead then ahead = c end
+end
+if ahead > 0 then return -ahead end
 local held = 0
 for i = 1, #KEYS / 4 do
   local b = 4 * (i - 1)
-  local c = tonumber(redis.call('GET', KEYS[b + 1]) or '0')
-  if c < fence then redis.call('SET', KEYS[b + 1], ARGV[1]) end
+  redis.call('SET', KEYS[b + 1], ARGV[1])
   if redis.call('ZSCORE', KEYS[b + 2], owner) then
     redis.call('ZADD', KEYS[b + 3], 'XX', ARGV[1], owner)
     local info = redis.call('HGET', KEYS[b + 4], owner) or ''
