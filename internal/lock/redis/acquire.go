@@ -729,9 +729,8 @@ func pickHeld(busy []*lock.HeldError) *lock.HeldError {
 // lease of its keys is valid meanwhile.
 func (l *Locker) writeBack(ctx context.Context, req lock.Request, acquired []result[acquireReply], fence int64, timeout time.Duration) (int, int64, error) {
 	done := 0
-	var behind, all []*node
+	var behind []*node
 	for _, r := range acquired {
-		all = append(all, r.node)
 		if r.val.fence >= fence {
 			done++
 		} else {
@@ -769,7 +768,10 @@ func (l *Locker) writeBack(ctx context.Context, req lock.Request, acquired []res
 			return 0, fence, fmt.Errorf("fencing token %d: the nodes issued tokens up to %d to other holders meanwhile (%d write-back(s))", fence, ahead, round)
 		}
 		l.log.V(2).Info("Fence write-back found the token issued to another holder; moving above it", "keys", req.Keys, "fence", fence, "issued", ahead)
-		fence, behind, done = ahead+1, all, 0
+		fence, behind, done = ahead+1, behind[:0], 0
+		for _, r := range acquired {
+			behind = append(behind, r.node)
+		}
 	}
 	return done, fence, nil
 }
