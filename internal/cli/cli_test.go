@@ -129,8 +129,10 @@ func TestQueueShowsWaitersFromStatusAndJobs(t *testing.T) {
 		held(dl, jobIdentity(holderJob), 17, now.Add(-10*time.Minute))
 		dl.Status.QueueLength = ptr.To[int32](12)
 		dl.Status.Waiting = []locksv1alpha1.WaiterStatus{
-			{Identity: jobIdentity(first), Since: ptr.To(metav1.NewTime(now.Add(-4 * time.Minute)))},
-			{Identity: "maintenance-2026-12-01", Since: ptr.To(metav1.NewTime(now.Add(-3 * time.Minute)))},
+			// Over 10 minutes: kubectl's durations show seconds below
+			// that, and status times are kept to the second.
+			{Identity: jobIdentity(first), Since: ptr.To(metav1.NewTime(now.Add(-14 * time.Minute)))},
+			{Identity: "maintenance-2026-12-01", Since: ptr.To(metav1.NewTime(now.Add(-13 * time.Minute)))},
 		}
 	})
 
@@ -149,8 +151,8 @@ func TestQueueShowsWaitersFromStatusAndJobs(t *testing.T) {
 	}
 	want := [][]string{
 		{"POSITION", "WAITER", "JOB", "WAITING", "SOURCE"},
-		{"1", jobIdentity(first), "report-2", "4m", "status"},
-		{"2", "maintenance-2026-12-01", "<none>", "3m", "status"},
+		{"1", jobIdentity(first), "report-2", "14m", "status"},
+		{"2", "maintenance-2026-12-01", "<none>", "13m", "status"},
 		{"12", "Job/report-12", "report-12"},
 	}
 	if len(table) == 4 {
