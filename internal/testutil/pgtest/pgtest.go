@@ -691,8 +691,9 @@ func (s *Server) Restart() error {
 	return nil
 }
 
-// Pause sends SIGSTOP to the postmaster and its backends: the server keeps
-// its port and connections but answers nothing, like one behind a partition.
+// Pause sends SIGSTOP to the postmaster and its backends and returns once
+// they have stopped: the server keeps its port and connections but answers
+// nothing, like one behind a partition.
 func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP, true) }
 
 // Resume sends SIGCONT to a paused server.
@@ -712,8 +713,16 @@ func (s *Server) signal(sig syscall.Signal, paused bool) error {
 			return fmt.Errorf("signal %v to %s: %w", sig, s.Addr, err)
 		}
 	}
-	for _, k := range children(pid) {
+	kids := children(pid)
+	for _, k := range kids {
 		_ = syscall.Kill(k, sig)
+	}
+	if sig == syscall.SIGSTOP {
+		for _, k := range append(kids, pid) {
+			if err := proc.WaitStopped(k); err != nil {
+				return fmt.Errorf("pause %s: %w", s.Addr, err)
+			}
+		}
 	}
 	if sig != syscall.SIGSTOP {
 		if err := syscall.Kill(pid, sig); err != nil {

@@ -5,12 +5,20 @@
 package proc
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Process is one run of a server at a time; the zero value has none. It is
@@ -78,9 +86,18 @@ func (p *Process) Kill() {
 	<-exited
 }
 
-// Pause sends SIGSTOP: the process keeps its ports and data but answers
-// nothing, like a server behind a partition or in a long GC pause.
-func (p *Process) Pause() error { return p.signal(syscall.SIGSTOP, true) }
+// Pause sends SIGSTOP and returns once every thread of the process has
+// stopped: the process keeps its ports and data but answers nothing, like a
+// server behind a partition or in a long GC pause.
+func (p *Process) Pause() error {
+	if err := p.signal(syscall.SIGSTOP, true); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	pid := p.cmd.Process.Pid
+	p.mu.Unlock()
+	return WaitStopped(pid)
+}
 
 // Resume sends SIGCONT to a paused process.
 func (p *Process) Resume() error { return p.signal(syscall.SIGCONT, false) }
@@ -96,6 +113,63 @@ func (p *Process) signal(sig syscall.Signal, paused bool) error {
 	}
 	p.paused = paused
 	return nil
+}
+
+// stopTimeout bounds WaitStopped; a loaded machine stops a process within
+// milliseconds.
+const stopTimeout = 10 * time.Second
+
+// WaitStopped returns once every thread of process pid is stopped (or gone).
+//
+// kill(SIGSTOP) returns before the process has stopped: the kernel wakes one
+// thread, which then stops the others. Until that thread runs, the others
+// keep serving, and on a busy machine that is milliseconds: long enough for a
+// test that paused a server to get an answer from it.
+func WaitStopped(pid int) error {
+	var last string
+	err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, stopTimeout, true,
+		func(context.Context) (bool, error) {
+			running, err := runningThread(pid)
+			if err != nil {
+				return false, err
+			}
+			last = running
+			return running == "", nil
+		})
+	if err != nil {
+		return fmt.Errorf("process %d not stopped within %v after SIGSTOP (thread %s still runs): %w", pid, stopTimeout, last, err)
+	}
+	return nil
+}
+
+// runningThread returns a thread of pid that is not stopped, "" when none is.
+// A process that is gone has no running thread.
+func runningThread(pid int) (string, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile(filepath.Join(dir, t.Name(), "stat"))
+		if err != nil {
+			continue // the thread exited meanwhile
+		}
+		// "tid (comm) S ...": comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) {
+			return "", fmt.Errorf("unexpected %s/%s/stat: %q", dir, t.Name(), b)
+		}
+		switch b[i+2] {
+		case 'T', 't', 'Z', 'X':
+		default:
+			return t.Name(), nil
+		}
+	}
+	return "", nil
 }
 
 // Tail returns the last n lines of the file at path (a server's log); ""

@@ -37,6 +37,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
+	"github.com/lockwarden/lockwarden/internal/testutil/proc"
 )
 
 const (
@@ -440,9 +441,16 @@ func (s *Server) pid() int {
 	return s.cmd.Process.Pid
 }
 
-// Pause sends SIGSTOP: the process holds its port and data but answers nothing,
-// like a node in a long GC pause or behind a partition.
-func (s *Server) Pause() { s.signal(syscall.SIGSTOP, true) }
+// Pause sends SIGSTOP and returns once the process has stopped: it holds its
+// port and data but answers nothing, like a node in a long GC pause or behind
+// a partition.
+func (s *Server) Pause() {
+	s.t.Helper()
+	s.signal(syscall.SIGSTOP, true)
+	if err := proc.WaitStopped(s.pid()); err != nil {
+		s.t.Fatalf("redistest: pause %s: %v", s.Addr, err)
+	}
+}
 
 // Resume sends SIGCONT to a paused server.
 func (s *Server) Resume() { s.signal(syscall.SIGCONT, false) }
