@@ -12,7 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
-	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -154,14 +154,19 @@ func runningThread(pid int) (string, error) {
 		return "", err
 	}
 	for _, t := range tasks {
-		b, err := os.ReadFile(filepath.Join(dir, t.Name(), "stat"))
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		path := fmt.Sprintf("%s/%d/stat", dir, tid)
+		b, err := os.ReadFile(path) //nolint:gosec // G703: a /proc path built from two integers
 		if err != nil {
 			continue // the thread exited meanwhile
 		}
 		// "tid (comm) S ...": comm may hold spaces and parentheses.
 		i := bytes.LastIndexByte(b, ')')
 		if i < 0 || i+2 >= len(b) {
-			return "", fmt.Errorf("unexpected %s/%s/stat: %q", dir, t.Name(), b)
+			return "", fmt.Errorf("unexpected %s: %q", path, b)
 		}
 		switch b[i+2] {
 		case 'T', 't', 'Z', 'X':
