@@ -26,7 +26,7 @@ func TestFaultsFencedRegister(t *testing.T) {
 	cfg := configFor(c)
 	cfg.Prefix = "/faults/"
 	var tally locktest.FaultTally
-	for _, seed := range locktest.FaultSeeds(t, 4) {
+	for seed := range tally.Seeds(t, 4) {
 		locktest.RunFaults(t, "cluster-3", seed, &tally, locktest.Faults{
 			NewLocker: func(t *testing.T) lock.Locker {
 				return newTestLocker(t, cfg, WithOpTimeout(2*time.Second))

@@ -3,6 +3,7 @@ package locktest
 import (
 	"context"
 	"fmt"
+	"iter"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -174,18 +175,18 @@ type Faults struct {
 	Limit int
 }
 
-// FaultSeeds returns the seeds a fault test runs: runs seeds from a random
-// base, or the one seed in LOCKWARDEN_FAULT_SEED; LOCKWARDEN_FAULT_RUNS=<n>
-// runs more.
-func FaultSeeds(t *testing.T, runs int) []uint64 {
+// faultSeeds returns the first seed, the number of runs, and whether the
+// seed was given (LOCKWARDEN_FAULT_SEED: one replayed run).
+func faultSeeds(t *testing.T, runs int) (uint64, int, bool) {
 	t.Helper()
+	replay := false
 	base := rand.Uint64() //nolint:gosec // G404: a seeded, replayable test schedule, not a secret
 	if s := os.Getenv("LOCKWARDEN_FAULT_SEED"); s != "" {
 		seed, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
 			t.Fatalf("LOCKWARDEN_FAULT_SEED=%q: %v", s, err)
 		}
-		base, runs = seed, 1
+		base, runs, replay = seed, 1, true
 	}
 	if s := os.Getenv("LOCKWARDEN_FAULT_RUNS"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -194,12 +195,38 @@ func FaultSeeds(t *testing.T, runs int) []uint64 {
 		}
 		runs = n
 	}
-	out := make([]uint64, runs)
-	for i := range out {
-		out[i] = base + uint64(i)
-	}
-	return out
+	return base, runs, replay
 }
+
+// Seeds yields the seeds of the fault runs: runs consecutive seeds from a
+// random base (LOCKWARDEN_FAULT_RUNS=<n>: n of them), or the one seed in
+// LOCKWARDEN_FAULT_SEED. After those it yields more, up to extraRunFactor
+// times as many, while the runs so far have not exercised what Check
+// requires: on a loaded machine the clients of a run may get few leases
+// between the faults. The properties are checked in every run; a longer
+// series only makes it likely that some run exercises them. A replayed seed
+// is not followed by more.
+func (c *FaultTally) Seeds(t *testing.T, runs int) iter.Seq[uint64] {
+	t.Helper()
+	base, runs, replay := faultSeeds(t, runs)
+	limit := runs
+	if !replay {
+		limit = runs * extraRunFactor
+	}
+	return func(yield func(uint64) bool) {
+		for i := range limit {
+			if i >= runs && (c.exercised() || t.Failed()) {
+				return
+			}
+			if !yield(base + uint64(i)) {
+				return
+			}
+		}
+	}
+}
+
+// extraRunFactor bounds Seeds: at most this many times the runs asked for.
+const extraRunFactor = 3
 
 // FaultTally counts what the fault runs exercised.
 type FaultTally struct {
@@ -208,6 +235,14 @@ type FaultTally struct {
 	// holder stalled, and runs in which Limit leases were valid at once.
 	expired, full atomic.Int64
 	semaphore     atomic.Bool
+}
+
+// exercised tells whether the runs so far exercised what Check requires.
+func (c *FaultTally) exercised() bool {
+	if c.semaphore.Load() {
+		return c.acquired.Load() > 0 && c.expired.Load() > 0 && c.full.Load() > 0
+	}
+	return c.acquired.Load() > 0 && c.rejected.Load() > 0
 }
 
 // Check fails t when the runs never acquired or never had a stale write

@@ -29,7 +29,7 @@ func TestFaultsFencedRegister(t *testing.T) {
 		t.Fatal(err)
 	}
 	var tally locktest.FaultTally
-	for _, seed := range locktest.FaultSeeds(t, 4) {
+	for seed := range tally.Seeds(t, 4) {
 		locktest.RunFaults(t, "kill-restart", seed, &tally, locktest.Faults{
 			NewLocker: newLocker,
 			// Crash recovery and reconnecting (a SCRAM handshake per

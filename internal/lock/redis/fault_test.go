@@ -24,7 +24,7 @@ func TestFaultsFencedRegister(t *testing.T) {
 	redlock := redistest.StartN(t, 3)
 	single := redistest.Start(t)
 	var tally locktest.FaultTally
-	for _, seed := range locktest.FaultSeeds(t, 8) {
+	for seed := range tally.Seeds(t, 8) {
 		servers, mode := redlock, "redlock-3"
 		if seed%2 == 1 {
 			servers, mode = []*redistest.Server{single}, "standalone"
@@ -78,7 +78,7 @@ func TestFaultsSemaphore(t *testing.T) {
 	}
 	var tally locktest.FaultTally
 	// Consecutive seeds cover every setup; a replayed seed picks its own.
-	for _, seed := range locktest.FaultSeeds(t, len(setups)) {
+	for seed := range tally.Seeds(t, len(setups)) {
 		s := setups[seed%uint64(len(setups))]
 		locktest.RunFaults(t, s.name, seed, &tally, locktest.Faults{
 			NewLocker: func(t *testing.T) lock.Locker { return newTestLocker(t, s.cfg) },

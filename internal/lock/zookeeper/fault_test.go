@@ -28,7 +28,7 @@ func TestFaultsFencedRegister(t *testing.T) {
 	e := sharedServers(t, 3)
 	logsOnFailure(t, e)
 	var tally locktest.FaultTally
-	for _, seed := range locktest.FaultSeeds(t, 4) {
+	for seed := range tally.Seeds(t, 4) {
 		mode := "leader-kill"
 		if seed%2 == 1 {
 			mode = "follower-pause"
