@@ -42,6 +42,12 @@ type JobReconciler struct {
 	// waits remembers the queue positions reported and the Jobs ended
 	// without running (set by SetupWithManager; nil remembers nothing).
 	waits *waitMemory
+
+	// pods lists the pods of Jobs being released, from the API server (set
+	// by SetupWithManager: the manager's uncached reader).
+	pods client.Reader
+	// podWaits remembers the releases that wait for pods to stop.
+	podWaits *podWaits
 }
 
 // The Job controller patches gated Jobs (fencing token, suspend, finalizer,
@@ -63,6 +69,7 @@ func (r *JobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 			ref := holder.Ref{Kind: jobKind, Namespace: req.Namespace, Name: req.Name}
 			releaseOrphan(ctx, r.Deps, ref, nil, "the Job is gone, or no longer carries the lock label")
 			r.waits.forget(req.NamespacedName)
+			r.podWaits.forget(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
@@ -85,6 +92,9 @@ func (r *JobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	}
 	switch phase {
 	case phaseDone:
+		if res, holding, err := r.holdWhilePodsRun(ctx, g); holding || err != nil {
+			return res, err
+		}
 		return r.reconcileRelease(ctx, g)
 	case phaseLostReported:
 		return ctrl.Result{}, nil // the Job runs on (Ignore) or was stopped (Terminate)
@@ -239,6 +249,9 @@ func (r *JobReconciler) enqueueWaiting(jobs []batchv1.Job, except string) {
 func (r *JobReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.waits == nil {
 		r.waits = newWaitMemory()
+	}
+	if r.pods == nil {
+		r.pods = mgr.GetAPIReader()
 	}
 	r.Registry.OnRelease(r.onRelease)
 	r.Registry.OnHealth(r.onHealth)

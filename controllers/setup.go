@@ -187,5 +187,6 @@ func NewJobReconciler(d Deps, lockChanged func(types.NamespacedName)) *JobReconc
 		lockChanged: lockChanged,
 		workers:     DefaultWorkers,
 		tracker:     newTracker(jobKind, func() client.Object { return &batchv1.Job{} }),
+		podWaits:    &podWaits{},
 	}
 }

@@ -97,8 +97,8 @@ const (
 	ReasonHoldEnded = "HoldEnded"
 )
 
-// Reasons a gated Job ends Failed (its FailureTarget and Failed conditions)
-// without running.
+// Reasons a gated Job ends Failed (its FailureTarget and Failed conditions):
+// without running, or deleted while it ran.
 const (
 	// JobReasonSkipped: the lock was held and the Job's contention is Skip.
 	JobReasonSkipped = "Skipped"
@@ -107,6 +107,10 @@ const (
 	// JobReasonSuperseded: a newer Job of the same CronJob joined the queue
 	// and the contention is QueueLatest.
 	JobReasonSuperseded = "Superseded"
+	// JobReasonDeleted: the Job was deleted while it held its lock; its pods
+	// are stopped (the Job controller turns the condition into Failed), and
+	// the lock is released once they have.
+	JobReasonDeleted = "DeletedWhileHolding"
 )
 
 // ConditionReady is the condition of a ClusterLockBackend: True while the
@@ -227,6 +231,10 @@ const (
 	// out (no holder of this lock has that token, or no admission record of
 	// who asked).
 	EventForceReleaseRefused = "ForceReleaseRefused"
+	// EventReleaseWaitsForPods: a Job that held the lock was deleted or
+	// finished while some of its pods may still run; the lock stays held
+	// until they stop.
+	EventReleaseWaitsForPods = "ReleaseWaitsForPods"
 	// EventTerminated: a Job's pods were stopped because its lease was lost and
 	// the lock's onLost is Terminate.
 	EventTerminated = "Terminated"

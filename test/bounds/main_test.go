@@ -3,15 +3,17 @@
 // Skip, a maximum wait that passed, a newer Job of its CronJob with
 // contention QueueLatest): lockwarden marks the suspended Job with a
 // FailureTarget condition with its reason, and the Job controller turns
-// that into Failed with the same reason, without ever creating a Pod.
+// that into Failed with the same reason, without ever creating a Pod. It
+// also checks that a deleted holder keeps its lock until its pods stop.
 //
 // The cluster is a real kube-apiserver and etcd (envtest) with lockwarden's
 // webhook configuration, plus kube-controller-manager running only the Job
-// controller (no scheduler and no kubelet: a Pod it creates stays Pending,
-// which is enough to see that it was created). The manager runs in this
-// process as cmd/main.go runs it (internal/manager, from command-line
-// flags), as an administrator: this suite is about the Job's lifecycle, not
-// RBAC (test/hostile runs the manager as its ServiceAccount).
+// controller and the garbage collector (no scheduler and no kubelet: a Pod
+// the Job controller creates stays Pending, which is enough to see that it
+// was created). The manager runs in this process as cmd/main.go runs it
+// (internal/manager, from command-line flags), as an administrator: this
+// suite is about the Job's lifecycle, not RBAC (test/hostile runs the
+// manager as its ServiceAccount).
 package bounds
 
 import (
@@ -26,8 +28,12 @@ import (
 	"github.com/lockwarden/lockwarden/internal/testutil/managertest"
 )
 
-// jobController is kube-controller-manager's name for its Job controller.
-const jobController = "job-controller"
+// Names of kube-controller-manager's controllers: the Job controller, and
+// the garbage collector (which deletes or orphans the pods of a deleted Job).
+const (
+	jobController    = "job-controller"
+	garbageCollector = "garbage-collector-controller"
+)
 
 // operatorNamespace is where the manager keeps its owner key.
 const operatorNamespace = "lockwarden-system"
@@ -45,7 +51,7 @@ func TestMain(m *testing.M) {
 // setUp starts kube-controller-manager's Job controller and the manager;
 // stopped receives the manager's result once ctx ends.
 func setUp(ctx context.Context, stopped chan<- error) error {
-	if err := env.StartControllers(jobController); err != nil {
+	if err := env.StartControllers(jobController, garbageCollector); err != nil {
 		return err
 	}
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
