@@ -40,12 +40,16 @@ func TestHoldingManyLeasesWritesNoStatus(t *testing.T) {
 			return false, err.Error()
 		}
 		held := 0
+		var notHeld []string
 		for _, dl := range list.Items {
 			if meta.IsStatusConditionTrue(dl.Status.Conditions, locksv1alpha1.ConditionHeld) {
 				held++
+			} else if len(notHeld) < 3 {
+				c := meta.FindStatusCondition(dl.Status.Conditions, locksv1alpha1.ConditionHeld)
+				notHeld = append(notHeld, fmt.Sprintf("%s: %+v", dl.Name, c))
 			}
 		}
-		return held == leases, fmt.Sprintf("%d of %d held", held, leases)
+		return held == leases, fmt.Sprintf("%d of %d held; not held: %s", held, leases, strings.Join(notHeld, "; "))
 	})
 
 	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
