@@ -378,15 +378,27 @@ func TestMissingSecretGivesAClearCondition(t *testing.T) {
 		return c != nil && containsAll(c.Message, `no key "password"`), fmt.Sprint(c)
 	})
 
-	// Adding the key makes the lock work, without a restart.
-	var s corev1.Secret
-	if err := env.Client.Get(context.Background(), nn(ns, "redis-auth"), &s); err != nil {
-		t.Fatal(err)
+	setPassword := func(v []byte) {
+		t.Helper()
+		var s corev1.Secret
+		if err := env.Client.Get(context.Background(), nn(ns, "redis-auth"), &s); err != nil {
+			t.Fatal(err)
+		}
+		s.Data["password"] = v
+		if err := env.Client.Update(context.Background(), &s); err != nil {
+			t.Fatal(err)
+		}
 	}
-	s.Data["password"] = []byte("s3cret")
-	if err := env.Client.Update(context.Background(), &s); err != nil {
-		t.Fatal(err)
-	}
+	// A password over the size limit: the message names the key and the limit.
+	setPassword(make([]byte, 64<<10+1))
+	eventually(t, 40*time.Second, "a message naming the key and the size limit", func() (bool, string) {
+		c := meta.FindStatusCondition(getLock(t, ns, "billing").Status.Conditions, locksv1alpha1.ConditionBackendReady)
+		return c != nil && c.Reason == locksv1alpha1.ReasonSecretNotFound &&
+			containsAll(c.Message, "spec.backend.redis.passwordSecretRef", `redis-auth key "password" holds 65537 bytes`, "at most 64 KiB"), fmt.Sprint(c)
+	})
+
+	// The right password makes the lock work, without a restart.
+	setPassword([]byte("s3cret"))
 	waitCondition(t, 40*time.Second, ns, "billing", locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired)
 }
 

@@ -166,7 +166,8 @@ const (
 	ReasonBackendReachable = "Reachable"
 	// ReasonBackendUnreachable: the backend could not be reached or did not answer in time.
 	ReasonBackendUnreachable = "Unreachable"
-	// ReasonSecretNotFound: a Secret or key named by the backend is missing.
+	// ReasonSecretNotFound: a Secret or key named by the backend is missing,
+	// cannot be read, or holds a value over its size limit.
 	ReasonSecretNotFound = "SecretNotFound"
 	// ReasonInvalidBackend: the backend configuration cannot be used (for example a bad CA).
 	ReasonInvalidBackend = "InvalidBackend"

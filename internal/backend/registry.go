@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/lru"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -47,7 +48,8 @@ type Handle struct {
 	health *health
 }
 
-// SecretError says a Secret or key that a lock references is missing or unreadable.
+// SecretError says a Secret or key that a lock references is missing or
+// unreadable, or holds a value over its size limit.
 type SecretError struct {
 	Field string
 	Err   error
@@ -93,11 +95,13 @@ type Registry struct {
 	configInterval time.Duration
 	secretTTL      time.Duration
 
-	// secrets remembers Secrets read recently, so that many locks (and
-	// their Jobs) that share one Secret cost one read per secretTTL, not one
-	// per reconcile.
-	secretsMu sync.Mutex
-	secrets   map[types.NamespacedName]cachedSecret
+	// secrets remembers the keys of Secrets read recently (secretKey to
+	// cachedSecret), so that many locks (and their Jobs) that share one
+	// Secret cost one read per secretTTL, not one per reconcile. It keeps
+	// the values only, secretBytes in all, at most maxCachedSecretBytes.
+	secretsMu   sync.Mutex
+	secrets     *lru.Cache
+	secretBytes int
 
 	mu        sync.Mutex
 	entries   map[string]*entry     // by fingerprint
@@ -154,12 +158,6 @@ func (h Handle) Health() error {
 	return h.health.err
 }
 
-type cachedSecret struct {
-	data map[string][]byte
-	err  error
-	at   time.Time
-}
-
 // DefaultHealthInterval is how often every backend in use is pinged.
 const DefaultHealthInterval = 2 * time.Second
 
@@ -176,7 +174,7 @@ const DefaultSecretTTL = 10 * time.Second
 // API reader, so no Secret is cached) and builds Lockers with newLocker. ctx
 // bounds the release watches of every backend.
 func NewRegistry(ctx context.Context, reader client.Reader, newLocker NewLockerFunc, log logr.Logger) *Registry {
-	return &Registry{
+	r := &Registry{
 		reader:         reader,
 		objects:        reader,
 		newLocker:      newLocker,
@@ -184,11 +182,16 @@ func NewRegistry(ctx context.Context, reader client.Reader, newLocker NewLockerF
 		healthInterval: DefaultHealthInterval,
 		configInterval: DefaultConfigCheckInterval,
 		secretTTL:      DefaultSecretTTL,
-		secrets:        map[types.NamespacedName]cachedSecret{},
 		entries:        map[string]*entry{},
 		users:          map[holder.Ref]string{},
 		ctx:            ctx,
 	}
+	// No bound on the number of entries: their bytes bound them. Evictions
+	// happen with secretsMu held.
+	r.secrets = lru.NewWithEvictionFunc(0, func(k lru.Key, v any) {
+		r.secretBytes -= k.(secretKey).size(v.(cachedSecret))
+	})
+	return r
 }
 
 // SetPolicy sets the policy Check and For apply, and the reader of
@@ -482,54 +485,96 @@ func (r *Registry) ConfigOf(id string) (checked bool, findings []lock.Finding) {
 	return checked, findings
 }
 
+// Size limits of the Secret values a backend reads: a value over its limit
+// is refused (a SecretError naming the Secret, the key and the limit) and
+// not kept. Far beyond any real value, they bound what a tenant who owns the
+// referenced Secrets makes the operator hold.
+const (
+	// maxCredentialBytes bounds a password or a ZooKeeper digest: room for
+	// long tokens used as passwords (cloud identity tokens run to a few KiB).
+	maxCredentialBytes = 64 << 10
+	// maxCABundleBytes bounds a CA bundle (PEM): twice a full public
+	// bundle of about 150 roots (some 220 KiB), so a private CA appended
+	// to one fits.
+	maxCABundleBytes = 512 << 10
+	// maxCachedSecretBytes bounds the Secret values kept between reads, in
+	// all: past it the least recently used are dropped (and read again when
+	// needed). Thousands of real passwords and CAs fit.
+	maxCachedSecretBytes = 16 << 20
+	// cachedSecretOverhead is what one kept value costs besides its bytes
+	// and its Secret's name: the entry, the list element and the map slot.
+	cachedSecretOverhead = 256
+)
+
 // secretValue reads one key of a Secret in namespace: the lock's own, or
 // the operator's for a ClusterLockBackend. A lock cannot name another
-// namespace: it cannot reach another tenant's Secrets.
-func (r *Registry) secretValue(ctx context.Context, namespace, field string, ref *locksv1alpha1.SecretKeyRef) (string, error) {
-	nn := types.NamespacedName{Namespace: namespace, Name: ref.Name}
-	data, err := r.readSecret(ctx, nn)
+// namespace: it cannot reach another tenant's Secrets. A value longer than
+// limit bytes is refused; what is a limit for is named in the error.
+func (r *Registry) secretValue(ctx context.Context, namespace, field string, ref *locksv1alpha1.SecretKeyRef, limit int, what string) (string, error) {
+	v, err := r.readSecretKey(ctx, secretKey{namespace: namespace, name: ref.Name, key: ref.Key}, limit, what)
 	if err != nil {
-		if apierrors.IsNotFound(err) {
-			return "", &SecretError{Field: field, Err: fmt.Errorf("the Secret %s/%s was not found", namespace, ref.Name)}
-		}
-		return "", &SecretError{Field: field, Err: fmt.Errorf("reading Secret %s/%s: %w", namespace, ref.Name, err)}
+		return "", &SecretError{Field: field, Err: err}
 	}
-	v, ok := data[ref.Key]
-	if !ok {
-		return "", &SecretError{Field: field, Err: fmt.Errorf("the Secret %s/%s has no key %q", namespace, ref.Name, ref.Key)}
-	}
-	return string(v), nil
+	return v, nil
 }
 
-// readSecret returns a Secret's data, read at most once per secretTTL.
-func (r *Registry) readSecret(ctx context.Context, nn types.NamespacedName) (map[string][]byte, error) {
+// secretKey names one key of a Secret.
+type secretKey struct{ namespace, name, key string }
+
+// cachedSecret is one key of a Secret as read at at: its value, or why
+// there is none (the Secret or key is missing, the value too long).
+type cachedSecret struct {
+	value string
+	err   error
+	at    time.Time
+	// limit is the limit the value was checked against.
+	limit int
+}
+
+func (k secretKey) size(c cachedSecret) int {
+	return len(k.namespace) + len(k.name) + len(k.key) + len(c.value) + cachedSecretOverhead
+}
+
+// readSecretKey returns the value of one key of a Secret, reading the
+// Secret at most once per secretTTL. Only that value is kept (within the
+// cache's byte bound), never the rest of the Secret.
+func (r *Registry) readSecretKey(ctx context.Context, k secretKey, limit int, what string) (string, error) {
 	now := time.Now()
 	r.secretsMu.Lock()
-	c, ok := r.secrets[nn]
+	v, ok := r.secrets.Get(k)
 	r.secretsMu.Unlock()
-	if ok && now.Sub(c.at) < r.secretTTL {
-		return c.data, c.err
-	}
-	var s corev1.Secret
-	err := r.reader.Get(ctx, nn, &s)
-	if err != nil && !apierrors.IsNotFound(err) {
-		return nil, err // not cached: a transient error is retried at once
-	}
-	r.secretsMu.Lock()
-	defer r.secretsMu.Unlock()
-	if len(r.secrets) > maxCachedSecrets {
-		for k, v := range r.secrets {
-			if now.Sub(v.at) >= r.secretTTL {
-				delete(r.secrets, k)
-			}
+	if ok {
+		if c := v.(cachedSecret); now.Sub(c.at) < r.secretTTL && c.limit == limit {
+			return c.value, c.err
 		}
 	}
-	r.secrets[nn] = cachedSecret{data: s.Data, err: err, at: now}
-	return s.Data, err
+	var s corev1.Secret
+	err := r.reader.Get(ctx, types.NamespacedName{Namespace: k.namespace, Name: k.name}, &s)
+	var c cachedSecret
+	switch data, found := s.Data[k.key]; {
+	case apierrors.IsNotFound(err):
+		c.err = fmt.Errorf("the Secret %s/%s was not found", k.namespace, k.name)
+	case err != nil:
+		// Not kept: a transient error is retried at once.
+		return "", fmt.Errorf("reading Secret %s/%s: %w", k.namespace, k.name, err)
+	case !found:
+		c.err = fmt.Errorf("the Secret %s/%s has no key %q", k.namespace, k.name, k.key)
+	case len(data) > limit:
+		c.err = fmt.Errorf("the Secret %s/%s key %q holds %d bytes; %s may hold at most %d KiB", k.namespace, k.name, k.key, len(data), what, limit>>10)
+	default:
+		c.value = string(data)
+	}
+	c.at, c.limit = now, limit
+	r.secretsMu.Lock()
+	defer r.secretsMu.Unlock()
+	r.secrets.Remove(k) // Add would replace the value without counting it out
+	r.secrets.Add(k, c)
+	r.secretBytes += k.size(c)
+	for r.secretBytes > maxCachedSecretBytes && r.secrets.Len() > 0 {
+		r.secrets.RemoveOldest()
+	}
+	return c.value, c.err
 }
-
-// maxCachedSecrets is how many Secrets the cache holds before it drops stale ones.
-const maxCachedSecrets = 1024
 
 // ID names a backend by what decides which keys it holds (mode, endpoints,
 // database), not by its credentials: locks with equal IDs share keys.

@@ -302,6 +302,18 @@ func TestResolveRefusals(t *testing.T) {
 			wantType: "config", wantField: "spec.backend.redis.tls.caSecretRef",
 			wantText: []string{`team-a/redis-ca key "ca.crt" holds no PEM certificate`},
 		},
+		"password over the size limit": {
+			secrets:  []client.Object{secret("team-a", "redis-auth", map[string]string{"password": strings.Repeat("x", 64<<10+1)})},
+			backend:  &locksv1alpha1.RedisBackend{Endpoints: []string{"redis:6379"}, PasswordSecretRef: password},
+			wantType: "secret", wantField: "spec.backend.redis.passwordSecretRef",
+			wantText: []string{`team-a/redis-auth key "password" holds 65537 bytes`, "at most 64 KiB"},
+		},
+		"CA bundle over the size limit": {
+			secrets:  []client.Object{secret("team-a", "redis-ca", map[string]string{"ca.crt": strings.Repeat("x", 512<<10+1)})},
+			backend:  &locksv1alpha1.RedisBackend{Endpoints: []string{"redis:6380"}, TLS: &locksv1alpha1.BackendTLS{CASecretRef: ca}},
+			wantType: "secret", wantField: "spec.backend.redis.tls.caSecretRef",
+			wantText: []string{`team-a/redis-ca key "ca.crt" holds 524289 bytes`, "at most 512 KiB"},
+		},
 		"two Redlock masters": {
 			backend:  &locksv1alpha1.RedisBackend{Endpoints: []string{"a:6379", "b:6379"}},
 			wantType: "config", wantField: "spec.backend.redis",

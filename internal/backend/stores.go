@@ -216,11 +216,11 @@ const dialTimeout = 5 * time.Second
 // only when every setting and credential is equal.
 func (r *Registry) resolve(ctx context.Context, src *source) (Config, string, error) {
 	spec, ns, field := src.spec, src.secretNamespace, src.field
-	secret := func(name string, ref *locksv1alpha1.SecretKeyRef) (string, error) {
+	secret := func(name string, ref *locksv1alpha1.SecretKeyRef, what string) (string, error) {
 		if ref == nil {
 			return "", nil
 		}
-		return r.secretValue(ctx, ns, field+"."+name, ref)
+		return r.secretValue(ctx, ns, field+"."+name, ref, maxCredentialBytes, what)
 	}
 	// Every store but Redis speaks its own protocol and does its own TLS:
 	// the dialer enforces the endpoint policy at every connection.
@@ -241,7 +241,7 @@ func (r *Registry) resolve(ctx context.Context, src *source) (Config, string, er
 	case spec.Postgres != nil:
 		p := spec.Postgres
 		c := pglock.Config{Host: p.Host, Port: int(pgPort(p)), Database: p.Database, User: p.User, Schema: orDefault(p.Schema, pglock.DefaultSchema), Dial: dial}
-		if c.Password, err = secret("passwordSecretRef", p.PasswordSecretRef); err != nil {
+		if c.Password, err = secret("passwordSecretRef", p.PasswordSecretRef, "a password"); err != nil {
 			return cfg, "", err
 		}
 		if c.TLS, caPEM, err = r.tlsConfig(ctx, ns, field+".tls", p.TLS, p.Host); err != nil {
@@ -254,7 +254,7 @@ func (r *Registry) resolve(ctx context.Context, src *source) (Config, string, er
 	case spec.ZooKeeper != nil:
 		z := spec.ZooKeeper
 		c := zklock.Config{Servers: slices.Clone(z.Servers), Root: orDefault(z.Root, zklock.DefaultRoot), SessionTimeout: time.Duration(z.SessionTimeoutSeconds) * time.Second, Dial: dial}
-		if c.Digest, err = secret("digestSecretRef", z.DigestSecretRef); err != nil {
+		if c.Digest, err = secret("digestSecretRef", z.DigestSecretRef, "a ZooKeeper digest"); err != nil {
 			return cfg, "", err
 		}
 		if err := c.Validate(); err != nil {
@@ -264,7 +264,7 @@ func (r *Registry) resolve(ctx context.Context, src *source) (Config, string, er
 	case spec.Etcd != nil:
 		e := spec.Etcd
 		c := etcdlock.Config{Endpoints: slices.Clone(e.Endpoints), Prefix: orDefault(e.Prefix, etcdlock.DefaultPrefix), Username: e.Username, Dial: dial}
-		if c.Password, err = secret("passwordSecretRef", e.PasswordSecretRef); err != nil {
+		if c.Password, err = secret("passwordSecretRef", e.PasswordSecretRef, "a password"); err != nil {
 			return cfg, "", err
 		}
 		if c.TLS, caPEM, err = r.tlsConfig(ctx, ns, field+".tls", e.TLS, ""); err != nil {
@@ -298,14 +298,14 @@ func (r *Registry) resolveRedis(ctx context.Context, src *source) (redislock.Con
 	cfg := redislock.Config{Addrs: slices.Clone(rb.Endpoints), DB: int(rb.DB), Prefix: KeyPrefix, EndpointPolicy: src.endpoints}
 	var err error
 	if rb.PasswordSecretRef != nil {
-		if cfg.Password, err = r.secretValue(ctx, ns, src.field+".passwordSecretRef", rb.PasswordSecretRef); err != nil {
+		if cfg.Password, err = r.secretValue(ctx, ns, src.field+".passwordSecretRef", rb.PasswordSecretRef, maxCredentialBytes, "a password"); err != nil {
 			return cfg, "", err
 		}
 	}
 	if s := rb.Sentinel; s != nil {
 		cfg.MasterName = s.MasterName
 		if s.PasswordSecretRef != nil {
-			if cfg.SentinelPassword, err = r.secretValue(ctx, ns, src.field+".sentinel.passwordSecretRef", s.PasswordSecretRef); err != nil {
+			if cfg.SentinelPassword, err = r.secretValue(ctx, ns, src.field+".sentinel.passwordSecretRef", s.PasswordSecretRef, maxCredentialBytes, "a password"); err != nil {
 				return cfg, "", err
 			}
 		}
@@ -332,7 +332,7 @@ func (r *Registry) tlsConfig(ctx context.Context, ns, field string, t *locksv1al
 	if t.CASecretRef == nil {
 		return cfg, "", nil
 	}
-	caPEM, err := r.secretValue(ctx, ns, field+".caSecretRef", t.CASecretRef)
+	caPEM, err := r.secretValue(ctx, ns, field+".caSecretRef", t.CASecretRef, maxCABundleBytes, "a CA bundle")
 	if err != nil {
 		return nil, "", err
 	}
