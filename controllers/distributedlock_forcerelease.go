@@ -72,7 +72,7 @@ func (r *DistributedLockReconciler) releaseByToken(ctx context.Context, dl *lock
 				found = &hs
 				break
 			}
-			others = append(others, fmt.Sprintf("%s (%d)", h.Identity, hs.Fence))
+			others = append(others, fmt.Sprintf("%s (%d)", h.Shown().Identity, hs.Fence))
 		}
 	}
 	if found == nil {
@@ -89,14 +89,14 @@ func (r *DistributedLockReconciler) releaseByToken(ctx context.Context, dl *lock
 	switch {
 	case err == nil:
 	case errors.Is(err, lock.ErrNotHeld):
-		refuse("%s asked to release fencing token %d of %s, but the lease had already ended", by, fence, h.Identity)
+		refuse("%s asked to release fencing token %d of %s, but the lease had already ended", by, fence, h.Shown().Identity)
 		return
 	default:
-		refuse("%s asked to release fencing token %d of %s, but the backend failed: %s; nothing was released, ask again", by, fence, h.Identity, backend.Describe(err))
+		refuse("%s asked to release fencing token %d of %s, but the backend failed: %s; nothing was released, ask again", by, fence, h.Shown().Identity, backend.Describe(err))
 		return
 	}
 	metrics.ForceReleases.WithLabelValues(h.Kind).Inc()
-	msg := fmt.Sprintf("%s force-released the lease of %s (fencing token %d); the holder has lost the lock (onLost: %s)", by, h.Identity, fence, dl.Spec.OnLost)
+	msg := fmt.Sprintf("%s force-released the lease of %s (fencing token %d); the holder has lost the lock (onLost: %s)", by, h.Shown().Identity, fence, dl.Spec.OnLost)
 	if h.Kind == lockKind {
 		msg += "; the manual holder waits for the lock again: remove spec.holder to end its hold"
 	}

@@ -171,7 +171,7 @@ func (r *DistributedLockReconciler) report(dl *locksv1alpha1.DistributedLock, ob
 	}
 	if obs.lost != nil {
 		r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventLost, "Renew",
-			"Lost the lease of %s (fencing token %d): %s", holder.Decode(obs.lost.Lease.Holder).Identity, obs.lost.Lease.Fence, backend.Describe(obs.lost.Err))
+			"Lost the lease of %s (fencing token %d): %s", holder.Decode(obs.lost.Lease.Holder).Shown().Identity, obs.lost.Lease.Fence, backend.Describe(obs.lost.Err))
 		r.clearLost(client.ObjectKeyFromObject(dl), *obs.lost)
 	}
 	r.recordEvents(dl, obs)
@@ -293,7 +293,7 @@ func (r *DistributedLockReconciler) releaseUnwanted(ctx context.Context, dl *loc
 	case err == nil:
 		metrics.HoldSeconds.WithLabelValues(lockKind).Observe(obs.now.Sub(l.Acquired).Seconds())
 		obs.event(locksv1alpha1.EventReleased, "Release",
-			"Released the keys held by %s (fencing token %d)", holder.Decode(l.Holder).Identity, l.Fence)
+			"Released the keys held by %s (fencing token %d)", holder.Decode(l.Holder).Shown().Identity, l.Fence)
 	case errors.Is(err, lock.ErrNotHeld):
 	default:
 		logf.FromContext(ctx).Error(err, "Releasing lease failed; it expires with its TTL", "holder", holder.Decode(l.Holder).Identity)
@@ -433,7 +433,7 @@ func (r *DistributedLockReconciler) release(ctx context.Context, dl *locksv1alph
 	case err == nil:
 		metrics.HoldSeconds.WithLabelValues(lockKind).Observe(obs.now.Sub(l.Acquired).Seconds())
 		obs.event(locksv1alpha1.EventReleased, "Release",
-			"Released the keys held by %s (fencing token %d)", holder.Decode(l.Holder).Identity, l.Fence)
+			"Released the keys held by %s (fencing token %d)", holder.Decode(l.Holder).Shown().Identity, l.Fence)
 		log.Info("Released lease", "holder", holder.Decode(l.Holder).Identity, "fence", l.Fence)
 	case errors.Is(err, lock.ErrNotHeld):
 		log.V(1).Info("Lease was no longer held", "holder", holder.Decode(l.Holder).Identity)

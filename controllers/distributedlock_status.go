@@ -57,7 +57,7 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 
 	held := firstHeld(obs.states)
 	if held != nil {
-		h := holder.Decode(held.Holder)
+		h := holder.Decode(held.Holder).Shown()
 		st.Holder = &locksv1alpha1.HolderStatus{Identity: h.Identity, Cluster: h.Cluster, Lock: h.Lock, Kind: h.Kind, Namespace: h.Namespace, Name: h.Name}
 		st.FencingToken = held.Fence
 		if old.Holder != nil && *old.Holder == *st.Holder && old.FencingToken == st.FencingToken && old.AcquiredTime != nil {
@@ -78,13 +78,14 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 		st.HolderCount = ptr.To(clampInt32(holderCount(k)))
 		st.QueueLength = ptr.To(clampInt32(queueLength(k)))
 		for _, hs := range holdersOf(k) {
-			h := holder.Decode(hs.Holder)
+			raw := holder.Decode(hs.Holder)
+			h := raw.Shown()
 			acquired := apiTime(hs.Acquired)
 			e := locksv1alpha1.HolderStatus{Identity: h.Identity, Cluster: h.Cluster, Lock: h.Lock, Kind: h.Kind, Namespace: h.Namespace, Name: h.Name, FencingToken: hs.Fence}
 			if !hs.Acquired.IsZero() {
 				e.AcquiredTime = &acquired
 			}
-			if ours == nil && h.Of(cluster, dl.Namespace, dl.Name) {
+			if ours == nil && raw.Of(cluster, dl.Namespace, dl.Name) {
 				ours = &e
 			}
 			if len(st.Holders) < maxHoldersInStatus {
@@ -113,7 +114,7 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 				st.Holder.Identity, st.FencingToken, ttl/3, ttl))
 	case obs.lost != nil:
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonLost,
-			fmt.Sprintf("The lease of %s (fencing token %d) was lost: %s", holder.Decode(obs.lost.Lease.Holder).Identity, obs.lost.Lease.Fence, backend.Describe(obs.lost.Err)))
+			fmt.Sprintf("The lease of %s (fencing token %d) was lost: %s", holder.Decode(obs.lost.Lease.Holder).Shown().Identity, obs.lost.Lease.Fence, backend.Describe(obs.lost.Err)))
 	case held != nil && obs.waiting && obs.busy != nil:
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonWaiting,
 			fmt.Sprintf("Waiting at %s; the keys are held by %s (fencing token %d)", waitingFor(obs.busy, nil), st.Holder.Identity, st.FencingToken))
@@ -163,7 +164,7 @@ func waitingStatus(states []lock.KeyState) []locksv1alpha1.WaiterStatus {
 	out := make([]locksv1alpha1.WaiterStatus, len(ws))
 	for i, w := range ws {
 		since := apiTime(w.Since)
-		out[i] = locksv1alpha1.WaiterStatus{Identity: holder.Decode(w.Holder).Identity, Since: &since}
+		out[i] = locksv1alpha1.WaiterStatus{Identity: holder.Decode(w.Holder).Shown().Identity, Since: &since}
 	}
 	return out
 }
@@ -210,7 +211,7 @@ func waitingFor(busy *lock.HeldError, st *locksv1alpha1.DistributedLockStatus) s
 	pos := fmt.Sprintf("position %d of %d", max(busy.Position, 0)+1, max(busy.Waiters, busy.Position+1, 1))
 	switch {
 	case busy.Holder != "":
-		return fmt.Sprintf("%s, behind %s (fencing token %d)", pos, holder.Decode(busy.Holder).Identity, busy.Fence)
+		return fmt.Sprintf("%s, behind %s (fencing token %d)", pos, holder.Decode(busy.Holder).Shown().Identity, busy.Fence)
 	case st != nil && st.Holder != nil:
 		return fmt.Sprintf("%s, behind %s", pos, st.Holder.Identity)
 	default:

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -239,5 +241,53 @@ func TestComputeStatusStableAcrossTheAPIServer(t *testing.T) {
 	again := computeStatus(dl, &observation{now: statusNow.Add(30 * time.Second), states: states}, "prod")
 	if !equality.Semantic.DeepEqual(stored, again) {
 		t.Fatalf("status computed again from the same state differs from the stored one (-stored,+again):\n%s", cmp.Diff(stored, again))
+	}
+}
+
+// A tenant who owns the backend can write any holder string there. What
+// status shows of it (and so what kubectl prints to an administrator) has
+// no control characters, line breaks or bidi overrides, and is bounded.
+func TestComputeStatusEscapesWhatTheStoreWrote(t *testing.T) {
+	t.Parallel()
+	forged := holder.Holder{
+		Cluster: "prod\x1b[2K", Namespace: "ops\nbilling", Lock: "ledger\t", Kind: "Job\u202e", Name: "compact\r",
+		UID: "u9", Identity: "x\nbilling   payments-prod   ledger   nobody\x1b[2K\u202egnp.exe\x00" + strings.Repeat("y", 5000),
+	}
+	waiter := holder.Holder{Identity: "next\n\x1b]0;owned\x07" + strings.Repeat("z", 5000)}.Encode()
+	dl := testLock()
+	dl.Spec.Holder = &locksv1alpha1.ManualHolder{Identity: "maintenance"}
+	states := heldState(forged, 9)
+	states[0].Holders = []lock.HolderState{{Holder: forged.Encode(), Fence: 9, Acquired: statusNow}}
+	states[0].HolderCount = 1
+	states[0].Waiters = []lock.Waiter{{Holder: waiter, Since: statusNow}}
+	st := computeStatus(dl, &observation{now: statusNow, states: states, waiting: true, busy: &lock.HeldError{Holder: forged.Encode(), Fence: 9}}, "prod")
+
+	if st.Holder == nil || len(st.Holders) != 1 || len(st.Waiting) != 1 {
+		t.Fatalf("status shows holder %v, %d holders, %d waiters; want the forged holder and the waiter", st.Holder, len(st.Holders), len(st.Waiting))
+	}
+	texts := map[string]string{"status.waiting[0].identity": st.Waiting[0].Identity}
+	for name, h := range map[string]locksv1alpha1.HolderStatus{"status.holder": *st.Holder, "status.holders[0]": st.Holders[0]} {
+		for field, v := range map[string]string{"identity": h.Identity, "cluster": h.Cluster, "namespace": h.Namespace, "lock": h.Lock, "kind": h.Kind, "name": h.Name} {
+			texts[name+"."+field] = v
+		}
+	}
+	for _, c := range st.Conditions {
+		texts["condition "+c.Type] = c.Message
+	}
+	for field, v := range texts {
+		for _, r := range v {
+			if !unicode.IsPrint(r) {
+				t.Errorf("%s = %.80q... holds the unprintable %U", field, v, r)
+				break
+			}
+		}
+	}
+	if got := st.Holder.Identity; !strings.HasPrefix(got, `x\nbilling   payments-prod   ledger   nobody\x1b[2K\u202egnp.exe\x00yyy`) {
+		t.Errorf("status.holder.identity = %.120q..., want the store's text with its unprintable characters escaped", got)
+	}
+	for field, v := range map[string]string{"status.holder.identity": st.Holder.Identity, "status.holders[0].identity": st.Holders[0].Identity, "status.waiting[0].identity": st.Waiting[0].Identity} {
+		if n := utf8.RuneCountInString(v); n > holder.MaxShownIdentity {
+			t.Errorf("%s has %d characters, want at most %d (the CRD's maxLength)", field, n, holder.MaxShownIdentity)
+		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/holder"
+	"github.com/lockwarden/lockwarden/internal/printable"
 )
 
 const jobKind = "Job"
@@ -289,7 +290,8 @@ func describeHolder(identity string, fence int64) string {
 	if identity == "" {
 		return "another waiter ahead in the queue"
 	}
-	return fmt.Sprintf("%s (fencing token %d)", identity, fence)
+	// The identity comes from the backend: shown escaped and bounded.
+	return fmt.Sprintf("%s (fencing token %d)", printable.Bounded(identity, holder.MaxShownIdentity), fence)
 }
 
 // waitMemory is what the Job reconciler remembers about waiting Jobs between

@@ -296,25 +296,34 @@ type SecretKeyRef struct {
 type HolderStatus struct {
 	// identity is the holder identity stored in the backend: a manual holder's
 	// spec.holder.identity, or cluster/namespace/Kind/name/uid-prefix for a Job.
+	// Whoever can write the backend chooses these fields: the operator
+	// escapes unprintable characters (a line break shows as \n, ESC as \x1b)
+	// and cuts each to its maxLength, ending with "...".
 	// +optional
+	// +kubebuilder:validation:MaxLength=512
 	Identity string `json:"identity,omitempty"`
 	// cluster is the name of the cluster the holder runs in (the holding
 	// operator's --cluster-name), when lockwarden acquired it.
 	// +optional
+	// +kubebuilder:validation:MaxLength=253
 	Cluster string `json:"cluster,omitempty"`
 	// lock is the name of the DistributedLock (in namespace) the holder
 	// acquired through; with scope Global it may differ from this lock.
 	// +optional
+	// +kubebuilder:validation:MaxLength=253
 	Lock string `json:"lock,omitempty"`
 	// kind of the holding Kubernetes object: DistributedLock for a manual
 	// holder, Job for a gated Job.
 	// +optional
+	// +kubebuilder:validation:MaxLength=63
 	Kind string `json:"kind,omitempty"`
 	// namespace of the holding object.
 	// +optional
+	// +kubebuilder:validation:MaxLength=63
 	Namespace string `json:"namespace,omitempty"`
 	// name of the holding object.
 	// +optional
+	// +kubebuilder:validation:MaxLength=253
 	Name string `json:"name,omitempty"`
 	// fencingToken is this holder's fencing token (in status.holders).
 	// +optional
@@ -326,8 +335,10 @@ type HolderStatus struct {
 
 // WaiterStatus is one entry of the lock's FIFO queue.
 type WaiterStatus struct {
-	// identity of the waiter.
+	// identity of the waiter, as stored in the backend: escaped and cut as
+	// status.holder.identity is.
 	// +optional
+	// +kubebuilder:validation:MaxLength=512
 	Identity string `json:"identity,omitempty"`
 	// since is when it joined the queue.
 	// +optional

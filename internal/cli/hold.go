@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/printable"
 )
 
 // pollInterval is how often --wait reads the lock.
@@ -215,7 +216,7 @@ func waitFor(ctx context.Context, c client.Client, dl *locksv1alpha1.Distributed
 		last = cond
 		if shown := string(cond.Status) + "/" + cond.Reason; shown != lastShown {
 			lastShown = shown
-			fmt.Fprintf(out, "%s=%s (%s): %s\n", locksv1alpha1.ConditionManualHolderHeld, cond.Status, cond.Reason, cond.Message)
+			fmt.Fprintf(out, "%s=%s (%s): %s\n", locksv1alpha1.ConditionManualHolderHeld, cond.Status, cond.Reason, printable.String(cond.Message))
 		}
 		return (cond.Status == metav1.ConditionTrue) == held, nil
 	})

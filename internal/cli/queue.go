@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/printable"
 )
 
 func newQueueCommand(o *options) *cobra.Command {
@@ -121,7 +122,7 @@ func readQueue(ctx context.Context, c client.Client, ns, name string) (*queueVie
 
 func (q *queueView) print(out io.Writer, now time.Time) error {
 	dl := q.lock
-	fmt.Fprintf(out, "Lock %s/%s (keys %s): %s.\n", dl.Namespace, dl.Name, strings.Join(dl.Spec.Keys, ","), heldBy(&dl.Status, now))
+	fmt.Fprintf(out, "Lock %s/%s (keys %s): %s.\n", dl.Namespace, dl.Name, strings.Join(dl.Spec.Keys, ","), printable.String(heldBy(&dl.Status, now)))
 	if len(q.waiters) == 0 {
 		if dl.Status.ObservedGeneration == 0 && len(dl.Status.Conditions) == 0 {
 			_, err := fmt.Fprintln(out, "The operator has not reported this lock's status yet: is it running?")
@@ -146,7 +147,7 @@ func (q *queueView) print(out io.Writer, now time.Time) error {
 		if !r.since.IsZero() {
 			waiting = humanSince(now, r.since)
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", r.position, r.identity, job, waiting, r.source)
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", r.position, printable.String(r.identity), printable.String(job), waiting, r.source)
 	}
 	if err := w.Flush(); err != nil {
 		return err

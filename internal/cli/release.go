@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/printable"
 )
 
 type releaseOptions struct {
@@ -83,7 +84,7 @@ Asked the operator to release the lease of %s (fencing token %d) on lock %s/%s.
 The admission webhook records who asked in %s; the operator releases the lease, records the Event %s with who asked, and removes the request. The holder has then lost the lock (onLost: %s).
 See the outcome with: kubectl describe dlock %s -n %s
 `, name, locksv1alpha1.AnnotationForceRelease, target.FencingToken,
-		target.Identity, target.FencingToken, ns, name,
+		printable.String(target.Identity), target.FencingToken, ns, name,
 		locksv1alpha1.AnnotationForceReleaseBy, locksv1alpha1.EventForceReleased, dl.Spec.OnLost,
 		name, ns)
 	return err

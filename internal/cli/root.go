@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/printable"
 )
 
 // FieldManager is the field manager of every change the plugin makes, so
@@ -108,7 +109,8 @@ func Execute(ctx context.Context, streams genericiooptions.IOStreams, args []str
 	cmd.SetArgs(args)
 	err := cmd.ExecuteContext(ctx)
 	if err != nil {
-		fmt.Fprintln(streams.ErrOut, "error:", err)
+		// Errors may quote status, which comes partly from the backend.
+		fmt.Fprintln(streams.ErrOut, "error:", printable.String(err.Error()))
 	}
 	return err
 }

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/printable"
 )
 
 type statusOptions struct {
@@ -162,6 +163,13 @@ func printStatusTable(out io.Writer, locks []locksv1alpha1.DistributedLock, with
 		}
 		if withNamespace {
 			row = append([]string{dl.Namespace}, row...)
+		}
+		// Status comes from the backend (whoever can write it chooses the
+		// holder's identity) and may have been written by an older operator
+		// that did not escape it: no cell may add a row, a column or a
+		// terminal control sequence.
+		for i := range row {
+			row[i] = printable.String(row[i])
 		}
 		fmt.Fprintln(w, strings.Join(row, "\t"))
 	}

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/printable"
 )
 
 func newWhyCommand(o *options) *cobra.Command {
@@ -153,7 +154,14 @@ func backendProblem(dl *locksv1alpha1.DistributedLock) string {
 	return ""
 }
 
+// writeLines writes one sentence a line. The sentences quote annotations and
+// status, which come partly from the backend: each is escaped, so none adds
+// a line or controls the terminal.
 func writeLines(out io.Writer, lines []string) error {
-	_, err := fmt.Fprintln(out, strings.Join(lines, "\n"))
+	escaped := make([]string, len(lines))
+	for i, l := range lines {
+		escaped[i] = printable.String(l)
+	}
+	_, err := fmt.Fprintln(out, strings.Join(escaped, "\n"))
 	return err
 }

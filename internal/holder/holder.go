@@ -15,6 +15,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+
+	"github.com/lockwarden/lockwarden/internal/printable"
 )
 
 // prefix marks a holder string written by lockwarden (format version 1).
@@ -69,6 +71,34 @@ func Decode(s string) Holder {
 		return Holder{Identity: s}
 	}
 	return Holder{Cluster: parts[0], Namespace: parts[1], Lock: parts[2], Kind: parts[3], Name: parts[4], UID: parts[5], Identity: parts[6]}
+}
+
+// Lengths at most of the fields of a holder as status shows them: the
+// maxLength of status.holder, status.holders[] and status.waiting[] in the
+// CRD (api/v1alpha1, HolderStatus and WaiterStatus). MaxShownIdentity fits
+// a manual holder's identity (128) and a workload's,
+// cluster/namespace/Kind/name/uid-prefix (over 128 with long names).
+const (
+	MaxShownIdentity = 512
+	MaxShownName     = 253 // cluster, lock and name
+	MaxShownLabel    = 63  // namespace and kind
+)
+
+// Shown returns h as it may be shown to users (in status, conditions and
+// Events): every field with its unprintable characters escaped and cut to
+// its length at most. Whoever can write the backend chooses what Decode
+// returns; Shown keeps that from forging lines or reaching a terminal as
+// control sequences. Compare and derive tokens from h, never from Shown.
+func (h Holder) Shown() Holder {
+	return Holder{
+		Cluster:   printable.Bounded(h.Cluster, MaxShownName),
+		Kind:      printable.Bounded(h.Kind, MaxShownLabel),
+		Namespace: printable.Bounded(h.Namespace, MaxShownLabel),
+		Name:      printable.Bounded(h.Name, MaxShownName),
+		UID:       printable.Bounded(h.UID, MaxShownName),
+		Lock:      printable.Bounded(h.Lock, MaxShownName),
+		Identity:  printable.Bounded(h.Identity, MaxShownIdentity),
+	}
 }
 
 // Of reports whether h acquired through the DistributedLock namespace/lock of cluster.
