@@ -24,7 +24,44 @@ var (
 	ErrQuorum = errors.New("no quorum of lock nodes")
 	// ErrInvalidRequest: the arguments are wrong; nothing was sent to the backend.
 	ErrInvalidRequest = errors.New("invalid lock request")
+	// ErrReplyTooLarge: the backend announced a reply larger than the engine
+	// accepts; the connection was dropped without reading or allocating it.
+	ErrReplyTooLarge = errors.New("backend reply too large")
 )
+
+// ReplyTooLargeError is a reply whose declared length exceeds what an engine
+// accepts from its store. The engine refuses it before allocating for it
+// (the declared length is the peer's claim, not bytes received), and the
+// connection is not used again. It matches ErrReplyTooLarge.
+type ReplyTooLargeError struct {
+	// Store names the protocol ("postgres", "zookeeper", "etcd").
+	Store string
+	// Declared is the length the peer announced, in bytes.
+	Declared int64
+	// Limit is the largest length accepted, in bytes.
+	Limit int64
+}
+
+func (e *ReplyTooLargeError) Error() string {
+	return fmt.Sprintf("%s reply too large: the server announced %d bytes, more than the limit of %s", e.Store, e.Declared, formatBytes(e.Limit))
+}
+
+// Is makes a ReplyTooLargeError match ErrReplyTooLarge.
+func (e *ReplyTooLargeError) Is(target error) bool { return target == ErrReplyTooLarge }
+
+// formatBytes writes a size in the largest binary unit that divides it
+// exactly ("4 MiB", "1536 KiB", "10 bytes").
+func formatBytes(n int64) string {
+	for _, u := range []struct {
+		size int64
+		name string
+	}{{1 << 30, "GiB"}, {1 << 20, "MiB"}, {1 << 10, "KiB"}} {
+		if n >= u.size && n%u.size == 0 {
+			return fmt.Sprintf("%d %s", n/u.size, u.name)
+		}
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
 
 // HeldError says who holds a key that could not be acquired. It matches ErrNotAcquired.
 type HeldError struct {

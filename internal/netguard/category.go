@@ -42,7 +42,8 @@ const (
 	// example an SSH or HTTP server), or sent a reply the client cannot read.
 	CategoryNotRedis = "NotRedis"
 	// CategoryReplyTooLarge: a reply announced more data than the operator
-	// accepts (bulk size, element count, line length or nesting).
+	// accepts (Redis: bulk size, element count, line length or nesting;
+	// PostgreSQL, ZooKeeper, etcd: the length of a message).
 	CategoryReplyTooLarge = "ReplyTooLarge"
 	// CategoryConnectionClosed: the connection was closed or reset by the peer.
 	CategoryConnectionClosed = "ConnectionClosed"
@@ -75,7 +76,7 @@ var rules = []struct {
 	match    func(error) bool
 }{
 	{CategoryDeniedByPolicy, func(e error) bool { return errors.Is(e, ErrDenied) }},
-	{CategoryReplyTooLarge, func(e error) bool { return errors.Is(e, ErrReplyTooLarge) }},
+	{CategoryReplyTooLarge, func(e error) bool { return errors.Is(e, ErrReplyTooLarge) || errors.Is(e, lock.ErrReplyTooLarge) }},
 	{CategoryNotRedis, isNotRedis},
 	{CategoryTLSHandshakeFailed, isTLSFailure},
 	{CategoryAuthenticationFailed, redisReply(isAuthReply)},

@@ -72,6 +72,9 @@ func TestCategory(t *testing.T) {
 		{&ReplyError{Reason: "x", kind: ErrNotRedis}, CategoryNotRedis},
 		{&ReplyError{Reason: "x", kind: ErrUnsupportedReply}, CategoryNotRedis},
 		{&ReplyError{Reason: "x", Limit: "MaxBulk", kind: ErrReplyTooLarge}, CategoryReplyTooLarge},
+		{fmt.Errorf("%w: ping: %w", lock.ErrBackendUnavailable, &lock.NodeError{Node: "pg:5432", Err: &lock.ReplyTooLargeError{Store: "postgres", Declared: 1 << 30, Limit: 4 << 20}}), CategoryReplyTooLarge},
+		// The oversized reply is the root cause of the timeout that follows it.
+		{fmt.Errorf("ping: %w", errors.Join(context.DeadlineExceeded, &lock.ReplyTooLargeError{Store: "zookeeper"})), CategoryReplyTooLarge},
 		{fmt.Errorf("ping: %w", fmt.Errorf("redis: invalid reply: %q", secret)), CategoryNotRedis},
 		{fmt.Errorf("redis: can't parse %.100q", secret), CategoryNotRedis},
 		{&strconv.NumError{Func: "ParseInt", Num: secret, Err: strconv.ErrSyntax}, CategoryNotRedis},
