@@ -54,6 +54,15 @@ const (
 	// DefaultMaxConns is the default size of the connection pool (the
 	// listening connection of Watch and Acquire comes on top).
 	DefaultMaxConns = 8
+	// MaxReplyBytes bounds the body of one message the server sends. pgx
+	// would otherwise accept up to 1 GiB and allocate the announced length
+	// before the body arrives, so a server (which a tenant may run) could
+	// make every connection allocate 1 GiB with a 5-byte header. The largest
+	// message the Locker reads is a row of Inspect (a key of at most
+	// MaxKeyBytes, lock.MaxInspectWaiters holders) or a NOTIFY payload (at
+	// most 8000 bytes): kilobytes. 4 MiB leaves ample room for server error
+	// texts and is the bound the operator applies to a Redis bulk reply.
+	MaxReplyBytes = 4 << 20
 	// MaxKeyBytes bounds one key: keys are stored in a btree primary key
 	// (whose entries must stay well below a page) and sent hex-encoded in
 	// NOTIFY payloads (at most 8000 bytes).

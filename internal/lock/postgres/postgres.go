@@ -113,6 +113,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -122,6 +123,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
@@ -239,6 +241,13 @@ func connConfig(cfg Config, o options) (*pgx.ConnConfig, error) {
 		dial = d.DialContext
 	}
 	cc.DialFunc = pgconn.DialFunc(dial)
+	// Every message the server announces larger than MaxReplyBytes fails
+	// the connection before anything is allocated for it.
+	cc.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		f := pgproto3.NewFrontend(r, w)
+		f.SetMaxBodyLen(MaxReplyBytes)
+		return f
+	}
 	// A cancelled call interrupts its connection with a deadline (pgx then
 	// closes it) instead of sending a cancel request, which pgx would send
 	// on a new connection to the resolved IP address: past Dial's host check.
@@ -286,8 +295,13 @@ func (l *Locker) Ping(ctx context.Context) error {
 }
 
 // unavailable wraps a database failure so that it matches
-// lock.ErrBackendUnavailable and names the endpoint.
+// lock.ErrBackendUnavailable and names the endpoint. A message over
+// MaxReplyBytes is reported as a *lock.ReplyTooLargeError.
 func (l *Locker) unavailable(op string, err error) error {
+	var tooLarge *pgproto3.ExceededMaxBodyLenErr
+	if errors.As(err, &tooLarge) && !errors.Is(err, lock.ErrReplyTooLarge) {
+		err = fmt.Errorf("%w (%w)", &lock.ReplyTooLargeError{Store: "postgres", Declared: int64(tooLarge.ActualBodyLen), Limit: MaxReplyBytes}, err)
+	}
 	return fmt.Errorf("%w: %s: %w", lock.ErrBackendUnavailable, op, &lock.NodeError{Node: l.endpoint, Err: err})
 }
 
