@@ -48,6 +48,15 @@ const (
 	DefaultWaiterTTL = 30 * time.Second
 	// MinWaiterTTL is the shortest WithWaiterTTL accepted.
 	MinWaiterTTL = 100 * time.Millisecond
+	// MaxReplyBytes bounds one packet from the server, the connect response
+	// included. The client allocates the length a packet announces before
+	// its bytes arrive, so a server (which a tenant may run) could otherwise
+	// make it allocate up to 4 GiB per connection. ZooKeeper keeps node data
+	// under 1 MiB (jute.maxbuffer); the largest replies the Locker reads
+	// are a key node's children (its holder and queued waiters, tens of
+	// bytes each). 4 MiB is about four times the Java client's own bound and the
+	// bound the operator applies to a Redis bulk reply.
+	MaxReplyBytes = 4 << 20
 )
 
 // DefaultBackoff is Acquire's fallback polling when no watch fires: 10ms

@@ -188,9 +188,13 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		var d net.Dialer
 		dial = d.DialContext
 	}
-	l.dialer = &trackingDialer{dial: dial, conns: map[net.Conn]struct{}{}}
+	l.dialer = &trackingDialer{dial: dial, conns: map[net.Conn]struct{}{}, handshakeTimeout: cfg.sessionTimeout()}
 	conn, _, err := zk.Connect(cfg.Servers, cfg.sessionTimeout(),
 		zk.WithDialer(l.dialer.zkDial),
+		// The client's own bound, for the packets of a session (the
+		// dialer's frameConn bounds every packet, the connect response
+		// included, before the client sees it).
+		zk.WithMaxBufferSize(MaxReplyBytes),
 		// The configured addresses go to Dial as they are: the default host
 		// provider would resolve them first, blocking New and hiding the
 		// names from a policy-enforcing dialer.
@@ -292,12 +296,19 @@ func (z zkLogger) Printf(format string, args ...any) {
 }
 
 // trackingDialer opens connections with the configured Dial and remembers
-// them, so that Close can cut them; after Close it refuses to dial.
+// them, so that Close can cut them; after Close it refuses to dial. Every
+// connection is a frameConn: no packet over MaxReplyBytes, and the connect
+// response within handshakeTimeout.
 type trackingDialer struct {
-	dial  func(ctx context.Context, network, address string) (net.Conn, error)
-	mu    sync.Mutex
-	done  bool
-	conns map[net.Conn]struct{}
+	dial             func(ctx context.Context, network, address string) (net.Conn, error)
+	handshakeTimeout time.Duration
+	mu               sync.Mutex
+	done             bool
+	conns            map[net.Conn]struct{}
+
+	// tooLarge is the last packet refused, until a later connection gets
+	// a packet through: the cause behind the failures that follow.
+	tooLarge atomic.Pointer[lock.ReplyTooLargeError]
 }
 
 var errLockerClosed = errors.New("the zookeeper Locker is closed")
@@ -315,13 +326,22 @@ func (d *trackingDialer) zkDial(network, address string, timeout time.Duration) 
 	if err != nil {
 		return nil, err
 	}
+	fc, err := newFrameConn(c, MaxReplyBytes, time.Now().Add(d.handshakeTimeout), d.tooLarge.Store, func() {
+		if d.tooLarge.Load() != nil {
+			d.tooLarge.Store(nil)
+		}
+	})
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.done {
 		_ = c.Close()
 		return nil, errLockerClosed
 	}
-	tc := &trackedConn{Conn: c, d: d}
+	tc := &trackedConn{Conn: fc, d: d}
 	d.conns[tc] = struct{}{}
 	return tc, nil
 }
@@ -535,6 +555,11 @@ func (l *Locker) unavailable(op string, err error) error {
 	node := l.servers
 	if s := l.conn.Server(); s != "" {
 		node = s
+	}
+	if tooLarge := l.dialer.tooLarge.Load(); tooLarge != nil && !errors.Is(err, lock.ErrReplyTooLarge) {
+		// The client only logs why it dropped a connection; its callers
+		// see timeouts or a closed connection. Name the cause.
+		err = fmt.Errorf("%w; the client dropped its connection: %w", err, tooLarge)
 	}
 	return fmt.Errorf("%w: %s: %w", lock.ErrBackendUnavailable, op, &lock.NodeError{Node: node, Err: err})
 }
