@@ -104,6 +104,15 @@ func (c Config) prefix() string {
 	return c.Prefix
 }
 
+// MaxReplyBytes bounds one gRPC message from the cluster. The etcd client
+// otherwise accepts up to 2 GiB, buffering a message as it arrives, so a
+// server (which a tenant may run) could make it hold that much per call.
+// The largest replies the Locker reads are a key's queue (keys only) and
+// watch events of its holders: kilobytes for ordinary queues. 4 MiB is
+// gRPC's own default, above the 1.5 MiB etcd accepts in one request by
+// default, and the bound the operator applies to a Redis bulk reply.
+const MaxReplyBytes = 4 << 20
+
 // Defaults of the options.
 const (
 	// DefaultOpTimeout bounds one etcd call (see WithOpTimeout).

@@ -115,6 +115,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
@@ -169,6 +171,9 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		// within seconds rather than the kernel's TCP timeout.
 		DialKeepAliveTime:    5 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
+		// A message announced over the bound fails its call at once,
+		// before any of it is read.
+		MaxCallRecvMsgSize: MaxReplyBytes,
 	}
 	if dial := cfg.Dial; dial != nil {
 		// Every gRPC connection (to every endpoint, on every reconnect) is
@@ -265,7 +270,28 @@ func (l *Locker) cleanupContext(ctx context.Context) (context.Context, context.C
 
 // unavailable wraps an etcd or transport failure.
 func (l *Locker) unavailable(op string, err error) error {
+	if tooLarge := replyTooLarge(err); tooLarge != nil {
+		err = fmt.Errorf("%w (%w)", tooLarge, err)
+	}
 	return fmt.Errorf("%w: %s: %w", lock.ErrBackendUnavailable, op, &lock.NodeError{Node: l.node, Err: err})
+}
+
+// replyTooLarge recognizes gRPC's refusal of a message over
+// MaxCallRecvMsgSize (status ResourceExhausted, which the server also uses,
+// for a full database, hence the text).
+func replyTooLarge(err error) *lock.ReplyTooLargeError {
+	if err == nil || errors.Is(err, lock.ErrReplyTooLarge) {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.ResourceExhausted {
+		return nil
+	}
+	var declared, limit int64
+	if _, err := fmt.Sscanf(st.Message(), "grpc: received message larger than max (%d vs. %d)", &declared, &limit); err != nil {
+		return nil
+	}
+	return &lock.ReplyTooLargeError{Store: "etcd", Declared: declared, Limit: limit}
 }
 
 // revokeLater revokes leases in the background (an unused grant, the lease
