@@ -223,7 +223,8 @@ func (r *Registry) resolve(ctx context.Context, src *source) (Config, string, er
 		return r.secretValue(ctx, ns, field+"."+name, ref, maxCredentialBytes, what)
 	}
 	// Every store but Redis speaks its own protocol and does its own TLS:
-	// the dialer enforces the endpoint policy at every connection.
+	// the dialer enforces the endpoint policy at every connection, and each
+	// engine bounds the replies it reads (its MaxReplyBytes).
 	dial := netguard.Dialer(netguard.DialOptions{Policy: src.endpoints, Timeout: dialTimeout, NotRESP: true})
 	var (
 		cfg     Config

@@ -26,8 +26,10 @@ type DialOptions struct {
 	Limits Limits
 	// NotRESP says the connection carries another protocol than Redis's
 	// (PostgreSQL, ZooKeeper, etcd's gRPC): the policy and timeout apply,
-	// the RESP reply validator does not. Those clients bound what they read
-	// themselves, and do their own TLS (set no TLS here for them).
+	// the RESP reply validator does not. Those clients do their own TLS (set
+	// no TLS here for them), and their lock engines bound what they read,
+	// each to its MaxReplyBytes: the clients' own defaults do not (1 GiB,
+	// unbounded, 2 GiB).
 	NotRESP bool
 	// Timeout bounds the connection and the TLS handshake together, on top of
 	// the context's deadline. Zero: only the context bounds them.
