@@ -132,7 +132,7 @@ func (f *frameConn) SetReadDeadline(t time.Time) error {
 
 // SetDeadline sets both deadlines, the read one as SetReadDeadline does.
 func (f *frameConn) SetDeadline(t time.Time) error {
-	if err := f.Conn.SetWriteDeadline(t); err != nil {
+	if err := f.SetWriteDeadline(t); err != nil {
 		return err
 	}
 	return f.SetReadDeadline(t)

@@ -99,7 +99,7 @@ func TestStalledHandshakeIsCut(t *testing.T) {
 func TestFrameConnFollowsPacketsAcrossReads(t *testing.T) {
 	packet := func(n int) []byte {
 		b := make([]byte, 4+n)
-		binary.BigEndian.PutUint32(b, uint32(n)) //nolint:gosec // G115: small test sizes
+		binary.BigEndian.PutUint32(b, uint32(n))
 		return b
 	}
 	var stream []byte
