@@ -1,10 +1,13 @@
 package redis
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
@@ -43,4 +46,15 @@ func tlsFor(servers ...*redistest.Server) *tls.Config {
 
 func lockerFactory(cfg Config, opts ...Option) func(t *testing.T) lock.Locker {
 	return func(t *testing.T) lock.Locker { return newTestLocker(t, cfg, opts...) }
+}
+
+// waitIdle waits until none of l's calls that outlive their operation (a
+// Redlock operation returns once a majority answered) still runs.
+func waitIdle(t testing.TB, l *Locker) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return l.bg.running() == 0, nil
+	}); err != nil {
+		t.Fatalf("%d background calls still run: %v", l.bg.running(), err)
+	}
 }

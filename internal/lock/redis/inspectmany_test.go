@@ -70,6 +70,7 @@ func TestInspectManyAnswersAsInspectInOneRoundTrip(t *testing.T) {
 			if _, err := l.Inspect(ctx, keys[0]); err != nil {
 				t.Fatal(err)
 			}
+			waitIdle(t, l) // the acquisitions' late calls must not count below
 			counters := make([]*countingClient, n)
 			before := make([]int, n)
 			for i, nd := range l.nodes {
