@@ -8,11 +8,16 @@
 // number of backends and distinct TTLs, not with the number of leases. A renewal the backend refuses
 // (the lease is gone) and a lease whose validity ran out while the backend did
 // not answer are reported as lost, never silently re-acquired.
+//
+// Every call must come back by the time its first lease expires (its
+// context ends then), and a lease found expired is reported lost without a
+// call.
 package watchdog
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -61,6 +66,10 @@ type held struct {
 	locker  lock.Locker
 	lease   *lock.Lease
 	renewAt time.Time
+	// sent is set while a RenewAll call carrying this lease is in flight.
+	sent bool
+	// failed is why the last renewal did not renew the lease (nil: none failed).
+	failed error
 }
 
 // Option configures a Watchdog.
@@ -200,34 +209,49 @@ type batchKey struct {
 }
 
 type batch struct {
+	key    batchKey
 	refs   []holder.Ref
 	leases []*lock.Lease
+	// expires is the earliest expiry of the leases: the call is pointless
+	// after it.
+	expires time.Time
 }
 
 // RenewDue renews every lease that is due now, together with the leases of
 // the same backend and TTL that would be due within a sixth of their TTL, in
 // one RenewAll call per backend and TTL, and returns when those calls are
 // answered. A backend and TTL whose previous batch is still in flight is
-// left for a later look.
+// left for a later look, and so is a batch that finds no room (see Start).
 func (w *Watchdog) RenewDue(ctx context.Context) {
 	var wg sync.WaitGroup
 	w.dispatch(ctx, &wg)
 	wg.Wait()
 }
 
-// dispatch starts a RenewAll call for every batch that is due, unless the
+// dispatch reports lost the leases that expired before a renewal could be
+// sent, and starts a RenewAll call for every batch that is due, unless the
 // same backend and TTL has one in flight or the bound on calls in flight is
 // reached; wg counts the calls started.
 func (w *Watchdog) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 	now := w.clock.Now()
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if now.Before(w.nextDue) {
+		w.mu.Unlock()
 		return // no lease is due yet: spare the look at every lease
 	}
-	batches := map[batchKey]*batch{}
+	var expired []Lost
 	due := map[batchKey]bool{}
-	for _, h := range w.leases {
+	for ref, h := range w.leases {
+		if h.sent {
+			continue // its call in flight decides
+		}
+		if !now.Before(h.lease.Expires) {
+			// No renewal can help any more: the lease may have expired in
+			// the store and someone else may hold the keys.
+			delete(w.leases, ref)
+			expired = append(expired, Lost{Ref: ref, Lease: h.lease, Err: expiredErr(h, now)})
+			continue
+		}
 		if !now.Before(h.renewAt) {
 			k := batchKey{h.locker, h.lease.TTL}
 			if !w.inFlight[k] {
@@ -235,6 +259,7 @@ func (w *Watchdog) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 			}
 		}
 	}
+	batches := map[batchKey]*batch{}
 	var next time.Time // the earliest renewAt of the leases left out
 	for ref, h := range w.leases {
 		k := batchKey{h.locker, h.lease.TTL}
@@ -246,11 +271,14 @@ func (w *Watchdog) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 		}
 		b := batches[k]
 		if b == nil {
-			b = &batch{}
+			b = &batch{key: k, expires: h.lease.Expires}
 			batches[k] = b
 		}
 		b.refs = append(b.refs, ref)
 		b.leases = append(b.leases, h.lease)
+		if h.lease.Expires.Before(b.expires) {
+			b.expires = h.lease.Expires
+		}
 	}
 	// Leases in flight move nextDue when their batch is answered.
 	w.nextDue = next
@@ -264,9 +292,17 @@ func (w *Watchdog) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 			continue
 		}
 		w.inFlight[k] = true
+		for _, ref := range b.refs {
+			w.leases[ref].sent = true
+		}
+		// The call ends when its first lease expires: an answer after that
+		// renews nothing that is still held, and a backend that stalls
+		// holds the place no longer than its own leases last.
+		cctx, cancel := context.WithTimeout(ctx, b.expires.Sub(now))
 		wg.Add(1)
 		go func() {
 			defer func() {
+				cancel()
 				w.mu.Lock()
 				delete(w.inFlight, k)
 				// The leases of k left out of nextDue while in flight
@@ -275,9 +311,30 @@ func (w *Watchdog) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 				w.mu.Unlock()
 				wg.Done()
 			}()
-			w.renewBatch(ctx, k, b)
+			w.renewBatch(cctx, k, b)
 		}()
 	}
+	if len(expired) > 0 {
+		for _, l := range expired {
+			metrics.Renewals.WithLabelValues(metrics.ResultLost).Inc()
+			if v := w.log.V(1); v.Enabled() {
+				v.Info("Lease expired before it could be renewed", "kind", l.Ref.Kind, "namespace", l.Ref.Namespace, "name", l.Ref.Name)
+			}
+		}
+		metrics.LeasesHeld.Set(float64(len(w.leases)))
+	}
+	callbacks := w.onLost
+	w.mu.Unlock()
+	w.report(expired, callbacks)
+}
+
+// expiredErr explains a lease that expired before a renewal could be sent.
+func expiredErr(h *held, now time.Time) error {
+	err := fmt.Errorf("%w: expired %v ago before a renewal could be sent", lock.ErrLost, now.Sub(h.lease.Expires))
+	if h.failed != nil {
+		err = errors.Join(err, h.failed)
+	}
+	return err
 }
 
 func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
@@ -292,6 +349,7 @@ func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
 		if !ok || h.lease != b.leases[i] {
 			continue // dropped or replaced while the renewal was in flight
 		}
+		h.sent = false
 		var err error
 		if i < len(errs) {
 			err = errs[i]
@@ -300,6 +358,7 @@ func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
 		case err == nil && i < len(renewed) && renewed[i] != nil:
 			renewedN++
 			h.lease = renewed[i]
+			h.failed = nil
 			h.renewAt = renewAt(renewed[i], renewed[i].Expires.Sub(now))
 			w.dueBy(h.renewAt)
 		case err != nil && errors.Is(err, lock.ErrLost):
@@ -314,6 +373,7 @@ func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
 			lost = append(lost, Lost{Ref: ref, Lease: h.lease, Err: errors.Join(lock.ErrLost, err)})
 		default:
 			failedN++
+			h.failed = err
 			w.dueBy(h.renewAt) // due: retried on the next tick
 			// The message of an error is built only when logged: a batch
 			// that failed on a node has thousands of them.
@@ -328,6 +388,12 @@ func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
 	w.mu.Unlock()
 	metrics.Renewals.WithLabelValues(metrics.ResultOK).Add(float64(renewedN))
 	metrics.Renewals.WithLabelValues(metrics.ResultError).Add(float64(failedN))
+	w.report(lost, callbacks)
+}
+
+// report counts, logs and hands to the callbacks the leases lost. Call
+// without w.mu held.
+func (w *Watchdog) report(lost []Lost, callbacks []func(Lost)) {
 	for _, l := range lost {
 		metrics.LeasesLost.WithLabelValues(l.Ref.Kind).Inc()
 		w.log.Info("Lost lease", "kind", l.Ref.Kind, "namespace", l.Ref.Namespace, "name", l.Ref.Name, "fence", l.Lease.Fence, "error", l.Err.Error())

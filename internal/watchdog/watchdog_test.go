@@ -279,7 +279,7 @@ func TestARefusedRenewalIsReportedLost(t *testing.T) {
 	}
 
 	// The lost lease is never renewed again.
-	clk.Step(ttl)
+	clk.Step(ttl / 3)
 	w.RenewDue(t.Context())
 	if diff := cmp.Diff([]renewCall{{Keys: []string{"gone", "kept"}, TTL: ttl}, {Keys: []string{"kept"}, TTL: ttl}}, backend.Calls()); diff != "" {
 		t.Errorf("RenewAll calls (-want,+got):\n%s", diff)
@@ -288,7 +288,8 @@ func TestARefusedRenewalIsReportedLost(t *testing.T) {
 
 // TestABackendErrorIsRetriedUntilTheLeaseExpires: a backend that does not
 // answer loses no lease while the lease is still valid; once the validity
-// ran out (someone else may hold the keys now) the lease is reported lost.
+// ran out (someone else may hold the keys now) the lease is reported lost,
+// and a lease found expired is not sent to the backend at all.
 func TestABackendErrorIsRetriedUntilTheLeaseExpires(t *testing.T) {
 	t.Parallel()
 	timeout := errors.New("i/o timeout")
@@ -299,14 +300,15 @@ func TestABackendErrorIsRetriedUntilTheLeaseExpires(t *testing.T) {
 		// noLease makes the backend return neither a lease nor an error.
 		noLease  bool
 		wantLost bool
+		// notSent: the lease has expired when looked at; no renewal is sent.
+		notSent bool
 	}{
 		"at a third of the TTL":                {sentAt: ttl / 3},
 		"a moment before expiry":               {sentAt: ttl - time.Millisecond},
-		"at expiry":                            {sentAt: ttl, wantLost: true},
-		"after expiry":                         {sentAt: ttl + time.Second, wantLost: true},
+		"at expiry":                            {sentAt: ttl, wantLost: true, notSent: true},
+		"after expiry":                         {sentAt: ttl + time.Second, wantLost: true, notSent: true},
 		"sent before expiry, answered after":   {sentAt: ttl / 3, stall: ttl, wantLost: true},
 		"no lease and no error, before expiry": {sentAt: ttl / 3, noLease: true},
-		"no lease and no error, at expiry":     {sentAt: ttl, noLease: true, wantLost: true},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -333,7 +335,11 @@ func TestABackendErrorIsRetriedUntilTheLeaseExpires(t *testing.T) {
 				if err := lost.lost[0].Err; !errors.Is(err, lock.ErrLost) {
 					t.Errorf("Lost.Err = %v, want it to match lock.ErrLost", err)
 				}
-				if !tc.noLease && !errors.Is(lost.lost[0].Err, timeout) {
+				calls := backend.Calls()
+				switch {
+				case tc.notSent && len(calls) != 0:
+					t.Errorf("RenewAll calls = %+v for a lease that had expired, want none", calls)
+				case !tc.notSent && !tc.noLease && !errors.Is(lost.lost[0].Err, timeout):
 					t.Errorf("Lost.Err = %v, want it to carry the backend's error", lost.lost[0].Err)
 				}
 				if holding {
