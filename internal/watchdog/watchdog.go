@@ -9,15 +9,18 @@
 // (the lease is gone) and a lease whose validity ran out while the backend did
 // not answer are reported as lost, never silently re-acquired.
 //
-// Every call must come back by the time its first lease expires (its
-// context ends then), and a lease found expired is reported lost without a
-// call.
+// The calls in flight are bounded, in all and per backend, and the free
+// places go to the due batches whose leases expire first. Every call must
+// come back by the time its first lease expires (its context ends then): a
+// backend that stalls holds a few places, each at most until its own leases
+// expire, and never the renewals of the other backends.
 package watchdog
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -36,6 +39,11 @@ const DefaultTick = 250 * time.Millisecond
 // at most, over all backends.
 const DefaultMaxBatches = 16
 
+// DefaultMaxBatchesPerBackend is how many RenewAll calls the watchdog has in
+// flight at most on one backend (one lock.Locker): a backend that stalls
+// holds no more of the DefaultMaxBatches places than this.
+const DefaultMaxBatchesPerBackend = 4
+
 // Lost reports a lease that is no longer held.
 type Lost struct {
 	Ref   holder.Ref
@@ -50,6 +58,8 @@ type Watchdog struct {
 	tick       time.Duration
 	log        logr.Logger
 	maxBatches int
+	// maxPerBackend bounds the calls in flight on one backend.
+	maxPerBackend int
 
 	mu     sync.Mutex
 	onLost []func(Lost)
@@ -57,6 +67,8 @@ type Watchdog struct {
 	// inFlight holds the backend and TTL of every batch being renewed: its
 	// leases are not sent again until it is answered.
 	inFlight map[batchKey]bool
+	// perBackend counts the calls in flight on each backend.
+	perBackend map[lock.Locker]int
 	// nextDue is no later than the earliest renewAt of the leases not in
 	// flight: before it, a tick has nothing to look at (zero: look).
 	nextDue time.Time
@@ -89,16 +101,26 @@ func WithLogger(l logr.Logger) Option { return func(w *Watchdog) { w.log = l } }
 // finds no room waits for the next tick.
 func WithMaxBatches(n int) Option { return func(w *Watchdog) { w.maxBatches = max(n, 1) } }
 
+// WithMaxBatchesPerBackend bounds how many RenewAll calls are in flight at
+// once on one backend (default DefaultMaxBatchesPerBackend; at least 1), so
+// that a backend slow to answer leaves the other places to other backends.
+// A due batch that finds its backend at the bound waits for the next tick.
+func WithMaxBatchesPerBackend(n int) Option {
+	return func(w *Watchdog) { w.maxPerBackend = max(n, 1) }
+}
+
 // New returns a watchdog that calls onLost (when not nil, from its own
 // goroutine) for every lease it loses; OnLost adds more callbacks.
 func New(onLost func(Lost), opts ...Option) *Watchdog {
 	w := &Watchdog{
-		clock:      clock.RealClock{},
-		tick:       DefaultTick,
-		log:        logr.Discard(),
-		maxBatches: DefaultMaxBatches,
-		leases:     map[holder.Ref]*held{},
-		inFlight:   map[batchKey]bool{},
+		clock:         clock.RealClock{},
+		tick:          DefaultTick,
+		log:           logr.Discard(),
+		maxBatches:    DefaultMaxBatches,
+		maxPerBackend: DefaultMaxBatchesPerBackend,
+		leases:        map[holder.Ref]*held{},
+		inFlight:      map[batchKey]bool{},
+		perBackend:    map[lock.Locker]int{},
 	}
 	if onLost != nil {
 		w.onLost = append(w.onLost, onLost)
@@ -213,7 +235,7 @@ type batch struct {
 	refs   []holder.Ref
 	leases []*lock.Lease
 	// expires is the earliest expiry of the leases: the call is pointless
-	// after it.
+	// after it, and the batch whose expires comes first is sent first.
 	expires time.Time
 }
 
@@ -229,9 +251,10 @@ func (w *Watchdog) RenewDue(ctx context.Context) {
 }
 
 // dispatch reports lost the leases that expired before a renewal could be
-// sent, and starts a RenewAll call for every batch that is due, unless the
-// same backend and TTL has one in flight or the bound on calls in flight is
-// reached; wg counts the calls started.
+// sent, and starts a RenewAll call for every batch that is due, earliest
+// expiry first, while the bounds on calls in flight (in all and on the
+// batch's backend) leave room and the same backend and TTL has no call in
+// flight; wg counts the calls started.
 func (w *Watchdog) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 	now := w.clock.Now()
 	w.mu.Lock()
@@ -285,13 +308,24 @@ func (w *Watchdog) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 	if next.IsZero() {
 		w.nextDue = now.Add(24 * time.Hour)
 	}
-	for k, b := range batches {
-		if len(w.inFlight) >= w.maxBatches {
-			w.log.V(1).Info("Too many renewals in flight; the batch waits for the next tick", "leases", len(b.leases), "ttl", k.ttl.String())
+	order := make([]*batch, 0, len(batches))
+	for _, b := range batches {
+		order = append(order, b)
+	}
+	// The most urgent renewal first: a place that frees goes to the batch
+	// whose lease would expire first, not to whichever the map yields.
+	slices.SortFunc(order, func(a, b *batch) int { return a.expires.Compare(b.expires) })
+	for _, b := range order {
+		k := b.key
+		if len(w.inFlight) >= w.maxBatches || w.perBackend[k.locker] >= w.maxPerBackend {
+			w.log.V(1).Info("Too many renewals in flight; the batch waits for the next tick",
+				"leases", len(b.leases), "ttl", k.ttl.String(), "validFor", b.expires.Sub(now).String(),
+				"inFlight", len(w.inFlight), "inFlightOnBackend", w.perBackend[k.locker])
 			w.dueBy(now)
 			continue
 		}
 		w.inFlight[k] = true
+		w.perBackend[k.locker]++
 		for _, ref := range b.refs {
 			w.leases[ref].sent = true
 		}
@@ -305,6 +339,9 @@ func (w *Watchdog) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 				cancel()
 				w.mu.Lock()
 				delete(w.inFlight, k)
+				if w.perBackend[k.locker]--; w.perBackend[k.locker] <= 0 {
+					delete(w.perBackend, k.locker)
+				}
 				// The leases of k left out of nextDue while in flight
 				// count again: look at every lease on the next tick.
 				w.nextDue = time.Time{}
