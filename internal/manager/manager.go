@@ -28,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -200,6 +201,11 @@ func ParseFlags(args []string) (*Options, error) {
 	}
 	if o.resyncPeriod < time.Second {
 		return nil, fmt.Errorf("--resync-period (%v) must be at least 1s", o.resyncPeriod)
+	}
+	// The name is a field of every lease's holder record (fields separated
+	// by '|') and of workload identities (separated by '/').
+	if errs := validation.IsDNS1123Subdomain(o.clusterName); len(errs) > 0 {
+		return nil, fmt.Errorf("--cluster-name %q must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', at most 253 characters): %s", o.clusterName, strings.Join(errs, "; "))
 	}
 	o.namespace = os.Getenv("POD_NAMESPACE")
 	if o.namespace == "" {

@@ -205,6 +205,9 @@ func TestParseFlagsRejectsBadElectionTimings(t *testing.T) {
 		{[]string{"--endpoint-allow=10.0.0.0/33"}, "10.0.0.0/33"},
 		{[]string{"--endpoint-deny=redis.example.com"}, "redis.example.com"},
 		{[]string{"--max-concurrent-reconciles=0"}, "--max-concurrent-reconciles"},
+		{[]string{"--cluster-name=prod|eu"}, "--cluster-name"},
+		{[]string{"--cluster-name=prod/eu"}, "--cluster-name"},
+		{[]string{"--cluster-name="}, "--cluster-name"},
 	} {
 		if _, err := ParseFlags(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("ParseFlags(%q) = %v, want an error naming %q", tc.args, err, tc.want)
