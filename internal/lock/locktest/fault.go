@@ -173,6 +173,12 @@ type Faults struct {
 	// The count holds only while the backend keeps its state: restart
 	// servers with persistence (or after the TTL), not empty.
 	Limit int
+	// EmptyRestarts says that Inject restarts servers without their data, so
+	// that a store forgets the leases it granted: exclusion cannot hold then
+	// and is not checked, only the fencing tokens and the register are (the
+	// fence must not go backwards even when the store forgets). Default
+	// false: every run checks exclusion (see checkExclusion).
+	EmptyRestarts bool
 }
 
 // faultSeeds returns the first seed, the number of runs, and whether the
@@ -278,7 +284,10 @@ func RunFaults(t *testing.T, name string, seed uint64, tally *FaultTally, f Faul
 			}
 		})
 		if f.Limit > 1 {
-			st := semFaultRun(t, seed, f)
+			st, err := semFaultRun(t, seed, f)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if tally != nil {
 				tally.semaphore.Store(true)
 				tally.acquired.Add(st.acquired)
@@ -289,7 +298,10 @@ func RunFaults(t *testing.T, name string, seed uint64, tally *FaultTally, f Faul
 			}
 			return
 		}
-		a, r := faultRun(t, seed, f)
+		a, r, err := faultRun(t, seed, f)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if tally != nil {
 			tally.acquired.Add(a)
 			tally.rejected.Add(r)
@@ -297,7 +309,31 @@ func RunFaults(t *testing.T, name string, seed uint64, tally *FaultTally, f Faul
 	})
 }
 
-func faultRun(t *testing.T, seed uint64, f Faults) (acquired, rejected int64) {
+// FindViolation is the negative control of the fault harness: it runs up
+// to runs seeded fault runs of f (a mutant store's) and returns the first
+// violation one of them found, or nil when every run passed. The runs are
+// logged as RunFaults logs them, but a violation does not fail t.
+func FindViolation(t *testing.T, runs int, f Faults) error {
+	t.Helper()
+	base, runs, _ := faultSeeds(t, runs)
+	for i := range runs {
+		seed := base + uint64(i)
+		var err error
+		if f.Limit > 1 {
+			_, err = semFaultRun(t, seed, f)
+		} else {
+			_, _, err = faultRun(t, seed, f)
+		}
+		if err != nil {
+			t.Logf("seed %d: %v", seed, err)
+			return err
+		}
+		t.Logf("seed %d: no violation", seed)
+	}
+	return nil
+}
+
+func faultRun(t *testing.T, seed uint64, f Faults) (acquired, rejected int64, err error) {
 	if f.Clients == 0 {
 		f.Clients = 4
 	}
@@ -321,6 +357,7 @@ func faultRun(t *testing.T, seed uint64, f Faults) (acquired, rejected int64) {
 	defer cancel()
 	var values atomic.Int64
 	var wg sync.WaitGroup
+	valid := &validityLog{}
 
 	injectFaults(ctx, &wg, f, seed)
 
@@ -336,6 +373,7 @@ func faultRun(t *testing.T, seed uint64, f Faults) (acquired, rejected int64) {
 				if err != nil {
 					continue
 				}
+				v := h.granted(valid, c, lease)
 				ok := reg.write(lease.Fence, 0, true)
 				h.add(c, regInput{op: opAcquire}, call, regOutput{fence: lease.Fence, accepted: ok})
 				for range 1 + rng.IntN(3) {
@@ -345,20 +383,23 @@ func faultRun(t *testing.T, seed uint64, f Faults) (acquired, rejected int64) {
 						// long GC pause, then write anyway.
 						time.Sleep(time.Until(lease.Expires) + ttl/2)
 					case p < 0.5:
+						call := h.now()
 						if renewed, err := l.Renew(ctx, lease, ttl); err == nil {
 							lease = renewed
+							v.renewed(call, lease)
 						}
 					}
-					v := int(values.Add(1))
+					n := int(values.Add(1))
 					call := h.now()
-					ok := reg.write(lease.Fence, v, false)
-					h.add(c, regInput{op: opWrite, fence: lease.Fence, value: v}, call, regOutput{accepted: ok})
+					ok := reg.write(lease.Fence, n, false)
+					h.add(c, regInput{op: opWrite, fence: lease.Fence, value: n}, call, regOutput{accepted: ok})
 					if rng.IntN(5) == 0 {
 						call := h.now()
 						v, f := reg.read()
 						h.add(c, regInput{op: opRead}, call, regOutput{value: v, fence: f})
 					}
 				}
+				v.ended()
 				rctx, rcancel := context.WithTimeout(context.Background(), f.AcquireTimeout)
 				_ = l.Release(rctx, lease)
 				rcancel()
@@ -388,10 +429,24 @@ func faultRun(t *testing.T, seed uint64, f Faults) (acquired, rejected int64) {
 		for _, op := range h.ops {
 			t.Logf("client %d [%d, %d] %s", op.ClientId, op.Call, op.Return, fencedRegisterModel.DescribeOperation(op.Input, op.Output))
 		}
-		t.Fatalf("history of %d operations is %s: a stale write was accepted or a fencing token went backwards", len(h.ops), res)
+		return acquired, rejected, fmt.Errorf("history of %d operations is %s: a stale write was accepted or a fencing token went backwards", len(h.ops), res)
 	}
-	t.Logf("%d operations: %d acquisitions, %d stale writes rejected", len(h.ops), acquired, rejected)
-	return acquired, rejected
+	stretches := valid.all()
+	if !f.EmptyRestarts {
+		if err := checkExclusion(stretches, 1); err != nil {
+			return acquired, rejected, err
+		}
+	}
+	t.Logf("%d operations: %d acquisitions, %d stale writes rejected, %d stretches of validity checked for exclusion", len(h.ops), acquired, rejected, checkedStretches(stretches, f))
+	return acquired, rejected, nil
+}
+
+// checkedStretches is how many stretches of validity a run checked for exclusion.
+func checkedStretches(vs []validity, f Faults) int {
+	if f.EmptyRestarts {
+		return 0
+	}
+	return len(vs)
 }
 
 // injectFaults runs f.Inject (if set) at random gaps around f.FaultGap, on a

@@ -1,6 +1,7 @@
 package locktest
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -38,6 +39,45 @@ func TestFencedRegisterModelRejectsStaleHistories(t *testing.T) {
 	for name, tc := range cases {
 		if got := porcupine.CheckOperationsTimeout(fencedRegisterModel, tc.ops, 10*time.Second); got != tc.want {
 			t.Errorf("%s: check = %s, want %s", name, got, tc.want)
+		}
+	}
+}
+
+// TestCheckExclusionRejectsOverlappingLeases shows that the exclusion check
+// of every fault run can fail: two leases valid at one instant (three, for a
+// semaphore of two slots) are a violation, leases that meet end to start are
+// not.
+func TestCheckExclusionRejectsOverlappingLeases(t *testing.T) {
+	v := func(client int, fence, from, to int64) validity {
+		return validity{client: client, fence: fence, from: from, to: to}
+	}
+	cases := map[string]struct {
+		limit   int
+		vs      []validity
+		wantAt  int64 // the instant of the violation; -1: none
+		wantLen int
+	}{
+		"handover end to start": {limit: 1, wantAt: -1, vs: []validity{v(0, 1, 0, 10), v(1, 2, 10, 20), v(0, 3, 20, 30)}},
+		"renewal gap":           {limit: 1, wantAt: -1, vs: []validity{v(0, 1, 0, 10), v(1, 2, 12, 20), v(0, 1, 21, 30)}},
+		"second holder while the first is valid": {limit: 1, wantAt: 5, wantLen: 2, vs: []validity{
+			v(0, 1, 0, 10), v(1, 2, 5, 20),
+		}},
+		"stale lease outlives the next one": {limit: 1, wantAt: 15, wantLen: 2, vs: []validity{
+			v(0, 1, 0, 10), v(1, 2, 10, 20), v(0, 1, 15, 16),
+		}},
+		"semaphore full":      {limit: 2, wantAt: -1, vs: []validity{v(0, 1, 0, 10), v(1, 2, 5, 20), v(2, 3, 10, 30)}},
+		"semaphore over full": {limit: 2, wantAt: 9, wantLen: 3, vs: []validity{v(0, 1, 0, 10), v(1, 2, 5, 20), v(2, 3, 9, 30)}},
+	}
+	for name, tc := range cases {
+		err := checkExclusion(tc.vs, tc.limit)
+		var ex *ExclusionError
+		switch {
+		case tc.wantAt < 0 && err != nil:
+			t.Errorf("%s: %v, want no violation", name, err)
+		case tc.wantAt >= 0 && !errors.As(err, &ex):
+			t.Errorf("%s: %v, want an exclusion violation at %d", name, err, tc.wantAt)
+		case tc.wantAt >= 0 && (ex.At != time.Duration(tc.wantAt) || len(ex.Valid) != tc.wantLen):
+			t.Errorf("%s: violation at %v with %d leases (%v), want at %v with %d", name, ex.At, len(ex.Valid), ex, time.Duration(tc.wantAt), tc.wantLen)
 		}
 	}
 }

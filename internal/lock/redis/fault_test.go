@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -15,14 +16,16 @@ import (
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 )
 
-// TestFaultsFencedRegister runs the fenced-register fault test of locktest
-// while one node at a time is killed and restarted empty, or paused, or gets
-// the stale lock of a crashed client (staleLock), or waiters that never
+// TestFaultsFencedRegister runs the fenced-register fault test of locktest,
+// which checks exclusion and fencing, while one node at a time is killed
+// and restarted with its data (appendfsync always), or paused, or gets the
+// stale lock of a crashed client (staleLock), or waiters that never
 // heartbeat are queued at the head of some nodes' queues (deadWaiter): half
 // the seeds against a 3-node Redlock, half against a standalone server.
 func TestFaultsFencedRegister(t *testing.T) {
-	redlock := redistest.StartN(t, 3)
-	single := redistest.Start(t)
+	keep := redistest.WithPersistence()
+	redlock := redistest.StartN(t, 3, keep)
+	single := redistest.Start(t, keep)
 	var tally locktest.FaultTally
 	for seed := range tally.Seeds(t, 8) {
 		servers, mode := redlock, "redlock-3"
@@ -31,19 +34,69 @@ func TestFaultsFencedRegister(t *testing.T) {
 		}
 		locktest.RunFaults(t, mode, seed, &tally, locktest.Faults{
 			NewLocker: func(t *testing.T) lock.Locker { return newTestLocker(t, Config{Addrs: addrs(servers)}) },
-			Inject: func(ctx context.Context, rng *rand.Rand) {
-				switch rng.IntN(4) {
-				case 0, 1:
-					killOrPause(servers)(ctx, rng)
-				case 2:
-					staleLock(ctx, servers[rng.IntN(len(servers))], rng)
-				default:
-					deadWaiter(ctx, servers, rng)
-				}
-			},
+			Inject:    redisFaults(servers),
 		})
 	}
 	tally.Check(t)
+}
+
+// TestFaultsEmptyRestartKeepsFences is the fence's own test: a server that
+// restarts empty (no persistence) forgets its leases, so a second holder can
+// take a key while the first lease is still valid (docs/safety.md, "Redis
+// restarted empty"), and the run does not check exclusion. What must hold
+// even then is the fence: tokens keep rising across the restart (the
+// server-clock floor), so the register refuses the first holder's writes.
+func TestFaultsEmptyRestartKeepsFences(t *testing.T) {
+	redlock := redistest.StartN(t, 3)
+	single := redistest.Start(t)
+	var tally locktest.FaultTally
+	for seed := range tally.Seeds(t, 4) {
+		servers, mode := redlock, "redlock-3"
+		if seed%2 == 1 {
+			servers, mode = []*redistest.Server{single}, "standalone"
+		}
+		locktest.RunFaults(t, mode, seed, &tally, locktest.Faults{
+			NewLocker:     func(t *testing.T) lock.Locker { return newTestLocker(t, Config{Addrs: addrs(servers)}) },
+			Inject:        redisFaults(servers),
+			EmptyRestarts: true,
+		})
+	}
+	tally.Check(t)
+}
+
+// TestFaultHarnessCatchesAMutant is the negative control of the fault
+// harness: a store that reports every lease as valid 200ms longer than the
+// server keeps it (locktest.LateExpiry) must fail the exclusion check, in
+// mutex and in semaphore runs, on a server that keeps its data. A harness
+// that passed it would prove nothing about the stores that pass it.
+func TestFaultHarnessCatchesAMutant(t *testing.T) {
+	s := redistest.Start(t, redistest.WithPersistence())
+	mutant := func(t *testing.T) lock.Locker {
+		return locktest.LateExpiry(newTestLocker(t, Config{Addrs: []string{s.Addr}}), 200*time.Millisecond)
+	}
+	for name, limit := range map[string]int{"mutex": 1, "semaphore": 2} {
+		t.Run(name, func(t *testing.T) {
+			err := locktest.FindViolation(t, 5, locktest.Faults{NewLocker: mutant, Limit: limit})
+			var ex *locktest.ExclusionError
+			if !errors.As(err, &ex) {
+				t.Fatalf("the fault harness passed a store that reports leases valid 200ms too long (%v): it cannot catch two valid holders", err)
+			}
+		})
+	}
+}
+
+// redisFaults injects one fault of TestFaultsFencedRegister on servers.
+func redisFaults(servers []*redistest.Server) func(context.Context, *rand.Rand) {
+	return func(ctx context.Context, rng *rand.Rand) {
+		switch rng.IntN(4) {
+		case 0, 1:
+			killOrPause(servers)(ctx, rng)
+		case 2:
+			staleLock(ctx, servers[rng.IntN(len(servers))], rng)
+		default:
+			deadWaiter(ctx, servers, rng)
+		}
+	}
 }
 
 // TestFaultsSemaphore runs the semaphore fault test of locktest (at most

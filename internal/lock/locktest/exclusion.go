@@ -1,0 +1,188 @@
+package locktest
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// Exclusion is the promise every fault run checks besides the fencing
+// tokens: at no instant are more than Limit leases of a key valid. A lease is
+// valid on its client from the moment its grant returned until it was
+// released or its Expires passed, whichever came first; a renewal that
+// returns after Expires had passed starts a new stretch of validity, it does
+// not close the gap. Every stretch is measured on the test's one monotonic
+// clock, so two stretches that overlap are two clients that both had the
+// right to act on the key at the same instant: no interleaving of the
+// store's events can excuse that.
+
+// validity is one stretch in which a client held a valid lease.
+type validity struct {
+	client   int
+	fence    int64
+	from, to int64 // nanoseconds since the history's start; the stretch is [from, to)
+}
+
+// validityLog collects the stretches of one run.
+type validityLog struct {
+	mu sync.Mutex
+	vs []validity
+}
+
+func (l *validityLog) add(v validity) {
+	if v.to <= v.from {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.vs = append(l.vs, v)
+}
+
+func (l *validityLog) all() []validity {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.vs)
+}
+
+// ExclusionError is a violation of exclusion: more than Limit leases were
+// valid at the instant At (since the run's start).
+type ExclusionError struct {
+	Limit int
+	At    time.Duration
+	// Valid describes the leases valid at At: client, fencing token and
+	// stretch of validity.
+	Valid []string
+}
+
+func (e *ExclusionError) Error() string {
+	return fmt.Sprintf("exclusion violated: %d leases valid at %v, more than the limit of %d: %s",
+		len(e.Valid), e.At, e.Limit, strings.Join(e.Valid, "; "))
+}
+
+// checkExclusion returns an *ExclusionError for the first instant at which
+// more than limit stretches overlap, or nil. Stretches are closed at their
+// start and open at their end: a lease that ends at t and one that starts at
+// t do not overlap.
+func checkExclusion(vs []validity, limit int) error {
+	type event struct {
+		t    int64
+		d    int
+		item int
+	}
+	evs := make([]event, 0, 2*len(vs))
+	for i, v := range vs {
+		evs = append(evs, event{v.from, 1, i}, event{v.to, -1, i})
+	}
+	slices.SortFunc(evs, func(a, b event) int {
+		if c := cmp.Compare(a.t, b.t); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.d, b.d) // a leave before an enter at the same instant
+	})
+	open := map[int]bool{}
+	for _, e := range evs {
+		if e.d < 0 {
+			delete(open, e.item)
+			continue
+		}
+		open[e.item] = true
+		if len(open) <= limit {
+			continue
+		}
+		items := make([]int, 0, len(open))
+		for i := range open {
+			items = append(items, i)
+		}
+		slices.SortFunc(items, func(a, b int) int { return cmp.Compare(vs[a].from, vs[b].from) })
+		err := &ExclusionError{Limit: limit, At: time.Duration(e.t)}
+		for _, i := range items {
+			v := vs[i]
+			err.Valid = append(err.Valid, fmt.Sprintf("client %d fence %d valid [%v, %v)", v.client, v.fence, time.Duration(v.from), time.Duration(v.to)))
+		}
+		return err
+	}
+	return nil
+}
+
+// leaseValidity follows one lease on its client: it opens a stretch when the
+// grant returns and extends it with every renewal that returns in time.
+type leaseValidity struct {
+	h      *history
+	log    *validityLog
+	client int
+	fence  int64
+	from   int64
+	until  int64 // the lease's Expires, since the history's start
+}
+
+func (h *history) at(t time.Time) int64 { return int64(t.Sub(h.start)) }
+
+// granted starts following lease, whose grant has just returned.
+func (h *history) granted(log *validityLog, client int, lease *lock.Lease) *leaseValidity {
+	return &leaseValidity{h: h, log: log, client: client, fence: lease.Fence, from: h.now(), until: h.at(lease.Expires)}
+}
+
+// renewed records a renewal that was sent at call and has just returned
+// with lease. Sent after the lease had lapsed, it starts a new stretch.
+func (v *leaseValidity) renewed(call int64, lease *lock.Lease) {
+	now := v.h.now()
+	if call >= v.until {
+		v.log.add(validity{client: v.client, fence: v.fence, from: v.from, to: v.until})
+		v.from = now
+	}
+	v.until = v.h.at(lease.Expires)
+}
+
+// ended closes the last stretch: the client stops relying on the lease now
+// (it is about to release it), or earlier when it had expired.
+func (v *leaseValidity) ended() {
+	v.log.add(validity{client: v.client, fence: v.fence, from: v.from, to: min(v.h.now(), v.until)})
+}
+
+// LateExpiry returns a Locker that reports every lease as valid for extra
+// longer than l granted it: the mutant of a store whose expiry comparison is
+// off. The fault harness must catch it (TestFaultHarnessCatchesAMutant in the
+// store packages); a harness that passes it proves nothing.
+func LateExpiry(l lock.Locker, extra time.Duration) lock.Locker {
+	return &lateExpiry{Locker: l, extra: extra}
+}
+
+type lateExpiry struct {
+	lock.Locker
+	extra time.Duration
+}
+
+func (m *lateExpiry) late(lease *lock.Lease, err error) (*lock.Lease, error) {
+	if lease != nil {
+		c := *lease
+		c.Expires = c.Expires.Add(m.extra)
+		lease = &c
+	}
+	return lease, err
+}
+
+func (m *lateExpiry) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	return m.late(m.Locker.TryAcquire(ctx, req))
+}
+
+func (m *lateExpiry) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	return m.late(m.Locker.Acquire(ctx, req))
+}
+
+func (m *lateExpiry) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
+	return m.late(m.Locker.Renew(ctx, lease, ttl))
+}
+
+func (m *lateExpiry) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
+	out, errs := m.Locker.RenewAll(ctx, leases, ttl)
+	for i := range out {
+		out[i], _ = m.late(out[i], nil)
+	}
+	return out, errs
+}
