@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"iter"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -179,6 +182,12 @@ type Faults struct {
 	// fence must not go backwards even when the store forgets). Default
 	// false: every run checks exclusion (see checkExclusion).
 	EmptyRestarts bool
+	// Nemeses, when set, replace Inject: between two gaps the run injects
+	// one of them, chosen with the seeded rng, and the tally counts the
+	// faults by name.
+	Nemeses []Nemesis
+
+	record func(nemesis string) // set by RunFaults: counts a fault in the tally
 }
 
 // faultSeeds returns the first seed, the number of runs, and whether the
@@ -237,6 +246,11 @@ const extraRunFactor = 3
 // FaultTally counts what the fault runs exercised.
 type FaultTally struct {
 	acquired, rejected atomic.Int64
+	// Runs whose history was checked, and the stretches of validity their
+	// exclusion checks covered.
+	runs, stretches atomic.Int64
+	mu              sync.Mutex
+	faults          map[string]int64 // faults injected, by nemesis
 	// Semaphore runs (Faults.Limit > 1): leases that ran out while their
 	// holder stalled, and runs in which Limit leases were valid at once.
 	expired, full atomic.Int64
@@ -257,6 +271,7 @@ func (c *FaultTally) exercised() bool {
 // stalled, or no run ever had Limit leases valid at once.
 func (c *FaultTally) Check(t *testing.T) {
 	t.Helper()
+	t.Log(c.Table())
 	if c.semaphore.Load() {
 		t.Logf("%d acquisitions, %d leases ran out in a stall, %d runs with every slot taken", c.acquired.Load(), c.expired.Load(), c.full.Load())
 		if !t.Failed() && (c.acquired.Load() == 0 || c.expired.Load() == 0 || c.full.Load() == 0) {
@@ -268,6 +283,35 @@ func (c *FaultTally) Check(t *testing.T) {
 	if !t.Failed() && (c.acquired.Load() == 0 || c.rejected.Load() == 0) {
 		t.Errorf("the runs made %d acquisitions and %d stale write attempts: the faults did not exercise fencing", c.acquired.Load(), c.rejected.Load())
 	}
+}
+
+// record counts one fault of the named nemesis.
+func (c *FaultTally) record(nemesis string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.faults == nil {
+		c.faults = map[string]int64{}
+	}
+	c.faults[nemesis]++
+}
+
+// Table is the line of docs/safety.md's nemesis tables for the runs so far:
+// the runs whose histories were checked, the stretches of validity checked
+// for exclusion, the violations (none, or the test failed) and the faults
+// injected by nemesis.
+func (c *FaultTally) Table() string {
+	c.mu.Lock()
+	names := slices.Sorted(maps.Keys(c.faults))
+	faults := make([]string, 0, len(names))
+	for _, n := range names {
+		faults = append(faults, fmt.Sprintf("%s %d", n, c.faults[n]))
+	}
+	c.mu.Unlock()
+	if len(faults) == 0 {
+		faults = append(faults, "not counted")
+	}
+	return fmt.Sprintf("nemesis table: %d runs, %d histories checked, %d stretches of validity checked for exclusion, 0 violations; faults: %s",
+		c.runs.Load(), c.runs.Load(), c.stretches.Load(), strings.Join(faults, ", "))
 }
 
 // RunFaults runs one seeded fault run as a subtest named name/seed=<seed>:
@@ -283,12 +327,17 @@ func RunFaults(t *testing.T, name string, seed uint64, tally *FaultTally, f Faul
 				t.Logf("replay with LOCKWARDEN_FAULT_SEED=%d", seed)
 			}
 		})
+		if tally != nil {
+			f.record = tally.record
+		}
 		if f.Limit > 1 {
 			st, err := semFaultRun(t, seed, f)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if tally != nil {
+				tally.runs.Add(1)
+				tally.stretches.Add(st.stretches)
 				tally.semaphore.Store(true)
 				tally.acquired.Add(st.acquired)
 				tally.expired.Add(st.expired)
@@ -298,13 +347,15 @@ func RunFaults(t *testing.T, name string, seed uint64, tally *FaultTally, f Faul
 			}
 			return
 		}
-		a, r, err := faultRun(t, seed, f)
+		st, err := faultRun(t, seed, f)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if tally != nil {
-			tally.acquired.Add(a)
-			tally.rejected.Add(r)
+			tally.runs.Add(1)
+			tally.stretches.Add(st.stretches)
+			tally.acquired.Add(st.acquired)
+			tally.rejected.Add(st.rejected)
 		}
 	})
 }
@@ -322,7 +373,7 @@ func FindViolation(t *testing.T, runs int, f Faults) error {
 		if f.Limit > 1 {
 			_, err = semFaultRun(t, seed, f)
 		} else {
-			_, _, err = faultRun(t, seed, f)
+			_, err = faultRun(t, seed, f)
 		}
 		if err != nil {
 			t.Logf("seed %d: %v", seed, err)
@@ -333,7 +384,13 @@ func FindViolation(t *testing.T, runs int, f Faults) error {
 	return nil
 }
 
-func faultRun(t *testing.T, seed uint64, f Faults) (acquired, rejected int64, err error) {
+// faultStats is what one mutex fault run exercised.
+type faultStats struct {
+	acquired, rejected, stretches int64
+}
+
+func faultRun(t *testing.T, seed uint64, f Faults) (faultStats, error) {
+	var acquired, rejected int64
 	if f.Clients == 0 {
 		f.Clients = 4
 	}
@@ -429,16 +486,17 @@ func faultRun(t *testing.T, seed uint64, f Faults) (acquired, rejected int64, er
 		for _, op := range h.ops {
 			t.Logf("client %d [%d, %d] %s", op.ClientId, op.Call, op.Return, fencedRegisterModel.DescribeOperation(op.Input, op.Output))
 		}
-		return acquired, rejected, fmt.Errorf("history of %d operations is %s: a stale write was accepted or a fencing token went backwards", len(h.ops), res)
+		return faultStats{acquired, rejected, 0}, fmt.Errorf("history of %d operations is %s: a stale write was accepted or a fencing token went backwards", len(h.ops), res)
 	}
 	stretches := valid.all()
+	st := faultStats{acquired, rejected, int64(checkedStretches(stretches, f))}
 	if !f.EmptyRestarts {
 		if err := checkExclusion(stretches, 1); err != nil {
-			return acquired, rejected, err
+			return st, err
 		}
 	}
-	t.Logf("%d operations: %d acquisitions, %d stale writes rejected, %d stretches of validity checked for exclusion", len(h.ops), acquired, rejected, checkedStretches(stretches, f))
-	return acquired, rejected, nil
+	t.Logf("%d operations: %d acquisitions, %d stale writes rejected, %d stretches of validity checked for exclusion", len(h.ops), acquired, rejected, st.stretches)
+	return st, nil
 }
 
 // checkedStretches is how many stretches of validity a run checked for exclusion.
@@ -452,7 +510,17 @@ func checkedStretches(vs []validity, f Faults) int {
 // injectFaults runs f.Inject (if set) at random gaps around f.FaultGap, on a
 // schedule replayable from seed, until ctx ends.
 func injectFaults(ctx context.Context, wg *sync.WaitGroup, f Faults, seed uint64) {
-	if f.Inject == nil {
+	inject := f.Inject
+	if len(f.Nemeses) > 0 {
+		inject = func(ctx context.Context, rng *rand.Rand) {
+			n := f.Nemeses[rng.IntN(len(f.Nemeses))]
+			if f.record != nil {
+				f.record(n.Name)
+			}
+			n.Inject(ctx, rng)
+		}
+	}
+	if inject == nil {
 		return
 	}
 	wg.Go(func() {
@@ -463,7 +531,7 @@ func injectFaults(ctx context.Context, wg *sync.WaitGroup, f Faults, seed uint64
 				return
 			case <-time.After(f.FaultGap/4 + time.Duration(rng.Int64N(int64(f.FaultGap)))):
 			}
-			f.Inject(ctx, rng)
+			inject(ctx, rng)
 		}
 	})
 }

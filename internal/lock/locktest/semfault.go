@@ -50,8 +50,8 @@ var tokenModel = porcupine.Model{
 }
 
 type semFaultStats struct {
-	acquired, expired int64
-	peak              int // most leases within their validity at once
+	acquired, expired, stretches int64
+	peak                         int // most leases within their validity at once
 }
 
 func semFaultRun(t *testing.T, seed uint64, f Faults) (semFaultStats, error) {
@@ -131,7 +131,7 @@ func semFaultRun(t *testing.T, seed uint64, f Faults) (semFaultStats, error) {
 	wg.Wait()
 
 	stretches := valid.all()
-	st := semFaultStats{acquired: int64(len(h.ops)), expired: expired, peak: peakOverlap(stretches)}
+	st := semFaultStats{acquired: int64(len(h.ops)), expired: expired, peak: peakOverlap(stretches), stretches: int64(checkedStretches(stretches, f))}
 	res, info := porcupine.CheckOperationsVerbose(tokenModel, h.ops, 30*time.Second)
 	if res != porcupine.Ok {
 		path := filepath.Join(t.TempDir(), "history.html")
@@ -151,7 +151,7 @@ func semFaultRun(t *testing.T, seed uint64, f Faults) (semFaultStats, error) {
 			return st, err
 		}
 	}
-	t.Logf("%d acquisitions, %d ran out in a stall, at most %d of %d slots valid at once, %d stretches of validity checked for exclusion", st.acquired, st.expired, st.peak, f.Limit, checkedStretches(stretches, f))
+	t.Logf("%d acquisitions, %d ran out in a stall, at most %d of %d slots valid at once, %d stretches of validity checked for exclusion", st.acquired, st.expired, st.peak, f.Limit, st.stretches)
 	return st, nil
 }
 

@@ -18,23 +18,31 @@ import (
 
 // TestFaultsFencedRegister runs the fenced-register fault test of locktest,
 // which checks exclusion and fencing, while one node at a time is killed
-// and restarted with its data (appendfsync always), or paused, or gets the
-// stale lock of a crashed client (staleLock), or waiters that never
-// heartbeat are queued at the head of some nodes' queues (deadWaiter): half
-// the seeds against a 3-node Redlock, half against a standalone server.
+// and restarted with its data (appendfsync always), or paused, or cut off
+// from the clients (partition, black hole) or slowed (latency) by the proxy
+// the clients reach it through, or gets the stale lock of a crashed client
+// (staleLock), or waiters that never heartbeat are queued at the head of
+// some nodes' queues (deadWaiter): half the seeds against a 3-node Redlock,
+// half against a standalone server.
 func TestFaultsFencedRegister(t *testing.T) {
 	keep := redistest.WithPersistence()
 	redlock := redistest.StartN(t, 3, keep)
-	single := redistest.Start(t, keep)
+	single := []*redistest.Server{redistest.Start(t, keep)}
+	links := map[string][]*locktest.Link{
+		"redlock-3":  locktest.NewLinks(t, addrs(redlock)),
+		"standalone": locktest.NewLinks(t, addrs(single)),
+	}
 	var tally locktest.FaultTally
 	for seed := range tally.Seeds(t, 8) {
 		servers, mode := redlock, "redlock-3"
 		if seed%2 == 1 {
-			servers, mode = []*redistest.Server{single}, "standalone"
+			servers, mode = single, "standalone"
 		}
 		locktest.RunFaults(t, mode, seed, &tally, locktest.Faults{
-			NewLocker: func(t *testing.T) lock.Locker { return newTestLocker(t, Config{Addrs: addrs(servers)}) },
-			Inject:    redisFaults(servers),
+			NewLocker: func(t *testing.T) lock.Locker {
+				return newTestLocker(t, Config{Addrs: locktest.Addrs(links[mode])})
+			},
+			Nemeses: append(redisNemeses(t, servers), locktest.LinkNemeses(links[mode], 400*time.Millisecond)...),
 		})
 	}
 	tally.Check(t)
@@ -57,7 +65,7 @@ func TestFaultsEmptyRestartKeepsFences(t *testing.T) {
 		}
 		locktest.RunFaults(t, mode, seed, &tally, locktest.Faults{
 			NewLocker:     func(t *testing.T) lock.Locker { return newTestLocker(t, Config{Addrs: addrs(servers)}) },
-			Inject:        redisFaults(servers),
+			Nemeses:       redisNemeses(t, servers),
 			EmptyRestarts: true,
 		})
 	}
@@ -85,17 +93,22 @@ func TestFaultHarnessCatchesAMutant(t *testing.T) {
 	}
 }
 
-// redisFaults injects one fault of TestFaultsFencedRegister on servers.
-func redisFaults(servers []*redistest.Server) func(context.Context, *rand.Rand) {
-	return func(ctx context.Context, rng *rand.Rand) {
-		switch rng.IntN(4) {
-		case 0, 1:
-			killOrPause(servers)(ctx, rng)
-		case 2:
-			staleLock(ctx, servers[rng.IntN(len(servers))], rng)
-		default:
-			deadWaiter(ctx, servers, rng)
-		}
+// redisNemeses are the faults of the servers themselves: one killed and
+// restarted (with its data if it has persistence), one paused past the
+// TTL, a crashed client's stale lock, dead waiters at the queues' heads.
+func redisNemeses(t *testing.T, servers []*redistest.Server) []locktest.Nemesis {
+	pick := func(rng *rand.Rand) *redistest.Server { return servers[rng.IntN(len(servers))] }
+	return []locktest.Nemesis{
+		locktest.KillRestart(t, func(rng *rand.Rand) (func(), func() error) {
+			s := pick(rng)
+			return s.Kill, func() error { s.Restart(); return nil }
+		}),
+		locktest.PauseResume(t, 350*time.Millisecond, func(rng *rand.Rand) (func() error, func() error) {
+			s := pick(rng)
+			return func() error { s.Pause(); return nil }, func() error { s.Resume(); return nil }
+		}),
+		{Name: "stale-lock", Inject: func(ctx context.Context, rng *rand.Rand) { staleLock(ctx, pick(rng), rng) }},
+		{Name: "dead-waiter", Inject: func(ctx context.Context, rng *rand.Rand) { deadWaiter(ctx, servers, rng) }},
 	}
 }
 
@@ -135,28 +148,11 @@ func TestFaultsSemaphore(t *testing.T) {
 		s := setups[seed%uint64(len(setups))]
 		locktest.RunFaults(t, s.name, seed, &tally, locktest.Faults{
 			NewLocker: func(t *testing.T) lock.Locker { return newTestLocker(t, s.cfg) },
-			Inject:    killOrPause(s.servers),
+			Nemeses:   redisNemeses(t, s.servers)[:2], // kill-restart and pause
 			Limit:     s.limit,
 		})
 	}
 	tally.Check(t)
-}
-
-// killOrPause injects the faults of TestFaultsFencedRegister: one server is
-// killed and restarted, or paused and resumed.
-func killOrPause(servers []*redistest.Server) func(context.Context, *rand.Rand) {
-	return func(_ context.Context, rng *rand.Rand) {
-		s := servers[rng.IntN(len(servers))]
-		if rng.IntN(2) == 0 {
-			s.Kill()
-			time.Sleep(time.Duration(20+rng.IntN(100)) * time.Millisecond)
-			s.Restart()
-		} else {
-			s.Pause()
-			time.Sleep(time.Duration(50+rng.IntN(300)) * time.Millisecond)
-			s.Resume()
-		}
-	}
 }
 
 // faultKeys returns the lock keys (as the scripts name them, "{key}:") that
