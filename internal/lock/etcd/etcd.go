@@ -88,8 +88,10 @@
 // # Wake-ups
 //
 // Watch is an etcd watch for DELETE events on the holder keys (a release and
-// a lease expiry both delete them), re-established after errors, leader loss
-// and compaction. Acquire waits for the deletion of exactly what blocks it,
+// a lease expiry both delete them) and the waiter keys (a waiter leaving may
+// make the next one the head of a free key), re-established after errors
+// and leader loss; after a compaction it delivers the keys that have
+// waiters, since a release may have been missed. Acquire waits for the deletion of exactly what blocks it,
 // watched from the revision its attempt (or its joining the queue) read, so
 // nothing between the read and the watch is missed: a queued waiter watches the waiter key just
 // ahead of it (as the concurrency package's waitDeletes does), the head
@@ -368,7 +370,8 @@ func unescapeKey(e string) (string, error) {
 func (l *Locker) holderPrefix() string        { return l.prefix + "h/" }
 func (l *Locker) holderKey(k string) string   { return l.holderPrefix() + escapeKey(k) }
 func (l *Locker) fenceKey(k string) string    { return l.prefix + "f/" + escapeKey(k) }
-func (l *Locker) queuePrefix(k string) string { return l.prefix + "q/" + escapeKey(k) + "/" }
+func (l *Locker) queueRoot() string           { return l.prefix + "q/" }
+func (l *Locker) queuePrefix(k string) string { return l.queueRoot() + escapeKey(k) + "/" }
 func (l *Locker) waiterKey(k, tag string) string {
 	return l.queuePrefix(k) + tag
 }
