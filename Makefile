@@ -126,6 +126,20 @@ test-integration: stores helm kustomize ## Run every suite without -short: the e
 test-e2e: stores ## Run the end-to-end suite against a local control plane with kube-controller-manager and kwok.
 	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh --e2e)" go test -tags e2e ./test/e2e/... -count=1 -timeout $(E2E_TIMEOUT) -v $(GO_TEST_FLAGS)
 
+# FAULT_RUNS is how many seeded runs `make test-faults` makes of each fault test,
+# FAULT_DURATION how long each run lasts, FAULT_SEED replays one run.
+FAULT_RUNS ?= 40
+FAULT_DURATION ?= 10s
+FAULT_SEED ?=
+FAULT_TIMEOUT ?= 90m
+
+.PHONY: test-faults
+test-faults: stores ## Run the fault tests of every store long (FAULT_RUNS runs of FAULT_DURATION each; FAULT_SEED=<seed> replays one) and print each nemesis table line.
+	@mkdir -p bin
+	LOCKWARDEN_REQUIRE_SERVERS=1 KUBEBUILDER_ASSETS="$$(hack/control-plane.sh etcd)" \
+	LOCKWARDEN_FAULT_RUNS=$(FAULT_RUNS) LOCKWARDEN_FAULT_DURATION=$(FAULT_DURATION) LOCKWARDEN_FAULT_SEED=$(FAULT_SEED) \
+	go test ./internal/lock/... -run 'TestFault' -count=1 -timeout $(FAULT_TIMEOUT) -v $(GO_TEST_FLAGS) | tee bin/test-faults.log | grep -E '^(=== RUN|--- |ok|FAIL|PASS)|nemesis table|exclusion violated|replay with'
+
 .PHONY: test-chart
 test-chart: helm kustomize ## Lint and render the Helm chart, compare it with config/default, and dry-run it and dist/install.yaml against an envtest kube-apiserver.
 	LOCKWARDEN_REQUIRE_SERVERS=1 KUBEBUILDER_ASSETS="$$(hack/control-plane.sh)" go test ./test/chart/... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)

@@ -318,8 +318,13 @@ func (l *Locker) acquired(req lock.Request, resp *clientv3.TxnResponse, start ti
 
 // newLease builds the lease of an acquisition that started at start.
 func (l *Locker) newLease(req lock.Request, fence int64, start time.Time) (*lock.Lease, error) {
+	// etcd counts the TTL from when the leader granted the lease, after
+	// start: the keys are held at least until start + TTL (less the drift
+	// allowance for clock rates). The time the call took is already inside
+	// that window; subtracting it again would end the lease early.
 	elapsed := time.Since(start)
-	validity := req.TTL - elapsed - drift(req.TTL)
+	expires := start.Add(req.TTL - drift(req.TTL))
+	validity := req.TTL - elapsed - drift(req.TTL) // what is left now
 	if validity <= 0 {
 		// Held in etcd, but the caller could not rely on it for any time:
 		// the deferred revoke in attempt drops it.
@@ -335,7 +340,7 @@ func (l *Locker) newLease(req lock.Request, fence int64, start time.Time) (*lock
 		Fence:    fence,
 		TTL:      req.TTL,
 		Acquired: start,
-		Expires:  start.Add(validity),
+		Expires:  expires,
 		Limit:    req.Limit,
 	}, nil
 }

@@ -157,7 +157,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 	next := *lease
 	next.Keys = slices.Clone(lease.Keys)
 	next.TTL = ttl
-	next.Expires = start.Add(validity)
+	next.Expires = start.Add(ttl - drift(ttl)) // as in newLease: the call's time is inside the TTL
 	if next.Acquired.IsZero() {
 		next.Acquired = start
 	}

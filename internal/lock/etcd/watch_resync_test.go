@@ -116,3 +116,39 @@ func TestWatchOfEveryKeyResyncsAfterACompaction(t *testing.T) {
 	}
 	waitForKey(t, ch, key, 30*time.Second)
 }
+
+// TestExpiresCountsTheCallOnce: Lease.Expires is the start of the call +
+// TTL - drift (docs/safety.md): etcd counts the TTL from its grant, after
+// the start, so the time the call took is inside the TTL already. Before,
+// the call's duration was subtracted a second time, and over a slow link
+// (200ms each way here) the lease ended seconds early for nothing.
+func TestExpiresCountsTheCallOnce(t *testing.T) {
+	m := etcdtest.Start(t)
+	link := locktest.NewLink(t, m.Addr)
+	l := newTestLocker(t, Config{Endpoints: []string{link.Addr()}, Prefix: "/expires/"})
+	ctx := ctxT(t, 30*time.Second)
+	// Connect before slowing the link.
+	if _, err := l.Inspect(ctx, []string{"warm-up"}); err != nil {
+		t.Fatal(err)
+	}
+	heal := link.Slow(200*time.Millisecond, 0)
+	defer heal()
+	ttl := 5 * time.Second
+	before := time.Now()
+	lease, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"ledger"}, TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(before)
+	if want := before.Add(ttl - drift(ttl)); lease.Expires.Before(want) {
+		t.Errorf("acquired in %v: Expires is %v after the start, want at least TTL - drift = %v", took.Round(time.Millisecond), lease.Expires.Sub(before).Round(time.Millisecond), ttl-drift(ttl))
+	}
+	before = time.Now()
+	renewed, err := l.Renew(ctx, lease, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := before.Add(ttl - drift(ttl)); renewed.Expires.Before(want) {
+		t.Errorf("renewed in %v: Expires is %v after the start, want at least TTL - drift = %v", time.Since(before).Round(time.Millisecond), renewed.Expires.Sub(before).Round(time.Millisecond), ttl-drift(ttl))
+	}
+}

@@ -391,21 +391,7 @@ type faultStats struct {
 
 func faultRun(t *testing.T, seed uint64, f Faults) (faultStats, error) {
 	var acquired, rejected int64
-	if f.Clients == 0 {
-		f.Clients = 4
-	}
-	if f.TTL == 0 {
-		f.TTL = 300 * time.Millisecond
-	}
-	if f.Duration == 0 {
-		f.Duration = 1500 * time.Millisecond
-	}
-	if f.AcquireTimeout == 0 {
-		f.AcquireTimeout = time.Second
-	}
-	if f.FaultGap == 0 {
-		f.FaultGap = 200 * time.Millisecond
-	}
+	f = f.withDefaults(t, 4)
 	ttl := f.TTL
 	key := fmt.Sprintf("register-%d", seed)
 	reg := &fencedRegister{}
@@ -505,6 +491,36 @@ func checkedStretches(vs []validity, f Faults) int {
 		return 0
 	}
 	return len(vs)
+}
+
+// withDefaults fills in the defaults of f's zero fields (clients: the
+// number of clients). LOCKWARDEN_FAULT_DURATION=<duration> sets every run's
+// Duration, for long runs (make test-faults).
+func (f Faults) withDefaults(t *testing.T, clients int) Faults {
+	t.Helper()
+	if f.Clients == 0 {
+		f.Clients = clients
+	}
+	if f.TTL == 0 {
+		f.TTL = 300 * time.Millisecond
+	}
+	if f.Duration == 0 {
+		f.Duration = 1500 * time.Millisecond
+	}
+	if s := os.Getenv("LOCKWARDEN_FAULT_DURATION"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			t.Fatalf("LOCKWARDEN_FAULT_DURATION=%q: want a positive duration such as 30s", s)
+		}
+		f.Duration = d
+	}
+	if f.AcquireTimeout == 0 {
+		f.AcquireTimeout = time.Second
+	}
+	if f.FaultGap == 0 {
+		f.FaultGap = 200 * time.Millisecond
+	}
+	return f
 }
 
 // injectFaults runs f.Inject (if set) at random gaps around f.FaultGap, on a

@@ -55,21 +55,7 @@ type semFaultStats struct {
 }
 
 func semFaultRun(t *testing.T, seed uint64, f Faults) (semFaultStats, error) {
-	if f.Clients == 0 {
-		f.Clients = f.Limit + 2
-	}
-	if f.TTL == 0 {
-		f.TTL = 300 * time.Millisecond
-	}
-	if f.Duration == 0 {
-		f.Duration = 1500 * time.Millisecond
-	}
-	if f.AcquireTimeout == 0 {
-		f.AcquireTimeout = time.Second
-	}
-	if f.FaultGap == 0 {
-		f.FaultGap = 200 * time.Millisecond
-	}
+	f = f.withDefaults(t, f.Limit+2)
 	ttl := f.TTL
 	key := fmt.Sprintf("semaphore-%d", seed)
 	h := &history{start: time.Now()}
