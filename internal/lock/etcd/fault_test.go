@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/lock/locktest"
 	"github.com/lockwarden/lockwarden/internal/testutil/etcdtest"
@@ -25,10 +27,7 @@ import (
 // key, and the runs exercise fencing less.
 func TestFaultsFencedRegister(t *testing.T) {
 	c := etcdtest.StartCluster(t, 3)
-	cfg := configFor(c)
-	cfg.Prefix = "/faults/"
 	links := locktest.NewLinks(t, c.Endpoints())
-	cfg.Endpoints = locktest.Addrs(links)
 	nemeses := append([]locktest.Nemesis{
 		{Name: "kill-restart-leader", Inject: func(ctx context.Context, rng *rand.Rand) {
 			leader, err := c.Leader()
@@ -47,6 +46,58 @@ func TestFaultsFencedRegister(t *testing.T) {
 			return m.Pause, m.Resume
 		}),
 	}, locktest.LinkNemeses(links, 1500*time.Millisecond)...)
+	runEtcdFaults(t, c, links, nemeses)
+}
+
+// TestFaultsEtcdFailover runs the same fault test through etcd's own
+// failures: two of the three members paused together for 1-3s (quorum lost
+// for longer than the TTL) and resumed, and the history compacted under the
+// clients' live watches. (A leader cut off from its peers while its clients
+// stay attached needs a partition between the members themselves; etcd's
+// peers deliver over connections either side dials, so a proxy in front of
+// each member cannot cut one member off alone: docs/safety.md.)
+func TestFaultsEtcdFailover(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	links := locktest.NewLinks(t, c.Endpoints())
+	admin := adminClient(t, c)
+	nemeses := []locktest.Nemesis{
+		{Name: "quorum-loss", Inject: func(ctx context.Context, rng *rand.Rand) {
+			order := rng.Perm(len(c.Members))
+			paused := []*etcdtest.Member{c.Members[order[0]], c.Members[order[1]]}
+			for _, m := range paused {
+				if err := m.Pause(); err != nil {
+					t.Errorf("pause %s: %v", m.Name, err)
+				}
+			}
+			time.Sleep(time.Duration(1000+rng.IntN(2000)) * time.Millisecond)
+			for _, m := range paused {
+				if err := m.Resume(); err != nil {
+					t.Errorf("resume %s: %v", m.Name, err)
+				}
+			}
+		}},
+		{Name: "compaction", Inject: func(ctx context.Context, _ *rand.Rand) {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			resp, err := admin.Put(cctx, "/faults-compact-probe", "x")
+			if err != nil {
+				return // mid-election or quorum loss: the next one compacts
+			}
+			if _, err := admin.Compact(cctx, resp.Header.Revision); err != nil && ctx.Err() == nil {
+				t.Logf("compact at %d: %v", resp.Header.Revision, err)
+			}
+		}},
+	}
+	runEtcdFaults(t, c, links, nemeses)
+}
+
+// runEtcdFaults runs the fault test with nemeses on c, whose clients reach
+// it through links.
+func runEtcdFaults(t *testing.T, c *etcdtest.Cluster, links []*locktest.Link, nemeses []locktest.Nemesis) {
+	t.Helper()
+	cfg := configFor(c)
+	cfg.Prefix = "/faults/"
+	cfg.Endpoints = locktest.Addrs(links)
 	var tally locktest.FaultTally
 	for seed := range tally.Seeds(t, 4) {
 		locktest.RunFaults(t, "cluster-3", seed, &tally, locktest.Faults{
@@ -68,4 +119,15 @@ func TestFaultsFencedRegister(t *testing.T) {
 		}
 	}
 	tally.Check(t)
+}
+
+// adminClient is a plain etcd client of c, beside the Lockers under test.
+func adminClient(t *testing.T, c *etcdtest.Cluster) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), Username: c.Username, Password: c.Password, TLS: c.ClientTLS(), DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
 }

@@ -183,8 +183,9 @@ type Faults struct {
 	// false: every run checks exclusion (see checkExclusion).
 	EmptyRestarts bool
 	// Nemeses, when set, replace Inject: between two gaps the run injects
-	// one of them, chosen with the seeded rng, and the tally counts the
-	// faults by name.
+	// one of them, in a seeded order that brings each once before any
+	// comes again, and the tally counts the faults by name: FaultTally.Check
+	// fails when one of them was never injected.
 	Nemeses []Nemesis
 
 	record func(nemesis string) // set by RunFaults: counts a fault in the tally
@@ -250,15 +251,45 @@ type FaultTally struct {
 	// exclusion checks covered.
 	runs, stretches atomic.Int64
 	mu              sync.Mutex
-	faults          map[string]int64 // faults injected, by nemesis
+	faults          map[string]int64 // faults injected, by nemesis; 0 for one not injected yet
 	// Semaphore runs (Faults.Limit > 1): leases that ran out while their
 	// holder stalled, and runs in which Limit leases were valid at once.
 	expired, full atomic.Int64
 	semaphore     atomic.Bool
 }
 
+// expect notes the nemeses a run may inject, so that Check can tell when
+// one never was.
+func (c *FaultTally) expect(nemeses []Nemesis) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.faults == nil {
+		c.faults = map[string]int64{}
+	}
+	for _, n := range nemeses {
+		c.faults[n.Name] += 0
+	}
+}
+
+// missing returns the nemeses expected and never injected.
+func (c *FaultTally) missing() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for n, count := range c.faults {
+		if count == 0 {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // exercised tells whether the runs so far exercised what Check requires.
 func (c *FaultTally) exercised() bool {
+	if len(c.missing()) > 0 {
+		return false
+	}
 	if c.semaphore.Load() {
 		return c.acquired.Load() > 0 && c.expired.Load() > 0 && c.full.Load() > 0
 	}
@@ -268,10 +299,14 @@ func (c *FaultTally) exercised() bool {
 // Check fails t when the runs never acquired or never had a stale write
 // rejected: then the faults did not exercise fencing and the test proved
 // nothing. For semaphore runs: when no lease ran out while its holder
-// stalled, or no run ever had Limit leases valid at once.
+// stalled, or no run ever had Limit leases valid at once. With
+// Faults.Nemeses: also when one of them was never injected.
 func (c *FaultTally) Check(t *testing.T) {
 	t.Helper()
 	t.Log(c.Table())
+	if m := c.missing(); len(m) > 0 && !t.Failed() {
+		t.Errorf("the runs never injected %s: the faults did not exercise every nemesis", strings.Join(m, ", "))
+	}
 	if c.semaphore.Load() {
 		t.Logf("%d acquisitions, %d leases ran out in a stall, %d runs with every slot taken", c.acquired.Load(), c.expired.Load(), c.full.Load())
 		if !t.Failed() && (c.acquired.Load() == 0 || c.expired.Load() == 0 || c.full.Load() == 0) {
@@ -329,6 +364,7 @@ func RunFaults(t *testing.T, name string, seed uint64, tally *FaultTally, f Faul
 		})
 		if tally != nil {
 			f.record = tally.record
+			tally.expect(f.Nemeses)
 		}
 		if f.Limit > 1 {
 			st, err := semFaultRun(t, seed, f)
@@ -528,8 +564,15 @@ func (f Faults) withDefaults(t *testing.T, clients int) Faults {
 func injectFaults(ctx context.Context, wg *sync.WaitGroup, f Faults, seed uint64) {
 	inject := f.Inject
 	if len(f.Nemeses) > 0 {
+		// A seeded order in which every nemesis comes once before any
+		// comes again, so that a run with enough faults tries them all.
+		var order []int
 		inject = func(ctx context.Context, rng *rand.Rand) {
-			n := f.Nemeses[rng.IntN(len(f.Nemeses))]
+			if len(order) == 0 {
+				order = rng.Perm(len(f.Nemeses))
+			}
+			n := f.Nemeses[order[0]]
+			order = order[1:]
 			if f.record != nil {
 				f.record(n.Name)
 			}
