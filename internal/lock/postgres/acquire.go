@@ -159,7 +159,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		ok                      bool
 		fence, busyFence, ttlMs int64
 		busy, position, queued  int32
-		busyHolder              string
+		busyHolder, syncCommit  string
 	)
 	err := l.call(octx, fmt.Sprintf("acquire keys %q", req.Keys), func(ctx context.Context, c *pgx.Conn) error {
 		// The validity runs from when the statement goes out, after the
@@ -168,7 +168,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		return c.QueryRow(ctx, l.sql.acquire,
 			encodeKeys(req.Keys), ownerDigest(req.Owner), req.Holder, req.TTL.Milliseconds(),
 			req.Queue, l.opts.waiterTTL.Milliseconds(), lock.MaxFence-1,
-		).Scan(&ok, &fence, &busy, &busyHolder, &busyFence, &position, &queued, &ttlMs)
+		).Scan(&ok, &fence, &busy, &busyHolder, &busyFence, &position, &queued, &ttlMs, &syncCommit)
 	})
 	if err != nil {
 		l.log.V(2).Info("Acquire failed", "keys", req.Keys, "err", err.Error())
@@ -201,15 +201,16 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	if fence <= 0 || fence >= lock.MaxFence {
 		return nil, 0, l.unavailable("acquire", fmt.Errorf("fencing token %d out of range (0, %d)", fence, lock.MaxFence))
 	}
-	// As lock.Lease documents (and the Redis backend does): the validity is
-	// the TTL minus the call's duration and the drift allowance.
-	elapsed := time.Since(start)
-	validity := req.TTL - elapsed - drift(req.TTL)
+	// The database's expiry is its clock when the row locks were held + TTL,
+	// and that is after start: the lease is valid until start + TTL, less
+	// the drift allowance. (The call's duration is already behind start;
+	// subtracting it again would shorten every lease by one round trip.)
+	expires, validity := leaseEnd(start, req.TTL)
 	if validity <= 0 {
 		// The database holds the lease until start+TTL at the earliest, but
 		// the caller would get it with nothing left: give it back.
 		l.releaseQuietly(ctx, req.Keys, req.Owner)
-		return nil, 0, l.unavailable("acquire", fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, req.TTL, drift(req.TTL)))
+		return nil, 0, l.unavailable("acquire", fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", time.Since(start), req.TTL, drift(req.TTL)))
 	}
 	lease := &lock.Lease{
 		Keys:     req.Keys,
@@ -218,7 +219,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		Fence:    fence,
 		TTL:      req.TTL,
 		Acquired: start,
-		Expires:  start.Add(validity),
+		Expires:  expires,
 		Limit:    req.Limit,
 	}
 	if v := l.log.V(1); v.Enabled() {

@@ -149,10 +149,23 @@ func (l *Locker) migrateOn(ctx context.Context, c *pgx.Conn, ms []migration) err
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// Server-side bounds of the transaction (see migrationTimeout): the
+	// session's statement_timeout and lock_timeout (the operation timeout)
+	// are too short to wait for another replica's migration.
+	if _, err := tx.Exec(ctx, "SELECT pg_catalog.set_config('statement_timeout', $1, true), pg_catalog.set_config('lock_timeout', $1, true)",
+		millis(migrationTimeout)); err != nil {
+		return fmt.Errorf("bound the migration: %w", err)
+	}
 	// Two replicas starting together: the second waits here, then finds the
 	// schema current.
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", int32(advisoryClass), l.schema); err != nil {
 		return fmt.Errorf("take the migration lock: %w", err)
+	}
+	// From here on the transaction may take table locks (a migration that
+	// alters a table), and every lease call on the table would queue behind
+	// a DDL statement waiting for one: it waits no longer than a call would.
+	if _, err := tx.Exec(ctx, "SELECT pg_catalog.set_config('lock_timeout', $1, true)", millis(l.opts.opTimeout/2)); err != nil {
+		return fmt.Errorf("bound the migration: %w", err)
 	}
 	ident := pgx.Identifier{l.schema}.Sanitize()
 	var haveSchema, haveTable bool
@@ -203,8 +216,19 @@ func (l *Locker) migrateOn(ctx context.Context, c *pgx.Conn, ms []migration) err
 }
 
 // migrationTimeout bounds the migration transaction: it may wait for
-// another replica's migration.
+// another replica's migration. It is the client's deadline and, on the
+// server, the transaction's statement_timeout and its lock_timeout while it
+// waits for the migration lock (half the operation timeout after, for its
+// DDL); between its statements the session's
+// idle_in_transaction_session_timeout (the operation timeout) applies, so a
+// client paused or cut off mid-migration loses the transaction, and its
+// locks, within that time.
 const migrationTimeout = 30 * time.Second
+
+// syncCommitPin sets synchronous_commit = on for the rest of the statement's
+// transaction (is_local): evaluated in the statement's output, before the
+// commit that reads it.
+const syncCommitPin = "pg_catalog.set_config('synchronous_commit', 'on', true)"
 
 // statements are the SQL texts of the operations, for one schema.
 type statements struct {
@@ -214,9 +238,19 @@ type statements struct {
 func newStatements(schema string) statements {
 	s := pgx.Identifier{schema}.Sanitize()
 	return statements{
-		acquire: "SELECT o_ok, o_fence, o_busy, o_busy_holder, o_busy_fence, o_position, o_waiters, o_holder_ttl_ms FROM " +
-			s + ".acquire($1, $2, $3, $4, $5, $6, $7)",
-		renew:   "SELECT o_lease, o_lost FROM " + s + ".renew($1, $2, $3, $4)",
+		// acquire and renew pin synchronous_commit for their own transaction
+		// (the session sets it too, see session.go): the commit, after the
+		// statement, waits for the WAL flush whatever reset the session.
+		acquire: "SELECT o_ok, o_fence, o_busy, o_busy_holder, o_busy_fence, o_position, o_waiters, o_holder_ttl_ms, " +
+			syncCommitPin + " FROM " + s + ".acquire($1, $2, $3, $4, $5, $6, $7)",
+		// One row, of arrays (lease numbers and results, in the same order):
+		// the reply of a batch of renewBatchRows keys is about 1 KiB, far
+		// below the server's 8 KiB output buffer, so nothing reaches the
+		// socket before the transaction has committed and released its row
+		// locks; a client that stops reading holds no lock (a row per lease
+		// would be written, and could block, while they are held).
+		renew: "SELECT coalesce(array_agg(r.o_lease ORDER BY r.o_lease), '{}'), coalesce(array_agg(r.o_lost ORDER BY r.o_lease), '{}'), " +
+			syncCommitPin + " FROM " + s + ".renew($1, $2, $3, $4) r",
 		release: "SELECT " + s + ".release($1, $2)",
 		dequeue: "SELECT " + s + ".dequeue($1, $2)",
 		// One row per requested key, in request order: the lease (when live)

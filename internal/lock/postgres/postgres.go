@@ -15,10 +15,12 @@
 // clock_timestamp() + TTL, read once the rows are locked. A lease is held
 // while its row names an owner and that time has not passed; nothing has to
 // delete an expired lease, the next writer overwrites it. The client's
-// Lease.Expires is the start of its acquire or renew statement + TTL, minus
-// the call's duration and a drift allowance of TTL/100 + 2ms (as lock.Lease
-// documents and the Redis backend does): never later than the database's
-// expiry while the two clocks run at about the same rate.
+// Lease.Expires is the start of its acquire or renew statement (taken before
+// the statement is sent, so before the database reads its clock) + TTL,
+// minus a drift allowance of TTL/100 + 2ms: never later than the database's
+// expiry while the two clocks run at about the same rate. The call's duration
+// is not subtracted again: measuring from the start already accounts for it.
+// A call that returns with nothing of that validity left fails instead.
 //
 // # Tables (in Config.Schema, default "lockwarden")
 //
@@ -41,11 +43,29 @@
 // its token is larger than every token issued before for any of them. Rows
 // are never deleted (one small row per key ever used, as the Redis backend
 // keeps its counters), and a committed transaction survives a server crash
-// (WAL), so tokens never go backwards across restarts. Across a failover the
-// standby must have every commit: use synchronous replication
-// (synchronous_commit on with a synchronous standby); an asynchronous standby
-// can lose the last commits, and with them leases and tokens already handed
-// out.
+// (WAL), so tokens never go backwards across restarts, provided the commit
+// was flushed before it was acknowledged: every session of the Locker sets
+// synchronous_commit = on, whatever the role or database configure (off
+// would lose acknowledged leases in a crash, local in a failover), and the
+// acquire and renew statements pin it for their transaction too. A server (or
+// pooler) that does not keep the setting is refused with an error matching
+// ErrSessionSettings (see session.go). Across a failover the standby must
+// have every commit: use synchronous replication (synchronous_standby_names);
+// an asynchronous standby can lose the last commits, and with them leases and
+// tokens already handed out.
+//
+// # Server-side bounds
+//
+// Every session sets statement_timeout and idle_in_transaction_session_timeout
+// to the operation timeout and lock_timeout to half of it (see session.go): a
+// backend whose client gave up (a call's deadline closes the connection, and
+// the cancel request pgx then sends may never arrive, from a partitioned
+// client say) stops waiting for a row lock, and releases the rows it holds,
+// within that bound instead of whenever the row it waits for is released. The migration transaction has its own bounds (migrationTimeout).
+// No statement holds a row lock while it waits for the client: each is one
+// round trip whose reply (one row; the renewal of a batch one row of arrays,
+// the batch bounded by renewBatchRows) fits the server's output buffer, so
+// the transaction has committed before anything is written to the socket.
 //
 // # All-or-nothing and deadlock freedom
 //
@@ -229,7 +249,11 @@ func connConfig(cfg Config, o options) (*pgx.ConnConfig, error) {
 	cc.SSLNegotiation = "postgres"
 	cc.RequireAuth = ""
 	cc.KerberosSrvName, cc.KerberosSpn = "", ""
-	cc.ValidateConnect, cc.AfterConnect = nil, nil
+	cc.ValidateConnect = nil
+	// synchronous_commit and the server-side timeouts: set with SET once
+	// connected, not as RuntimeParams, so that they survive PgBouncer's
+	// session pooling, and read back (see session.go).
+	cc.AfterConnect = sessionSetup(sessionSettings(o.opTimeout))
 	cc.RuntimeParams = map[string]string{"application_name": "lockwarden"}
 	cc.ConnectTimeout = o.opTimeout
 	// Dial receives the host as written: the lookup hands it over unresolved
@@ -323,6 +347,14 @@ func (l *Locker) cleanupContext(ctx context.Context) (context.Context, context.C
 
 // drift is the clock drift allowance of a lease's validity: 1% of the TTL plus 2ms.
 func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
+
+// leaseEnd returns the Expires of a lease whose acquire or renew statement
+// started at start (before it was sent), and the validity left now, which is
+// not positive when the call took all of it.
+func leaseEnd(start time.Time, ttl time.Duration) (time.Time, time.Duration) {
+	expires := start.Add(ttl - drift(ttl))
+	return expires, time.Until(expires)
+}
 
 // retryable reports whether the server aborted the transaction for a reason
 // that a new attempt does not meet again: a deadlock (which the sorted row

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,9 +27,11 @@ func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 	return out[0], errs[0]
 }
 
-// RenewAll renews many leases in one round trip: one call of the renew
-// function over arrays, one transaction (see lock.Locker). Results and errors
-// are by index, with the meaning of Renew.
+// RenewAll renews many leases in as few round trips as the batch bounds allow
+// (see lock.Locker): one call of the renew function over arrays per
+// renewBatchRows keys, each in its own transaction, at most renewInFlight of
+// them at once, all within one operation timeout. Results and errors are by
+// index, with the meaning of Renew.
 func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
 	out := make([]*lock.Lease, len(leases))
 	errs := make([]error, len(leases))
@@ -50,78 +53,137 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 	return out, errs
 }
 
-// renewAll renews leases[idx...] (all valid) in one statement and returns
-// results for idx, in order.
+const (
+	// renewBatchRows bounds the lock rows one renewal statement (one
+	// transaction) locks: RenewAll splits a larger batch between leases, so
+	// that a transaction holds at most this many rows (a lease has at most
+	// lock.MaxKeys, fewer than this), and its reply (two int arrays of at
+	// most this many elements, about 1 KiB) stays in the server's 8 KiB
+	// output buffer until the transaction has committed. 100 rows take about
+	// a millisecond to lock and update, so a batch of thousands of leases
+	// costs a round trip per hundred instead of holding thousands of rows.
+	renewBatchRows = 100
+	// renewInFlight is how many renewal statements of one RenewAll run at
+	// once (on as many pooled connections).
+	renewInFlight = 2
+)
+
+// renewBatches splits the positions 0..len(idx)-1 into runs whose leases have
+// at most renewBatchRows keys in all (a lease is never split).
+func renewBatches(leases []*lock.Lease, idx []int) [][]int {
+	var (
+		out  [][]int
+		cur  []int
+		rows int
+	)
+	for k, i := range idx {
+		n := len(leases[i].Keys)
+		if len(cur) > 0 && rows+n > renewBatchRows {
+			out = append(out, cur)
+			cur, rows = nil, 0
+		}
+		cur = append(cur, k)
+		rows += n
+	}
+	return append(out, cur)
+}
+
+// renewAll renews leases[idx...] (all valid) in batches and returns results
+// for idx, in order. The whole is bounded by one operation timeout (at most
+// half the TTL), as one statement would be.
 func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, ttl time.Duration) ([]*lock.Lease, []error) {
 	out := make([]*lock.Lease, len(idx))
 	errs := make([]error, len(idx))
+	octx, cancel := l.opContext(ctx, ttl)
+	defer cancel()
+	batches := renewBatches(leases, idx)
+	if len(batches) == 1 {
+		l.renewBatch(octx, leases, idx, batches[0], ttl, out, errs)
+		return out, errs
+	}
+	sem := make(chan struct{}, renewInFlight)
+	var wg sync.WaitGroup
+	for _, b := range batches {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			// Each batch writes only its own positions of out and errs.
+			l.renewBatch(octx, leases, idx, b, ttl, out, errs)
+		})
+	}
+	wg.Wait()
+	return out, errs
+}
+
+// renewBatch renews the leases at positions batch of idx in one statement
+// and stores their results at the same positions of out and errs.
+func (l *Locker) renewBatch(ctx context.Context, leases []*lock.Lease, idx, batch []int, ttl time.Duration, out []*lock.Lease, errs []error) {
 	var (
 		leaseOf []int32
 		keys    [][]byte
-		owners  = make([]string, len(idx))
+		owners  = make([]string, len(batch))
 	)
-	for k, i := range idx {
-		owners[k] = ownerDigest(leases[i].Owner)
-		for _, key := range leases[i].Keys {
-			leaseOf = append(leaseOf, int32(k+1))
+	for j, k := range batch {
+		lease := leases[idx[k]]
+		owners[j] = ownerDigest(lease.Owner)
+		for _, key := range lease.Keys {
+			leaseOf = append(leaseOf, int32(j+1)) //nolint:gosec // G115: j < renewBatchRows
 			keys = append(keys, []byte(key))
 		}
 	}
 	var start time.Time
-	octx, cancel := l.opContext(ctx, ttl)
-	defer cancel()
-	lost := make([]int32, len(idx))
-	seen := make([]bool, len(idx))
-	err := l.call(octx, "renew", func(ctx context.Context, c *pgx.Conn) error {
+	lost := make([]int32, len(batch))
+	seen := make([]bool, len(batch))
+	err := l.call(ctx, "renew", func(ctx context.Context, c *pgx.Conn) error {
 		// The validity runs from when the statement goes out.
 		start = time.Now()
-		rows, err := c.Query(ctx, l.sql.renew, leaseOf, keys, owners, ttl.Milliseconds())
-		if err != nil {
+		var (
+			numbers, results []int32
+			syncCommit       string
+		)
+		if err := c.QueryRow(ctx, l.sql.renew, leaseOf, keys, owners, ttl.Milliseconds()).Scan(&numbers, &results, &syncCommit); err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var n, pos int32
-			if err := rows.Scan(&n, &pos); err != nil {
-				return err
-			}
-			if n < 1 || int(n) > len(idx) {
-				return fmt.Errorf("renew function: lease number %d out of range [1, %d]", n, len(idx))
-			}
-			lost[n-1], seen[n-1] = pos, true
+		if len(numbers) != len(results) {
+			return fmt.Errorf("renew function: %d lease numbers and %d results", len(numbers), len(results))
 		}
-		return rows.Err()
+		for j, n := range numbers {
+			if n < 1 || int(n) > len(batch) {
+				return fmt.Errorf("renew function: lease number %d out of range [1, %d]", n, len(batch))
+			}
+			lost[n-1], seen[n-1] = results[j], true
+		}
+		return nil
 	})
-	elapsed := time.Since(start)
-	validity := ttl - elapsed - drift(ttl)
-	for k, i := range idx {
-		lease := leases[i]
+	// As in attempt: valid until start + TTL less the drift allowance.
+	expires, validity := leaseEnd(start, ttl)
+	for j, k := range batch {
+		lease := leases[idx[k]]
 		op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
 		switch {
 		case err != nil:
 			errs[k] = fmt.Errorf("%s: %w", op, err)
-		case !seen[k]:
+		case !seen[j]:
 			errs[k] = l.unavailable(op, fmt.Errorf("the renew function returned no result for this lease"))
-		case lost[k] != 0:
+		case lost[j] != 0:
 			what := "a key"
-			if p := int(lost[k]); p >= 1 && p <= len(lease.Keys) {
+			if p := int(lost[j]); p >= 1 && p <= len(lease.Keys) {
 				what = fmt.Sprintf("key %q", lease.Keys[p-1])
 			}
 			l.log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 			errs[k] = fmt.Errorf("%s: %w: %s is no longer held by this owner (expired, or taken by another owner)", op, lock.ErrLost, what)
 		case validity <= 0:
-			errs[k] = l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, ttl, drift(ttl)))
+			errs[k] = l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", time.Since(start), ttl, drift(ttl)))
 		default:
 			next := *lease
 			next.TTL = ttl
-			next.Expires = start.Add(validity)
+			next.Expires = expires
 			out[k] = &next
 			if v := l.log.V(4); v.Enabled() {
 				v.Info("Renewed lease", "keys", lease.Keys, "fence", lease.Fence, "validity", validity.String())
 			}
 		}
 	}
-	return out, errs
 }
 
 func validateRenew(lease *lock.Lease, ttl time.Duration) error {

@@ -140,6 +140,7 @@ type Option func(*config)
 type config struct {
 	password string
 	tls      bool
+	settings []string // "name=value", passed as -c options
 }
 
 // WithPassword sets User's password. Default: DefaultPassword.
@@ -149,6 +150,15 @@ func WithPassword(p string) Option { return func(c *config) { c.password = p } }
 // certificate for 127.0.0.1 and localhost signed by a fresh CA (see
 // Server.CAPEM and Server.TLSConfig). Default: plain TCP.
 func WithTLS() Option { return func(c *config) { c.tls = true } }
+
+// WithServerSetting starts the server with the configuration parameter name
+// set to value (postgres -c name=value), on every start, Restart included,
+// after the harness's own settings, so it may override them: for tests that
+// need, say, a long wal_writer_delay. An unknown name makes Start fail with
+// the server's log.
+func WithServerSetting(name, value string) Option {
+	return func(c *config) { c.settings = append(c.settings, name+"="+value) }
+}
 
 // Server is one PostgreSQL postmaster owned by a test.
 type Server struct {
@@ -441,6 +451,9 @@ func (s *Server) launch() error {
 	}
 	if s.cfg.tls {
 		args = append(args, "-c", "ssl=on", "-c", "ssl_cert_file=server.crt", "-c", "ssl_key_file=server.key")
+	}
+	for _, kv := range s.cfg.settings {
+		args = append(args, "-c", kv)
 	}
 	cmd := exec.Command(filepath.Join(s.bin, "postgres"), args...)
 	cmd.Stdout, cmd.Stderr = logf, logf

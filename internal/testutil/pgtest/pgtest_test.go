@@ -79,3 +79,27 @@ func TestTLSOnly(t *testing.T) {
 		t.Fatal("a plain TCP connection was accepted by a TLS-only server")
 	}
 }
+
+// TestServerSetting: WithServerSetting reaches the server, and stays across
+// Kill and Restart.
+func TestServerSetting(t *testing.T) {
+	s := Start(t, WithServerSetting("wal_writer_delay", "10s"), WithServerSetting("fsync", "on"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	check := func(when string) {
+		t.Helper()
+		var delay, fsync string
+		if err := s.Conn(t).QueryRow(ctx, "SELECT current_setting('wal_writer_delay'), current_setting('fsync')").Scan(&delay, &fsync); err != nil {
+			t.Fatal(err)
+		}
+		if delay != "10s" || fsync != "on" {
+			t.Fatalf("%s: wal_writer_delay = %q, fsync = %q; want 10s and on (the harness's fsync=off overridden)", when, delay, fsync)
+		}
+	}
+	check("after Start")
+	s.Kill()
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	check("after Restart")
+}
