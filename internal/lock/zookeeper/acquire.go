@@ -431,39 +431,43 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 			ops = append(ops, &zk.DeleteRequest{Path: kp + "/" + p.mine.name, Version: -1})
 		}
 	}
+	// What the transaction leaves if it commits: every key node one
+	// version on, a new holder node (version 0).
+	nodes := make([]written, len(plans))
+	keyVersions := make([]int32, len(plans))
+	for i, p := range plans {
+		keyVersions[i] = p.view.kstat.Version + 1
+		nodes[i] = written{keyVersion: keyVersions[i], data: hd}
+	}
 	res, err := l.multi(ctx, ops)
 	if isConflict(err) {
 		return nil, err
 	}
 	if err != nil {
 		// The transaction may have committed without the answer reaching
-		// us: make sure nodes of this owner in this session end at the TTL.
-		l.armTimer(hash, req.Keys, start.Add(req.TTL), nil)
+		// us: make sure the nodes it would have created end at the TTL.
+		l.armUnconfirmed(hash, req.Keys, start.Add(req.TTL), keyVersions)
 		return nil, l.unavailable(op, err)
 	}
-	if fenceOp >= len(res) || res[fenceOp].Stat == nil {
-		l.armTimer(hash, req.Keys, start.Add(req.TTL), nil)
+	if fenceOp >= len(res) || res[fenceOp].Stat == nil || res[fenceOp].Stat.Mzxid <= 0 {
+		l.armUnconfirmed(hash, req.Keys, start.Add(req.TTL), keyVersions)
 		return nil, l.unavailable(op, fmt.Errorf("multi answered %d results, without the key node's stat", len(res)))
 	}
 	fence := res[fenceOp].Stat.Mzxid
-	if fence <= 0 || fence >= lock.MaxFence {
-		l.armTimer(hash, req.Keys, start.Add(req.TTL), nil) // in case the release fails
-		l.releaseQuietly(ctx, req.Keys, hash)
+	for i, k := range keyOps {
+		if k < len(res) && res[k].Stat != nil {
+			nodes[i].keyVersion = res[k].Stat.Version
+		}
+	}
+	if fence >= lock.MaxFence {
+		l.armTimer(fence, hash, req.Keys, start.Add(req.TTL), nodes) // in case the release fails
+		l.releaseQuietly(ctx, req.Keys, hash, fence)
 		return nil, fmt.Errorf("%s: fencing token (zxid) %d outside (0, %d): the ensemble's epoch is too large for JSON-safe tokens", op, fence, lock.MaxFence)
 	}
-	nodes := make([]written, len(plans))
-	for i, k := range keyOps {
-		st := res[k].Stat
-		if st == nil {
-			nodes = nil
-			break
-		}
-		nodes[i] = written{keyVersion: st.Version, data: hd}
-	}
-	l.armTimer(hash, req.Keys, start.Add(req.TTL), nodes)
+	l.armTimer(fence, hash, req.Keys, start.Add(req.TTL), nodes)
 	expires := start.Add(l.validity(req.TTL))
 	if !time.Now().Before(expires) {
-		l.releaseQuietly(ctx, req.Keys, hash)
+		l.releaseQuietly(ctx, req.Keys, hash, fence)
 		return nil, l.unavailable(op, fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL", time.Since(start), req.TTL))
 	}
 	if v := l.log.V(1); v.Enabled() {
@@ -481,13 +485,14 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 	}, nil
 }
 
-// releaseQuietly releases what the owner holds, best effort.
-func (l *Locker) releaseQuietly(ctx context.Context, keys []string, hash string) {
+// releaseQuietly releases what the owner holds in the acquisition with
+// fencing token fence (any of the owner's when 0), best effort; the
+// acquisition's timer is disarmed when it succeeds, else it stays to end the
+// nodes at the TTL.
+func (l *Locker) releaseQuietly(ctx context.Context, keys []string, hash string, fence int64) {
 	cctx, cancel := l.cleanupContext(ctx)
 	defer cancel()
-	if _, _, err := l.releaseOwned(cctx, keys, hash, 0); err != nil {
+	if _, _, err := l.releaseOwned(cctx, keys, hash, fence); err != nil {
 		l.log.V(2).Info("Best-effort release failed; the nodes end at the TTL or with the session", "keys", keys, "err", err.Error())
-		return
 	}
-	l.disarmTimer(hash)
 }

@@ -13,10 +13,12 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// Release deletes the holder nodes the lease's owner token still holds, in
-// one transaction (see lock.Locker); the deletions wake the watchers. It works
-// from any Locker, also one that did not acquire the lease. It returns an
-// error matching lock.ErrNotHeld when the owner held none of the keys.
+// Release deletes the holder nodes of the lease (see lock.Locker): those of
+// its owner token and, when lease.Fence is set, of that acquisition only (a
+// later acquisition of the same owner is another lease), in one transaction;
+// the deletions wake the watchers. It works from any Locker, also one that
+// did not acquire the lease. It returns an error matching lock.ErrNotHeld
+// when the lease held none of the keys.
 func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	if err := validateLease(lease); err != nil {
 		return err
@@ -25,17 +27,11 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	op := fmt.Sprintf("release keys %q (fencing token %d)", lease.Keys, lease.Fence)
 	// The TTL timer stays armed until the release is done: a release that
 	// fails leaves the lease to end at its TTL, not to live with the session.
-	if nodes := l.lastWritten(hash, lease.Keys); nodes != nil {
+	if nodes := l.lastWritten(lease.Fence, hash, lease.Keys); nodes != nil {
 		// This Locker wrote the nodes last: delete them without reading.
-		ops := make([]any, 0, 2*len(nodes))
-		for i, w := range nodes {
-			ops = append(ops,
-				&zk.CheckVersionRequest{Path: l.keyPath(lease.Keys[i]), Version: w.keyVersion},
-				&zk.DeleteRequest{Path: l.holderPath(lease.Keys[i]), Version: w.holderVersion})
-		}
-		_, err := l.multi(ctx, ops)
+		_, err := l.multi(ctx, l.deleteOps(lease.Keys, nodes, nil))
 		if err == nil {
-			l.disarmTimer(hash)
+			l.disarmTimer(lease.Fence, hash)
 			if v := l.log.V(1); v.Enabled() {
 				v.Info("Released lease", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 			}
@@ -46,11 +42,10 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 		}
 		// Something changed since (expired, renewed elsewhere): read.
 	}
-	_, live, err := l.releaseOwned(ctx, lease.Keys, hash, 0)
+	_, live, err := l.releaseOwned(ctx, lease.Keys, hash, lease.Fence)
 	if err != nil {
 		return l.unavailable(op, err)
 	}
-	l.disarmTimer(hash)
 	if live == 0 {
 		// Nothing, or only nodes that outlived the lease's TTL because their
 		// Locker is gone (deleted now, as its timer would have).
@@ -62,6 +57,26 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	return nil
 }
 
+// deleteOps is the transaction that deletes the holder nodes of keys at the
+// versions this Locker wrote (nodes, in keys order), each checked against
+// the key node's version it left: exactly those nodes, or nothing. Only the
+// keys at the indexes in only are included when only is not nil.
+func (l *Locker) deleteOps(keys []string, nodes []written, only []int) []any {
+	if only == nil {
+		only = make([]int, len(keys))
+		for i := range only {
+			only[i] = i
+		}
+	}
+	ops := make([]any, 0, 2*len(only))
+	for _, i := range only {
+		ops = append(ops,
+			&zk.CheckVersionRequest{Path: l.keyPath(keys[i]), Version: nodes[i].keyVersion},
+			&zk.DeleteRequest{Path: l.holderPath(keys[i]), Version: nodes[i].holderVersion})
+	}
+	return ops
+}
+
 // ownedKey is a holder node of the owner, as read.
 type ownedKey struct {
 	key    string
@@ -70,15 +85,16 @@ type ownedKey struct {
 }
 
 // readOwned reads the key node and then the holder node of every key, and
-// returns those the owner hash holds, plus the index of the first key it does
-// not hold (-1 when it holds all).
+// returns those the owner hash holds in the acquisition with fencing token
+// fence (any of the owner's when fence is 0), plus the index of the first
+// key it does not hold (-1 when it holds all).
 //
 // The key nodes are read first, on purpose: a write that checks the key
 // node's version as read proves that no acquisition happened since, and every
 // acquisition before that read had already replaced the holder node the
 // second read sees. So a holder node read as the owner's is still the one
 // read when the check passes (a recovery move writes the key node too).
-func (l *Locker) readOwned(ctx context.Context, keys []string, hash string) ([]*ownedKey, int, error) {
+func (l *Locker) readOwned(ctx context.Context, keys []string, hash string, fence int64) ([]*ownedKey, int, error) {
 	kstats := make([]*zk.Stat, len(keys))
 	errs := parallel(len(keys), func(i int) error {
 		st, err := call(ctx, l, func(c *zk.Conn) (*zk.Stat, error) {
@@ -120,7 +136,11 @@ func (l *Locker) readOwned(ctx context.Context, keys []string, hash string) ([]*
 		if json.Unmarshal(g.data, &d) != nil || d.Owner != hash {
 			return nil
 		}
-		out[i] = &ownedKey{key: keys[i], holder: &holderView{data: d, stat: g.stat}, kstat: kstats[i]}
+		h := &holderView{data: d, stat: g.stat}
+		if fence != 0 && h.fence() != fence {
+			return nil // a later acquisition of the same owner: another lease
+		}
+		out[i] = &ownedKey{key: keys[i], holder: h, kstat: kstats[i]}
 		return nil
 	})
 	if err := errors.Join(errs...); err != nil {
@@ -138,31 +158,24 @@ func (l *Locker) readOwned(ctx context.Context, keys []string, hash string) ([]*
 	return owned, first, nil
 }
 
-// releaseOwned deletes the holder nodes of keys that the owner hash holds
-// (only those in session session when it is not 0), each checked against the
-// key node's version read before it, so a node that another acquisition
-// replaced is never deleted. It returns how many it deleted, and how many of
-// those were live: not the nodes of a lease whose TTL had passed on the
-// ensemble's clock while its Locker was gone (counted only when session is 0,
-// for Release; see foreignExpired).
-func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, session int64) (deleted, live int, err error) {
+// releaseOwned deletes the holder nodes of keys that the owner hash holds in
+// the acquisition with fencing token fence (any of the owner's when fence is
+// 0), each checked against the key node's version read before it, so a node
+// that another acquisition replaced is never deleted, and disarms this
+// Locker's timers of the acquisitions it ended. It returns how many it
+// deleted, and how many of those were live: not the nodes of a lease whose
+// TTL had passed on the ensemble's clock while its Locker was gone (see
+// foreignExpired).
+func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, fence int64) (deleted, live int, err error) {
 	synced := false
 	for range maxTries {
-		owned, _, err := l.readOwned(ctx, keys, hash)
+		owned, _, err := l.readOwned(ctx, keys, hash, fence)
 		if err != nil {
 			return 0, 0, err
 		}
-		if session != 0 {
-			kept := owned[:0]
-			for _, o := range owned {
-				if o.holder.stat.EphemeralOwner == session {
-					kept = append(kept, o)
-				}
-			}
-			owned = kept
-		}
 		if len(owned) == 0 {
-			if synced || session != 0 {
+			if synced {
+				l.disarmTimer(fence, hash)
 				return 0, 0, nil
 			}
 			// Not held, says this server: make sure it is not lagging.
@@ -172,11 +185,8 @@ func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, s
 			synced = true
 			continue
 		}
-		live = len(owned)
-		if session == 0 {
-			if live, err = l.liveCount(ctx, owned); err != nil {
-				return 0, 0, err
-			}
+		if live, err = l.liveCount(ctx, owned); err != nil {
+			return 0, 0, err
 		}
 		ops := make([]any, 0, 2*len(owned))
 		for _, o := range owned {
@@ -186,6 +196,12 @@ func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, s
 		}
 		_, err = l.multi(ctx, ops)
 		if err == nil {
+			l.disarmTimer(fence, hash)
+			for _, o := range owned {
+				if f := o.holder.fence(); f != fence {
+					l.disarmTimer(f, hash)
+				}
+			}
 			return len(owned), live, nil
 		}
 		if !isConflict(err) {
@@ -273,94 +289,181 @@ func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error
 	return nil
 }
 
-// leaseTimer ends a lease at its TTL unless it is renewed first. It also
-// remembers what this Locker last wrote for the lease, so that a renewal or
-// release from this Locker can skip the reads (see written).
+// leaseTimer ends one acquisition's lease at its TTL unless it is renewed
+// first. It also remembers what this Locker last wrote for the lease, so that
+// a renewal or release from this Locker can skip the reads (see written).
+//
+// Timers are per acquisition, keyed by the lease's fencing token: two leases
+// of one owner (other keys, or the same keys taken again) each keep their
+// own. A timer deletes only the node versions it was armed with, so it never
+// ends a node that was created, moved or renewed after it was armed.
 type leaseTimer struct {
+	// id is the key in Locker.timers: the fencing token, or a negative
+	// number for an acquisition whose outcome is unknown (unconfirmed).
+	id       int64
+	hash     string
 	keys     []string
 	deadline time.Time
 	timer    *time.Timer
-	// nodes is what this Locker last wrote for each key, in keys order; nil
-	// when unknown (an acquisition whose outcome is unknown).
+	// nodes is what this Locker last wrote for each key, in keys order.
 	nodes []written
+	// unconfirmed: nodes are what an acquisition whose answer was lost
+	// would have written (the key node's version after it, a new holder
+	// node); the timer reads the nodes to make sure they are that
+	// acquisition's before it deletes them, and renewals and releases do not
+	// use them.
+	unconfirmed bool
 }
 
 // written is what a Locker wrote for one key of a lease it holds: the key
 // node's version after the acquisition (unchanged by renewals), the holder
 // node's version and data. A write that checks both versions needs no read:
-// the key node's version proves that no acquisition happened since, the
-// holder node's version that the node is still the one written.
+// the key node's version proves that no acquisition or move happened since,
+// the holder node's version that the node is still the one written.
 type written struct {
 	keyVersion    int32
 	holderVersion int32
 	data          holderData
 }
 
-// armTimer makes the Locker delete the owner's holder nodes of keys that are
-// still in its session at deadline, replacing the owner's previous timer.
-func (l *Locker) armTimer(hash string, keys []string, deadline time.Time, nodes []written) {
+// armTimer makes the Locker end the acquisition id (its fencing token) at
+// deadline: delete the holder nodes of keys at exactly the versions in nodes.
+// It replaces the acquisition's previous timer (a renewal), never another
+// acquisition's.
+func (l *Locker) armTimer(id int64, hash string, keys []string, deadline time.Time, nodes []written) {
+	l.startTimer(&leaseTimer{id: id, hash: hash, keys: keys, deadline: deadline, nodes: nodes})
+}
+
+// armUnconfirmed makes the Locker end, at deadline, the holder nodes that an
+// acquisition of keys whose outcome is unknown (its answer was lost) created
+// if it committed: for each key the key node at version keyVersions[i] with a
+// holder node of the owner at version 0 in this Locker's session, created by
+// the same write.
+func (l *Locker) armUnconfirmed(hash string, keys []string, deadline time.Time, keyVersions []int32) {
+	nodes := make([]written, len(keys))
+	for i, v := range keyVersions {
+		nodes[i] = written{keyVersion: v}
+	}
+	l.timersMu.Lock()
+	l.unconfirmedSeq--
+	id := l.unconfirmedSeq
+	l.timersMu.Unlock()
+	l.startTimer(&leaseTimer{id: id, hash: hash, keys: keys, deadline: deadline, nodes: nodes, unconfirmed: true})
+}
+
+func (l *Locker) startTimer(lt *leaseTimer) {
 	if l.closed.Load() {
 		return
 	}
 	l.timersMu.Lock()
 	defer l.timersMu.Unlock()
-	if old := l.timers[hash]; old != nil {
+	if old := l.timers[lt.id]; old != nil {
 		old.timer.Stop()
 	}
-	lt := &leaseTimer{keys: keys, deadline: deadline, nodes: nodes}
-	lt.timer = time.AfterFunc(time.Until(deadline), func() { l.expire(hash, lt) })
-	l.timers[hash] = lt
+	lt.timer = time.AfterFunc(time.Until(lt.deadline), func() { l.expire(lt) })
+	l.timers[lt.id] = lt
 }
 
-// disarmTimer stops the owner's timer (the lease was released).
-func (l *Locker) disarmTimer(hash string) {
+// disarmTimer stops the timer of the owner hash's acquisition with fencing
+// token fence (the lease was released); nothing for a fence that is not a
+// fencing token (0: a lease given without its token).
+func (l *Locker) disarmTimer(fence int64, hash string) {
+	if fence <= 0 {
+		return
+	}
 	l.timersMu.Lock()
 	defer l.timersMu.Unlock()
-	if t := l.timers[hash]; t != nil {
+	if t := l.timers[fence]; t != nil && t.hash == hash {
 		t.timer.Stop()
-		delete(l.timers, hash)
+		delete(l.timers, fence)
 	}
 }
 
-// lastWritten returns what this Locker last wrote for the owner's lease on
-// keys (nil when unknown), without disarming its timer.
-func (l *Locker) lastWritten(hash string, keys []string) []written {
+// lastWritten returns what this Locker last wrote for the lease with fencing
+// token fence on keys of the owner hash (nil when unknown), without
+// disarming its timer. Only the owner token may renew or release: a lease
+// with the right token but another owner gets nothing.
+func (l *Locker) lastWritten(fence int64, hash string, keys []string) []written {
+	if fence <= 0 {
+		return nil
+	}
 	l.timersMu.Lock()
 	defer l.timersMu.Unlock()
-	if t := l.timers[hash]; t != nil && slices.Equal(t.keys, keys) {
+	if t := l.timers[fence]; t != nil && !t.unconfirmed && t.hash == hash && slices.Equal(t.keys, keys) {
 		return t.nodes
 	}
 	return nil
 }
 
-// expire ends an unrenewed lease: it deletes the owner's holder nodes that
-// are still in this Locker's session (a node another Locker moved into its
-// own session by renewing it is left alone). It retries while ZooKeeper is
-// unreachable, until the session must have expired anyway.
-func (l *Locker) expire(hash string, lt *leaseTimer) {
+// current tells whether lt is still the timer of its acquisition: not
+// replaced by a renewal, not disarmed by a release, not stopped by Close.
+func (l *Locker) current(lt *leaseTimer) bool {
 	l.timersMu.Lock()
-	if l.timers[hash] != lt {
-		l.timersMu.Unlock()
+	defer l.timersMu.Unlock()
+	return l.timers[lt.id] == lt
+}
+
+// claimed tells whether another timer than lt ends the acquisition with
+// fencing token fence (this Locker knows that acquisition's outcome).
+func (l *Locker) claimed(fence int64, lt *leaseTimer) bool {
+	l.timersMu.Lock()
+	defer l.timersMu.Unlock()
+	t := l.timers[fence]
+	return t != nil && t != lt
+}
+
+// expire ends an unrenewed lease: it deletes the holder nodes of its
+// acquisition at exactly the versions the timer was armed with, so a node
+// renewed, moved (into another Locker's session) or created (the same owner
+// acquiring again) since is left alone. It retries while ZooKeeper is
+// unreachable, until the session must have expired anyway, and stops as soon
+// as it is no longer the acquisition's current timer.
+//
+// A renewal racing with the timer is decided by ZooKeeper's order of the two
+// writes, both checked against the same versions: when the renewal's commits
+// first the delete fails and the renewed lease lives (the node was never
+// deleted, so no other owner could take a key meanwhile); when the delete
+// commits first the renewal's write fails and the renewal reports the lease
+// lost. Either way at most one valid holder.
+func (l *Locker) expire(lt *leaseTimer) {
+	if !l.current(lt) {
 		return // renewed or released meanwhile
 	}
-	delete(l.timers, hash)
-	l.timersMu.Unlock()
 	if !l.track() {
 		return
 	}
 	defer l.wg.Done()
 	if l.afterExpire != nil {
-		defer l.afterExpire(hash)
+		defer l.afterExpire(lt.hash)
 	}
+	// The timer stays in l.timers while it works, so that a renewal or a
+	// release that replaces or disarms it stops the retries; then it goes.
+	defer func() {
+		l.timersMu.Lock()
+		if l.timers[lt.id] == lt {
+			delete(l.timers, lt.id)
+		}
+		l.timersMu.Unlock()
+	}()
 	giveUp := time.Now().Add(l.SessionTimeout())
 	b := l.opts.backoff
+	pending := make([]int, len(lt.keys))
+	for i := range pending {
+		pending[i] = i
+	}
+	deleted := 0
 	for {
+		if !l.current(lt) {
+			return // renewed, released or re-armed since: not this timer's to end
+		}
 		ctx, cancel := context.WithTimeout(l.ctx, 2*l.opts.opTimeout)
-		n, _, err := l.releaseOwned(ctx, lt.keys, hash, l.conn.SessionID())
+		n, rest, err := l.endNodes(ctx, lt, pending)
 		cancel()
+		deleted += n
+		pending = rest
 		if err == nil {
-			if n > 0 {
-				l.log.V(1).Info("Lease expired: its TTL passed without a renewal", "keys", lt.keys)
+			if deleted > 0 {
+				l.log.V(1).Info("Lease expired: its TTL passed without a renewal", "keys", lt.keys, "fence", lt.id)
 			}
 			return
 		}
@@ -374,6 +477,87 @@ func (l *Locker) expire(hash string, lt *leaseTimer) {
 		case <-time.After(b.Step()):
 		}
 	}
+}
+
+// endNodes deletes the holder nodes of lt's keys at the indexes pending, at
+// the versions lt was armed with: all in one transaction, or, when some key
+// changed since (it is not this acquisition's any more), each other key on
+// its own. It returns how many it deleted and the indexes still to end (when
+// ZooKeeper failed, with the error).
+func (l *Locker) endNodes(ctx context.Context, lt *leaseTimer, pending []int) (int, []int, error) {
+	if lt.unconfirmed {
+		var err error
+		if pending, err = l.confirm(ctx, lt, pending); err != nil || len(pending) == 0 {
+			return 0, pending, err
+		}
+	}
+	_, err := l.multi(ctx, l.deleteOps(lt.keys, lt.nodes, pending))
+	switch {
+	case err == nil:
+		return len(pending), nil, nil
+	case !isConflict(err):
+		return 0, pending, err
+	case len(pending) == 1:
+		return 0, nil, nil // not the node the timer was armed for any more
+	}
+	errs := parallel(len(pending), func(j int) error {
+		_, err := l.multi(ctx, l.deleteOps(lt.keys, lt.nodes, pending[j:j+1]))
+		return err
+	})
+	n := 0
+	var rest []int
+	var failed []error
+	for j, err := range errs {
+		switch {
+		case err == nil:
+			n++
+		case !isConflict(err):
+			rest = append(rest, pending[j])
+			failed = append(failed, err)
+		}
+	}
+	return n, rest, errors.Join(failed...)
+}
+
+// confirm returns the indexes in pending of the keys whose nodes are those
+// lt's acquisition (of unknown outcome) created if it committed; the others
+// are not its, for good (versions only grow). A holder node that another
+// timer of this Locker ends (an acquisition whose outcome is known) is not.
+func (l *Locker) confirm(ctx context.Context, lt *leaseTimer, pending []int) ([]int, error) {
+	session := l.conn.SessionID()
+	if session == 0 {
+		// Which nodes are this Locker's cannot be told without a session.
+		return pending, errors.New("no ZooKeeper session")
+	}
+	if err := l.sync(ctx); err != nil {
+		return pending, err
+	}
+	keys := make([]string, len(pending))
+	for j, i := range pending {
+		keys[j] = lt.keys[i]
+	}
+	owned, _, err := l.readOwned(ctx, keys, lt.hash, 0)
+	if err != nil {
+		return pending, err
+	}
+	byKey := map[string]*ownedKey{}
+	for _, o := range owned {
+		byKey[o.key] = o
+	}
+	var mine []int
+	for _, i := range pending {
+		o := byKey[lt.keys[i]]
+		if o == nil {
+			continue
+		}
+		h, w := o.holder, lt.nodes[i]
+		if o.kstat.Version == w.keyVersion && h.stat.Version == w.holderVersion &&
+			h.stat.Czxid == o.kstat.Mzxid && h.data.Fence == 0 &&
+			h.stat.EphemeralOwner == session && !l.claimed(h.stat.Czxid, lt) {
+			mine = append(mine, i)
+		}
+	}
+	return mine, nil
 }
 
 // track registers a background goroutine unless the Locker is closed.

@@ -16,15 +16,17 @@ type errLostKey struct{ key string }
 
 // Error names the key.
 func (e *errLostKey) Error() string {
-	return fmt.Sprintf("key %q is no longer held by this owner", e.key)
+	return fmt.Sprintf("key %q is no longer held by this lease", e.key)
 }
 
 // Renew extends the lease to ttl from now when its owner token still holds
-// every key (see lock.Locker): in one transaction it rewrites the holder
-// nodes (new TTL) that are in this Locker's session and moves the others (a
-// lease acquired by an earlier Locker, for example before a restart) into
-// it, keeping their fencing token. When the owner lost a key, the keys it
-// still held are released and the error matches lock.ErrLost. When ZooKeeper
+// every key (see lock.Locker), in the lease's acquisition when lease.Fence is
+// set (once the owner took a key again, with a new token, the earlier lease
+// is lost): in one transaction it rewrites the holder nodes (new TTL) that
+// are in this Locker's session and moves the others (a lease acquired by an
+// earlier Locker, for example before a restart) into it, keeping their
+// fencing token. When the lease lost a key, the keys it still held are
+// released and the error matches lock.ErrLost. When ZooKeeper
 // could not be reached the error matches lock.ErrBackendUnavailable: the
 // lease may still be held until its Expires, so the caller may try again.
 func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
@@ -54,30 +56,31 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
 	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
 	hash := ownerHash(lease.Owner)
-	if nodes := l.lastWritten(hash, lease.Keys); nodes != nil {
+	if nodes := l.lastWritten(lease.Fence, hash, lease.Keys); nodes != nil {
 		// This Locker wrote the nodes last: rewrite them without reading.
+		// The versions checked are the ones the TTL timer deletes, so a
+		// renewal racing with the timer either commits first (the timer's
+		// delete then fails) or fails (see expire).
 		start := time.Now()
 		ops := make([]any, 0, 2*len(nodes))
 		next := make([]written, len(nodes))
 		for i, w := range nodes {
 			w.data.TTLMs = ttl.Milliseconds()
 			next[i] = w
+			next[i].holderVersion = w.holderVersion + 1 // what a setData makes it
 			ops = append(ops,
 				&zk.CheckVersionRequest{Path: l.keyPath(lease.Keys[i]), Version: w.keyVersion},
 				&zk.SetDataRequest{Path: l.holderPath(lease.Keys[i]), Data: mustJSON(w.data), Version: w.holderVersion})
 		}
 		res, err := l.multi(ctx, ops)
 		switch {
-		case err == nil && len(res) == len(ops):
+		case err == nil:
 			for i := range next {
-				if st := res[2*i+1].Stat; st != nil {
-					next[i].holderVersion = st.Version
-				} else {
-					next = nil
-					break
+				if k := 2*i + 1; k < len(res) && res[k].Stat != nil {
+					next[i].holderVersion = res[k].Stat.Version
 				}
 			}
-			return l.renewed(op, lease, hash, ttl, start, next)
+			return l.renewed(op, lease, lease.Fence, hash, ttl, start, next)
 		case err != nil && !isConflict(err):
 			return nil, l.unavailable(op, err)
 		}
@@ -86,7 +89,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 	synced := false
 	for range maxTries {
 		start := time.Now()
-		owned, first, err := l.readOwned(ctx, lease.Keys, hash)
+		owned, first, err := l.readOwned(ctx, lease.Keys, hash, lease.Fence)
 		if err != nil {
 			return nil, l.unavailable(op, err)
 		}
@@ -100,7 +103,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 				continue
 			}
 			// The lease is gone; never keep half of it.
-			l.releaseQuietly(ctx, lease.Keys, hash)
+			l.releaseQuietly(ctx, lease.Keys, hash, lease.Fence)
 			l.log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 			return nil, fmt.Errorf("%s: %w: %w", op, lock.ErrLost, &errLostKey{lease.Keys[first]})
 		}
@@ -110,7 +113,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		} else if expired {
 			// Its Locker is gone (its timer with it) and the session not
 			// timed out yet: the lease ended at its TTL all the same.
-			l.releaseQuietly(ctx, lease.Keys, hash)
+			l.releaseQuietly(ctx, lease.Keys, hash, lease.Fence)
 			l.log.Info("Lease lost: its TTL passed without a renewal", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 			return nil, fmt.Errorf("%s: %w: its TTL passed without a renewal (on the ensemble's clock)", op, lock.ErrLost)
 		}
@@ -121,7 +124,9 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		for i, o := range owned {
 			d := o.holder.data
 			d.TTLMs = ttl.Milliseconds()
-			next[i] = written{keyVersion: o.kstat.Version}
+			// The versions the transaction leaves (setData adds one, a
+			// create starts at 0), unless its answer says otherwise.
+			next[i] = written{keyVersion: o.kstat.Version, holderVersion: o.holder.stat.Version + 1}
 			if o.holder.stat.EphemeralOwner == session && session != 0 {
 				keyOps[i], holderOps[i] = -1, len(ops)+1
 				ops = append(ops,
@@ -136,7 +141,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 			// acquisition, so a Locker that checks the version it knows
 			// notices that the holder node is no longer the one it wrote.
 			d.Fence, d.Acquired = o.holder.fence(), o.holder.acquiredMs()
-			next[i].data = d
+			next[i] = written{keyVersion: o.kstat.Version + 1, holderVersion: 0, data: d}
 			keyOps[i], holderOps[i] = len(ops), -1
 			ops = append(ops,
 				&zk.SetDataRequest{Path: l.keyPath(o.key), Data: keyNodeData(o.key, d.Fence), Version: o.kstat.Version},
@@ -164,21 +169,21 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 			if k := holderOps[i]; k >= 0 {
 				if st := stat(k); st != nil {
 					next[i].holderVersion = st.Version
-				} else {
-					next = nil
-					break
 				}
 			}
 			if k := keyOps[i]; k >= 0 {
 				if st := stat(k); st != nil {
 					next[i].keyVersion = st.Version
-				} else {
-					next = nil
-					break
 				}
 			}
 		}
-		return l.renewed(op, lease, hash, ttl, start, next)
+		// The timer is the acquisition's: lease.Fence, or for a lease given
+		// without its token the one of the nodes renewed.
+		fence := lease.Fence
+		if fence == 0 {
+			fence = owned[0].holder.fence()
+		}
+		return l.renewed(op, lease, fence, hash, ttl, start, next)
 	}
 	return nil, l.unavailable(op, errors.New("the holder nodes kept changing during the renewal"))
 }
@@ -211,9 +216,13 @@ func (l *Locker) foreignExpired(ctx context.Context, owned []*ownedKey, session 
 }
 
 // renewed finishes a successful renewal that started at start: it re-arms
-// the TTL timer and returns the renewed lease.
-func (l *Locker) renewed(op string, lease *lock.Lease, hash string, ttl time.Duration, start time.Time, nodes []written) (*lock.Lease, error) {
-	l.armTimer(hash, lease.Keys, start.Add(ttl), nodes)
+// the TTL timer of the acquisition fence with the node versions the renewal
+// wrote and returns the renewed lease. The renewal's write committed at
+// versions no older than those the previous timer deletes, so that timer can
+// no longer delete these nodes: success here means the nodes were renewed
+// and stay until this timer, a release or the session ends them.
+func (l *Locker) renewed(op string, lease *lock.Lease, fence int64, hash string, ttl time.Duration, start time.Time, nodes []written) (*lock.Lease, error) {
+	l.armTimer(fence, hash, lease.Keys, start.Add(ttl), nodes)
 	expires := start.Add(l.validity(ttl))
 	if !time.Now().Before(expires) {
 		return nil, l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL", time.Since(start), ttl))

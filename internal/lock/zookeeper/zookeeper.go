@@ -45,8 +45,14 @@
 // # TTL and sessions
 //
 // ZooKeeper has no per-node TTL for ephemeral nodes, so the Locker enforces
-// the lease TTL itself: a timer per lease deletes the lease's holder nodes
-// that are still in its session when the TTL passes without a renewal. If
+// the lease TTL itself: a timer per acquisition (keyed by its fencing token,
+// so two leases of one owner each keep their own) deletes, when the TTL
+// passes without a renewal, exactly the holder nodes it was armed for: at the
+// key node's and the holder node's versions this Locker last wrote, in one
+// checked transaction. A node renewed, moved into another session or created
+// by a later acquisition (of the same owner too) since is never deleted by
+// an older timer; a renewal racing with the timer wins if its write commits
+// first, else it reports the lease lost. If
 // the process dies, the session expires after the negotiated session timeout
 // and the ensemble deletes the nodes. Lease.Expires is therefore the start of
 // the acquire or renew round trip plus min(TTL, negotiated session timeout),
@@ -70,7 +76,8 @@
 // TTL it was written with is before the mtime of a node written now) is not
 // moved but released, and Renew reports lock.ErrLost: the Locker that would
 // have ended it at its TTL is gone, its session not timed out yet. Release
-// from any Locker deletes the holder nodes whose owner hash matches; when all
+// from any Locker deletes the holder nodes whose owner hash and fencing token
+// match (a lease given without its token: any of the owner's); when all
 // it found were such expired nodes it reports lock.ErrNotHeld, as for a lease
 // that is gone.
 //
@@ -148,7 +155,11 @@ type Locker struct {
 	parents sync.Map // key node path -> struct{}: known to exist
 
 	timersMu sync.Mutex
-	timers   map[string]*leaseTimer // owner hash -> TTL timer
+	// timers are the TTL timers, one per acquisition: by fencing token, or
+	// by a negative number (unconfirmedSeq counts them down) for an
+	// acquisition whose outcome is unknown.
+	timers         map[int64]*leaseTimer
+	unconfirmedSeq int64
 
 	// afterExpire, when set (tests only), runs when a TTL timer's work is done.
 	afterExpire func(hash string)
@@ -173,7 +184,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		log:     o.log,
 		root:    cfg.root(),
 		servers: strings.Join(cfg.Servers, ","),
-		timers:  map[string]*leaseTimer{},
+		timers:  map[int64]*leaseTimer{},
 	}
 	l.keysPath = l.root + "/keys"
 	l.ticketPath = l.root + "/ticket"
