@@ -158,6 +158,10 @@ type keyPlan struct {
 	dead  []*waiterView // other waiters past the waiter TTL (ensemble clock)
 	live  []*waiterView // the other waiters
 	ahead []*waiterView // live waiters ahead of req
+	// stale: the holder node is another owner's and its TTL passed on the
+	// ensemble's clock (see staleHolder): the key counts as free, and the
+	// acquisition deletes the node at the version read.
+	stale bool
 }
 
 // attempt is one acquisition. It returns the lease, or the path of the node
@@ -232,12 +236,17 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 			if err != nil {
 				return nil, "", l.unavailable(op, err)
 			}
-		case othersQueued:
+		case othersQueued || heldByOther && mightBeStale(plans, hash, time.Now()):
 			if _, nowMs, err = l.serverNow(ctx); err != nil {
 				return nil, "", l.unavailable(op, err)
 			}
 		}
 		if nowMs > 0 {
+			for _, p := range plans {
+				if h := p.view.holder; h != nil && h.data.Owner != hash && staleHolder(h, nowMs) {
+					p.stale = true
+				}
+			}
 			cutoff := nowMs - l.opts.waiterTTL.Milliseconds()
 			for _, p := range plans {
 				live := p.live[:0:0]
@@ -303,12 +312,12 @@ func (l *Locker) forgetMissing(views []*keyView) bool {
 // node to watch, or nil when every key is free for req.
 func (l *Locker) busy(req lock.Request, hash string, plans []*keyPlan) (*lock.HeldError, string) {
 	for i, p := range plans {
-		heldByOther := p.view.holder != nil && p.view.holder.data.Owner != hash
+		heldByOther := p.view.holder != nil && p.view.holder.data.Owner != hash && !p.stale
 		if !heldByOther && len(p.ahead) == 0 {
 			continue
 		}
 		he := &lock.HeldError{Key: req.Keys[i], Position: -1, Waiters: len(p.live)}
-		if p.view.holder != nil {
+		if p.view.holder != nil && !p.stale {
 			he.Holders = 1
 		}
 		if p.mine != nil {
@@ -337,6 +346,42 @@ func (l *Locker) busy(req lock.Request, hash string, plans []*keyPlan) (*lock.He
 	return nil, ""
 }
 
+// staleHolder tells whether a holder node outlived its lease: its last write
+// (mtime: the acquisition, renewal or move) plus the TTL written with it,
+// plus the drift allowance, is before nowMs, the mtime of a node written
+// just now. Both times are the ensemble's (its leaders' clocks, see the
+// package documentation), never this process's. The lease's holder was told
+// its lease ends within min(TTL, session timeout) minus drift of the start of
+// the round trip that wrote the node, so it no longer relies on it: the
+// Locker that should have ended it at its TTL is gone, or its timer could
+// not reach the ensemble (a quorum loss). Unreadable nodes ("?") are never
+// stale.
+func staleHolder(h *holderView, nowMs int64) bool {
+	if h.data.Owner == "?" || h.data.TTLMs <= 0 {
+		return false
+	}
+	ttl := time.Duration(h.data.TTLMs) * time.Millisecond
+	return h.stat.Mtime+h.data.TTLMs+drift(ttl).Milliseconds() < nowMs
+}
+
+// staleSlack is how far ahead of this process's clock a holder's end may be
+// for an acquirer to ask the ensemble's clock (one write) whether it passed:
+// the local clock only spares the write for holders that are clearly live,
+// a clock behind the ensemble's by more delays the takeover by the difference.
+const staleSlack = 5 * time.Second
+
+// mightBeStale tells whether some other owner's holder node in plans may be
+// past its TTL (staleHolder), judged by this process's clock with staleSlack.
+func mightBeStale(plans []*keyPlan, hash string, now time.Time) bool {
+	for _, p := range plans {
+		if h := p.view.holder; h != nil && h.data.Owner != hash && h.data.Owner != "?" &&
+			h.stat.Mtime+h.data.TTLMs < now.Add(staleSlack).UnixMilli() {
+			return true
+		}
+	}
+	return false
+}
+
 // heartbeat joins req to the queue of every key, or refreshes its waiter
 // nodes, in one transaction, and returns the ensemble's time of the write.
 func (l *Locker) heartbeat(ctx context.Context, req lock.Request, hash string, plans []*keyPlan) (int64, error) {
@@ -356,14 +401,29 @@ func (l *Locker) heartbeat(ctx context.Context, req lock.Request, hash string, p
 		}
 	}
 	data := mustJSON(waiterData{Owner: hash, Holder: req.Holder})
+	session := l.conn.SessionID()
 	ops := make([]any, 0, len(plans))
-	for _, p := range plans {
-		if p.mine != nil {
-			ops = append(ops, &zk.SetDataRequest{Path: l.keyPath(p.view.key) + "/" + p.mine.name, Data: data, Version: -1})
-			continue
+	setOps := make([]int, len(plans)) // index of each refresh (setData), -1 for none
+	for i, p := range plans {
+		setOps[i] = -1
+		kp := l.keyPath(p.view.key)
+		switch {
+		case p.mine == nil:
+			name := waiterName(ticket, hash)
+			ops = append(ops, &zk.CreateRequest{Path: kp + "/" + name, Data: data, Acl: l.acl, Flags: zk.FlagEphemeral})
+		case p.mine.stat != nil && (p.mine.stat.EphemeralOwner != session || session == 0):
+			// Another session's node (an earlier Locker of this operator,
+			// before a restart or failover): move it into this session under
+			// the same name, so the same ticket and place, as recovery moves
+			// holder nodes. Else it would vanish when that session times out
+			// and the waiter would queue again at the back.
+			ops = append(ops,
+				&zk.DeleteRequest{Path: kp + "/" + p.mine.name, Version: p.mine.stat.Version},
+				&zk.CreateRequest{Path: kp + "/" + p.mine.name, Data: data, Acl: l.acl, Flags: zk.FlagEphemeral})
+		default:
+			setOps[i] = len(ops)
+			ops = append(ops, &zk.SetDataRequest{Path: kp + "/" + p.mine.name, Data: data, Version: -1})
 		}
-		name := waiterName(ticket, hash)
-		ops = append(ops, &zk.CreateRequest{Path: l.keyPath(p.view.key) + "/" + name, Data: data, Acl: l.acl, Flags: zk.FlagEphemeral})
 	}
 	res, err := l.multi(ctx, ops)
 	if err != nil {
@@ -375,8 +435,14 @@ func (l *Locker) heartbeat(ctx context.Context, req lock.Request, hash string, p
 			p.mine = &waiterView{name: name, ticket: ticket, hash: hash}
 			continue
 		}
-		if i < len(res) && res[i].Stat != nil && res[i].Stat.Mtime > nowMs {
-			nowMs = res[i].Stat.Mtime
+		if k := setOps[i]; k >= 0 && k < len(res) && res[k].Stat != nil && res[k].Stat.Mtime > nowMs {
+			nowMs = res[k].Stat.Mtime
+		}
+	}
+	if nowMs == 0 {
+		// Only creates and moves, whose answers carry no stat.
+		if _, nowMs, err = l.serverNow(ctx); err != nil {
+			return 0, err
 		}
 	}
 	return nowMs, nil

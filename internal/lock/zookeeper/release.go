@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -313,6 +314,9 @@ type leaseTimer struct {
 	// acquisition's before it deletes them, and renewals and releases do not
 	// use them.
 	unconfirmed bool
+	// failing is set once an attempt to end the lease failed because the
+	// ensemble could not be reached: renewals read the nodes from then on.
+	failing atomic.Bool
 }
 
 // written is what a Locker wrote for one key of a lease it holds: the key
@@ -395,6 +399,24 @@ func (l *Locker) lastWritten(fence int64, hash string, keys []string) []written 
 	return nil
 }
 
+// lastWrittenLive is lastWritten for a renewal: nil also once the
+// acquisition's timer tried to end the lease and could not reach the
+// ensemble, so that the renewal reads the nodes and checks the TTL on the
+// ensemble's clock rather than revive, after an outage, a lease its holder
+// was told has ended. (A renewal racing with the timer's first attempt still
+// takes the fast path: see expire.)
+func (l *Locker) lastWrittenLive(fence int64, hash string, keys []string) []written {
+	if fence <= 0 {
+		return nil
+	}
+	l.timersMu.Lock()
+	defer l.timersMu.Unlock()
+	if t := l.timers[fence]; t != nil && !t.unconfirmed && t.hash == hash && slices.Equal(t.keys, keys) && !t.failing.Load() {
+		return t.nodes
+	}
+	return nil
+}
+
 // current tells whether lt is still the timer of its acquisition: not
 // replaced by a renewal, not disarmed by a release, not stopped by Close.
 func (l *Locker) current(lt *leaseTimer) bool {
@@ -445,7 +467,12 @@ func (l *Locker) expire(lt *leaseTimer) {
 		}
 		l.timersMu.Unlock()
 	}()
-	giveUp := time.Now().Add(l.SessionTimeout())
+	// The timer keeps trying while ZooKeeper is unreachable (a quorum loss
+	// may outlast the session timeout without expiring the session): until
+	// the nodes are gone, not its own any more, or the Locker closes.
+	// Meanwhile acquirers treat the nodes as free once the TTL passed on
+	// the ensemble's clock (staleHolder), and renewals do not revive them.
+	warnAt := time.Now().Add(l.SessionTimeout())
 	b := l.opts.backoff
 	pending := make([]int, len(lt.keys))
 	for i := range pending {
@@ -467,9 +494,13 @@ func (l *Locker) expire(lt *leaseTimer) {
 			}
 			return
 		}
-		if l.ctx.Err() != nil || time.Now().After(giveUp) {
-			l.log.V(2).Info("Ending an expired lease failed; the session timeout ends it", "keys", lt.keys, "ttlEnded", lt.deadline, "err", err.Error())
+		lt.failing.Store(true)
+		if l.ctx.Err() != nil {
 			return
+		}
+		if !warnAt.IsZero() && time.Now().After(warnAt) {
+			warnAt = time.Time{}
+			l.log.V(2).Info("Ending an expired lease keeps failing; retrying (acquirers take the keys past the TTL meanwhile)", "keys", lt.keys, "ttlEnded", lt.deadline, "err", err.Error())
 		}
 		select {
 		case <-l.ctx.Done():

@@ -56,7 +56,7 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
 	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
 	hash := ownerHash(lease.Owner)
-	if nodes := l.lastWritten(lease.Fence, hash, lease.Keys); nodes != nil {
+	if nodes := l.lastWrittenLive(lease.Fence, hash, lease.Keys); nodes != nil {
 		// This Locker wrote the nodes last: rewrite them without reading.
 		// The versions checked are the ones the TTL timer deletes, so a
 		// renewal racing with the timer either commits first (the timer's
@@ -108,11 +108,12 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 			return nil, fmt.Errorf("%s: %w: %w", op, lock.ErrLost, &errLostKey{lease.Keys[first]})
 		}
 		session := l.conn.SessionID()
-		if expired, err := l.foreignExpired(ctx, owned, session); err != nil {
+		if expired, err := l.ttlPassed(ctx, owned, session); err != nil {
 			return nil, l.unavailable(op, err)
 		} else if expired {
 			// Its Locker is gone (its timer with it) and the session not
-			// timed out yet: the lease ended at its TTL all the same.
+			// timed out yet, or its timer could not reach the ensemble in
+			// time: the lease ended at its TTL all the same.
 			l.releaseQuietly(ctx, lease.Keys, hash, lease.Fence)
 			l.log.Info("Lease lost: its TTL passed without a renewal", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 			return nil, fmt.Errorf("%s: %w: its TTL passed without a renewal (on the ensemble's clock)", op, lock.ErrLost)
@@ -188,27 +189,27 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 	return nil, l.unavailable(op, errors.New("the holder nodes kept changing during the renewal"))
 }
 
-// foreignExpired tells whether a holder node of another session (a lease
-// acquired or last renewed by another Locker, which is expected to end it at
-// its TTL but may be gone) outlived its TTL on the ensemble's clock: its last
-// write (mtime) plus the TTL it was written with is before the mtime of a
-// node written now. Such a lease must not be revived by a recovery renewal.
-func (l *Locker) foreignExpired(ctx context.Context, owned []*ownedKey, session int64) (bool, error) {
-	foreign := false
-	for _, o := range owned {
-		if o.holder.stat.EphemeralOwner != session || session == 0 {
-			foreign = true
-		}
-	}
-	if !foreign {
-		return false, nil
-	}
+// ttlPassed tells whether a holder node outlived its TTL on the ensemble's
+// clock: its last write (mtime) plus the TTL it was written with is before
+// the mtime of a node written now. Such a lease ended: its holder no longer
+// relies on it and acquirers may take the key (see staleHolder), so a
+// renewal must not revive it, whichever session the node is in: another
+// Locker's that is gone (its timer with it), or this Locker's, whose timer
+// could not end it in time (the ensemble unreachable past the TTL). The read
+// path of a renewal only runs when this Locker cannot renew from what it
+// wrote (see lastWrittenLive), so the extra write is rare. session is unused
+// but for the log.
+func (l *Locker) ttlPassed(ctx context.Context, owned []*ownedKey, session int64) (bool, error) {
 	_, nowMs, err := l.serverNow(ctx)
 	if err != nil {
 		return false, err
 	}
 	for _, o := range owned {
-		if (o.holder.stat.EphemeralOwner != session || session == 0) && o.holder.stat.Mtime+o.holder.data.TTLMs < nowMs {
+		if o.holder.stat.Mtime+o.holder.data.TTLMs < nowMs {
+			if v := l.log.V(2); v.Enabled() {
+				v.Info("Holder node past its TTL on the ensemble's clock", "key", o.key,
+					"ownSession", o.holder.stat.EphemeralOwner == session && session != 0)
+			}
 			return true, nil
 		}
 	}

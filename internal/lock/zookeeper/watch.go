@@ -206,12 +206,26 @@ func (w *watcher) deliver(key string) {
 	}
 }
 
-// watchAll watches the keys directory for new key nodes, and every key node.
+// watchAll watches the keys directory for new key nodes, and every key node,
+// and resyncs after every reconnection (see resync).
 func (w *watcher) watchAll() error {
+	reconnected, unsubscribe := w.l.subscribeReconnect()
 	names, ch, err := w.listKeys()
 	if err != nil {
+		unsubscribe()
 		return err
 	}
+	w.wg.Go(func() {
+		defer unsubscribe()
+		for {
+			select {
+			case <-w.ctx.Done():
+				return
+			case <-reconnected:
+			}
+			w.resync()
+		}
+	})
 	errs := parallel(len(names), func(i int) error {
 		if k, ok := decodeKey(names[i]); ok {
 			return w.watchKey(k, false)
@@ -264,4 +278,67 @@ func (w *watcher) listKeys() ([]string, <-chan zk.Event, error) {
 		return res{names, ch}, err
 	})
 	return r.names, r.ch, err
+}
+
+// resync runs after the client established a session again after a
+// disconnection (the same session, or a new one after an expiry): releases
+// may have been missed meanwhile (watch events lost with the connection, the
+// watch of a new key that failed to be set, notifications of a session that
+// expired), so it lists the keys again, watches those not watched yet, and
+// delivers every key that has waiters: each of them may be free for the
+// next one now, and a spurious wake-up costs a waiter one attempt. It
+// retries with backoff until it got through or the watch ends.
+func (w *watcher) resync() {
+	b := w.l.opts.backoff
+	for w.ctx.Err() == nil {
+		err := w.resyncOnce()
+		if err == nil {
+			return
+		}
+		w.l.log.V(2).Info("Resync of the watch after a reconnection failed; retrying", "err", err.Error())
+		select {
+		case <-w.ctx.Done():
+			return
+		case <-time.After(b.Step()):
+		}
+	}
+}
+
+func (w *watcher) resyncOnce() error {
+	names, err := call(w.ctx, w.l, func(c *zk.Conn) ([]string, error) {
+		names, _, err := c.Children(w.l.keysPath)
+		return names, err
+	})
+	if err != nil {
+		return err
+	}
+	var keys []string
+	for _, n := range names {
+		if k, ok := decodeKey(n); ok {
+			keys = append(keys, k)
+		}
+	}
+	errs := parallel(len(keys), func(i int) error {
+		if err := w.watchKey(keys[i], true); err != nil {
+			return err
+		}
+		children, err := call(w.ctx, w.l, func(c *zk.Conn) ([]string, error) {
+			ch, _, err := c.Children(w.l.keyPath(keys[i]))
+			return ch, err
+		})
+		if errors.Is(err, zk.ErrNoNode) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		for _, n := range children {
+			if _, _, ok := parseWaiter(n); ok {
+				w.deliver(keys[i])
+				break
+			}
+		}
+		return nil
+	})
+	return errors.Join(errs...)
 }

@@ -21,7 +21,10 @@
 //	                          (a hash of the owner token), holder, ttlMs, and
 //	                          after a recovery move fence and acquired
 //	R/keys/k-<enc K>/w-<ticket>-<owner hash>
-//	                          EPHEMERAL: one queued waiter; data: owner hash, holder
+//	                          EPHEMERAL: one queued waiter; data: owner hash,
+//	                          holder. The place is the ticket in the name, not
+//	                          a sequence number, so the node can be moved into
+//	                          another session under the same name (see Queue)
 //
 // <enc K> is K with every byte outside [A-Za-z0-9._:-] written %XX (so '/'
 // creates no hierarchy and two keys never share a node), behind a "k-" that
@@ -51,8 +54,22 @@
 // key node's and the holder node's versions this Locker last wrote, in one
 // checked transaction. A node renewed, moved into another session or created
 // by a later acquisition (of the same owner too) since is never deleted by
-// an older timer; a renewal racing with the timer wins if its write commits
-// first, else it reports the lease lost. If
+// an older timer; a renewal racing with the timer's first attempt wins if its
+// write commits first, else it reports the lease lost. The timer keeps trying
+// while the ensemble is unreachable, also past the session timeout (a quorum
+// loss does not expire sessions: a new leader gives each a fresh timeout).
+//
+// The ensemble ends no lease at its TTL by itself, so acquirers do too: a
+// TryAcquire that finds another owner's holder node whose TTL passed on the
+// ensemble's clock (its mtime plus the TTL written with it, plus the drift
+// allowance, before the mtime of a node the acquirer just wrote) treats the
+// key as free and deletes the node, at the version read, in its acquisition
+// transaction. So a key is not held past its TTL for longer than it takes
+// the next acquirer to look, whether the holder's Locker is gone (closed, or
+// crashed before its session timed out) or its timer could not reach the
+// ensemble. Nor does a renewal revive such a lease: once the timer could not
+// reach the ensemble, renewals read the nodes, and a holder node past its
+// TTL on the ensemble's clock, in any session, is reported lost. If
 // the process dies, the session expires after the negotiated session timeout
 // and the ensemble deletes the nodes. Lease.Expires is therefore the start of
 // the acquire or renew round trip plus min(TTL, negotiated session timeout),
@@ -74,8 +91,9 @@
 // keeps its token and its place, and nobody ever sees the key free. A lease
 // whose TTL passed on the ensemble's clock (its holder node's mtime plus the
 // TTL it was written with is before the mtime of a node written now) is not
-// moved but released, and Renew reports lock.ErrLost: the Locker that would
-// have ended it at its TTL is gone, its session not timed out yet. Release
+// moved or renewed but released, and Renew reports lock.ErrLost: the Locker
+// that would have ended it at its TTL is gone (its session not timed out
+// yet), or could not reach the ensemble in time. Release
 // from any Locker deletes the holder nodes whose owner hash and fencing token
 // match (a lease given without its token: any of the owner's); when all
 // it found were such expired nodes it reports lock.ErrNotHeld, as for a lease
@@ -88,7 +106,16 @@
 // order, so a multi-key waiter has the same rank in every queue and no two
 // waiters can each be ahead of the other. Waiter node names sort by ticket.
 // Calling TryAcquire again refreshes the waiter nodes (setData), which moves
-// their mtime; the next acquirer deletes, at the version it read, waiters
+// their mtime. A waiter node of another session (queued through an earlier
+// Locker: before an operator restart or failover) is refreshed by moving it
+// into the caller's session in one multi: delete it at the version read and
+// create it again under the same name. The name carries the ticket, so the
+// waiter keeps its place; left in the old session it would vanish when that
+// session times out, and the waiter would queue again at the back. (The
+// nodes stay ephemeral rather than persistent with a deadline: a waiter whose
+// Locker crashed and is never restarted leaves with its session, and a live
+// one is always in the session of the Locker that last refreshed it.) The
+// next acquirer deletes, at the version it read, waiters
 // whose mtime is older than WaiterTTL before the mtime of a node it just
 // wrote, so dead waiters are pruned by the ensemble's clock, never the
 // client's. Acquire waits on a ZooKeeper watch: on the holder node while it
@@ -103,6 +130,18 @@
 // changed in between the check fails and it falls back to reading.
 //
 // # Consistency
+//
+// The ensemble's clock is the wall clock of the leader that committed a
+// write (a node's mtime and ctime). Lease expiry on the ensemble's clock
+// (acquirers taking a holder past its TTL, recovery renewals refusing one)
+// and waiter pruning compare an mtime written by one leader with the mtime of
+// a node written now, possibly by another leader after an election. The
+// package assumes that the servers' clocks agree within the drift allowance
+// (1% of the TTL plus 2ms; NTP-synchronized hosts agree far better): a
+// server whose clock runs ahead by more could let an acquirer take a key
+// before its holder's Lease.Expires. ZooKeeper offers no clock of its own
+// that survives an election (zxids order writes but say nothing of time), so
+// the assumption cannot be removed without giving up expiry at the TTL.
 //
 // ZooKeeper serves reads from the server a client is connected to, which may
 // lag the leader. Every decision to write is validated by the write itself
@@ -163,6 +202,13 @@ type Locker struct {
 
 	// afterExpire, when set (tests only), runs when a TTL timer's work is done.
 	afterExpire func(hash string)
+
+	// sessionSubs are told (non-blocking, buffer 1) when the client
+	// established a session again after a disconnection: the all-keys
+	// watches resync (see watcher.resync).
+	subsMu      sync.Mutex
+	sessionSubs map[chan struct{}]struct{}
+	hadSession  atomic.Bool
 }
 
 var _ lock.Locker = (*Locker)(nil)
@@ -280,8 +326,40 @@ func (l *Locker) onEvent(ev zk.Event) {
 		// l.conn is not read here: the client reports its first session
 		// before zk.Connect has returned it to New.
 		l.log.V(2).Info("ZooKeeper session established", "server", ev.Server)
+		if l.hadSession.Swap(true) {
+			l.notifyReconnect()
+		}
 	case zk.StateDisconnected:
 		l.log.V(2).Info("Disconnected from ZooKeeper", "server", ev.Server)
+	}
+}
+
+// subscribeReconnect returns a channel that receives when the client
+// establishes a session again (the same one or a new one) after a
+// disconnection, and the function that unsubscribes it.
+func (l *Locker) subscribeReconnect() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	l.subsMu.Lock()
+	if l.sessionSubs == nil {
+		l.sessionSubs = map[chan struct{}]struct{}{}
+	}
+	l.sessionSubs[ch] = struct{}{}
+	l.subsMu.Unlock()
+	return ch, func() {
+		l.subsMu.Lock()
+		delete(l.sessionSubs, ch)
+		l.subsMu.Unlock()
+	}
+}
+
+func (l *Locker) notifyReconnect() {
+	l.subsMu.Lock()
+	defer l.subsMu.Unlock()
+	for ch := range l.sessionSubs {
+		select {
+		case ch <- struct{}{}:
+		default: // a resync is pending already
+		}
 	}
 }
 
