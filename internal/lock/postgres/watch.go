@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -30,8 +32,12 @@ var reconnectBackoff = wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, 
 // with backoff. Watch returns once that connection listens, so a release
 // committed after Watch returns is delivered while the connection stays up.
 // When it had to reconnect, every watched key is delivered once (a release
-// may have been missed meanwhile). A Dequeue that leaves a free key's queue
-// to the next waiter is delivered too, so that waiter tries at once.
+// may have been missed meanwhile); a Watch of every key gets the keys that
+// have queued waiters then (read from the waiters table once LISTEN is
+// active again, oldest waiter first, at most watchBuffer of them), since a
+// release of one of those may have been missed while nobody listened. A
+// Dequeue that leaves a free key's queue to the next waiter is delivered
+// too, so that waiter tries at once.
 func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, error) {
 	if len(keys) > 0 {
 		if err := validateKeys("keys", keys); err != nil {
@@ -177,8 +183,10 @@ func (s *listener) dispatch(key string) {
 // wake delivers every watched key once to the subscriptions that may have
 // missed releases: all of them after a reconnect (releases notified while
 // the connection was down are lost), else those subscribed before the
-// connection first listened.
-func (s *listener) wake(reconnected bool) {
+// connection first listened. A subscription to every key gets waited, the
+// keys that had waiters when the connection listened again, after a
+// reconnect.
+func (s *listener) wake(reconnected bool, waited []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for sub := range s.subs {
@@ -187,7 +195,11 @@ func (s *listener) wake(reconnected bool) {
 		if !early && !reconnected {
 			continue
 		}
-		for k := range sub.keys {
+		keys := slices.Collect(maps.Keys(sub.keys))
+		if sub.keys == nil && reconnected {
+			keys = waited
+		}
+		for _, k := range keys {
 			select {
 			case sub.ch <- k:
 			default:
@@ -235,10 +247,10 @@ func (s *listener) run() {
 	b := reconnectBackoff
 	connectedBefore := false
 	for ctx.Err() == nil {
-		err := s.listen(ctx, func() {
+		err := s.listen(ctx, connectedBefore, func(waited []string) {
 			s.setUp(true)
 			b = reconnectBackoff
-			s.wake(connectedBefore)
+			s.wake(connectedBefore, waited)
 			connectedBefore = true
 		})
 		s.setUp(false)
@@ -256,8 +268,10 @@ func (s *listener) run() {
 }
 
 // listen opens one connection, LISTENs, calls onUp, and delivers
-// notifications until the connection fails or ctx ends.
-func (s *listener) listen(ctx context.Context, onUp func()) error {
+// notifications until the connection fails or ctx ends. On a reconnect with
+// a subscription to every key, it reads the keys that have waiters once
+// LISTEN is active (a release after that is notified) and hands them to onUp.
+func (s *listener) listen(ctx context.Context, reconnected bool, onUp func(waited []string)) error {
 	if err := s.l.ensureSchema(ctx); err != nil {
 		return err
 	}
@@ -269,11 +283,15 @@ func (s *listener) listen(ctx context.Context, onUp func()) error {
 	}
 	defer func() { _ = conn.Close(context.Background()) }()
 	_, err = conn.Exec(cctx, "LISTEN "+pgx.Identifier{s.l.channel}.Sanitize())
+	var waited []string
+	if err == nil && reconnected && s.watchesAll() {
+		waited, err = s.waitedKeys(cctx, conn)
+	}
 	cancel()
 	if err != nil {
 		return err
 	}
-	onUp()
+	onUp(waited)
 	for {
 		wctx, wcancel := context.WithTimeout(ctx, idleCheck)
 		n, err := conn.WaitForNotification(wctx)
@@ -301,6 +319,37 @@ func (s *listener) listen(ctx context.Context, onUp func()) error {
 		}
 		s.dispatch(key)
 	}
+}
+
+// watchesAll reports whether a subscription watches every key.
+func (s *listener) watchesAll() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for sub := range s.subs {
+		if sub.keys == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// waitedKeys returns the keys that have live waiters, those waiting longest
+// first, at most watchBuffer of them (what a Watch channel buffers).
+func (s *listener) waitedKeys(ctx context.Context, conn *pgx.Conn) ([]string, error) {
+	rows, err := conn.Query(ctx, "SELECT w.key FROM "+pgx.Identifier{s.l.schema, "waiters"}.Sanitize()+
+		" w WHERE w.deadline >= clock_timestamp() GROUP BY w.key ORDER BY min(w.ticket) LIMIT $1", watchBuffer)
+	if err != nil {
+		return nil, fmt.Errorf("read the waited keys: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var k []byte
+		err := r.Scan(&k)
+		return string(k), err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the waited keys: %w", err)
+	}
+	return keys, nil
 }
 
 // decodePayload returns the key a release notification names (hex-encoded

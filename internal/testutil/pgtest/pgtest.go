@@ -13,7 +13,9 @@
 // holds only CONNECT and CREATE on that database (what the lock backend
 // documents as its minimal grants), reachable over TCP with scram-sha-256
 // password authentication (TLS-only with WithTLS). The superuser "postgres"
-// is reachable only through the private Unix socket, for the harness itself.
+// is reachable only through the private Unix socket, for the harness itself
+// (and for streaming replication to a standby, StartStandby); a standby
+// started with ReplicateVia streams over TCP as ReplicationUser instead.
 //
 // With -short every test that starts a server is skipped. When the binaries
 // are missing the test is skipped with the install command, or fails when
@@ -287,7 +289,11 @@ func (s *Server) initData() error {
 	// TCP with a password (and TLS with WithTLS).
 	hba := strings.Join([]string{
 		"local all postgres trust",
+		// Streaming replication (StartStandby), as the superuser only.
+		"local replication postgres trust",
 		hostType + " all all 127.0.0.1/32 scram-sha-256",
+		// A standby streaming over TCP (StartStandby with ReplicateVia).
+		hostType + " replication " + ReplicationUser + " 127.0.0.1/32 scram-sha-256",
 		hostType + " all all ::1/128 scram-sha-256",
 	}, "\n") + "\n"
 	files := map[string][]byte{filepath.Join(s.data, "pg_hba.conf"): []byte(hba)}
