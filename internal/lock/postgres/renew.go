@@ -127,7 +127,7 @@ func (l *Locker) renewBatch(ctx context.Context, leases []*lock.Lease, idx, batc
 		lease := leases[idx[k]]
 		owners[j] = ownerDigest(lease.Owner)
 		for _, key := range lease.Keys {
-			leaseOf = append(leaseOf, int32(j+1)) //nolint:gosec // G115: j < renewBatchRows
+			leaseOf = append(leaseOf, int32(j+1))
 			keys = append(keys, []byte(key))
 		}
 	}

@@ -558,7 +558,7 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 func (l *Locker) releaseQuietly(ctx context.Context, keys []string, hash string, fence int64) {
 	cctx, cancel := l.cleanupContext(ctx)
 	defer cancel()
-	if _, _, err := l.releaseOwned(cctx, keys, hash, fence); err != nil {
+	if _, err := l.releaseOwned(cctx, keys, hash, fence); err != nil {
 		l.log.V(2).Info("Best-effort release failed; the nodes end at the TTL or with the session", "keys", keys, "err", err.Error())
 	}
 }

@@ -182,7 +182,7 @@ func TestQueuedWaitersKeepOrderAcrossRestart(t *testing.T) {
 		_, err := l.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: 5 * time.Second, Owner: owner, Queue: true})
 		var he *lock.HeldError
 		if !errors.As(err, &he) {
-			return fmt.Errorf("queued TryAcquire: %v, want a HeldError", err)
+			return fmt.Errorf("queued TryAcquire: %w, want a HeldError", err)
 		}
 		return nil
 	}

@@ -43,7 +43,7 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 		}
 		// Something changed since (expired, renewed elsewhere): read.
 	}
-	_, live, err := l.releaseOwned(ctx, lease.Keys, hash, lease.Fence)
+	live, err := l.releaseOwned(ctx, lease.Keys, hash, lease.Fence)
 	if err != nil {
 		return l.unavailable(op, err)
 	}
@@ -163,31 +163,31 @@ func (l *Locker) readOwned(ctx context.Context, keys []string, hash string, fenc
 // the acquisition with fencing token fence (any of the owner's when fence is
 // 0), each checked against the key node's version read before it, so a node
 // that another acquisition replaced is never deleted, and disarms this
-// Locker's timers of the acquisitions it ended. It returns how many it
-// deleted, and how many of those were live: not the nodes of a lease whose
+// Locker's timers of the acquisitions it ended. It returns how many of the
+// nodes it deleted were live: not the nodes of a lease whose
 // TTL had passed on the ensemble's clock while its Locker was gone (see
-// foreignExpired).
-func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, fence int64) (deleted, live int, err error) {
+// ttlPassed).
+func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, fence int64) (live int, err error) {
 	synced := false
 	for range maxTries {
 		owned, _, err := l.readOwned(ctx, keys, hash, fence)
 		if err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 		if len(owned) == 0 {
 			if synced {
 				l.disarmTimer(fence, hash)
-				return 0, 0, nil
+				return 0, nil
 			}
 			// Not held, says this server: make sure it is not lagging.
 			if err := l.sync(ctx); err != nil {
-				return 0, 0, err
+				return 0, err
 			}
 			synced = true
 			continue
 		}
 		if live, err = l.liveCount(ctx, owned); err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 		ops := make([]any, 0, 2*len(owned))
 		for _, o := range owned {
@@ -203,17 +203,17 @@ func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, f
 					l.disarmTimer(f, hash)
 				}
 			}
-			return len(owned), live, nil
+			return live, nil
 		}
 		if !isConflict(err) {
-			return 0, 0, fmt.Errorf("delete holder nodes: %w", err)
+			return 0, fmt.Errorf("delete holder nodes: %w", err)
 		}
 		if err := l.sync(ctx); err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 		synced = true
 	}
-	return 0, 0, fmt.Errorf("the holder nodes of keys %q kept changing during %d attempts", keys, maxTries)
+	return 0, fmt.Errorf("the holder nodes of keys %q kept changing during %d attempts", keys, maxTries)
 }
 
 // liveCount returns how many of the owned holder nodes are live: in this
