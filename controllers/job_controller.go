@@ -4,19 +4,26 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/holder"
+	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/printable"
 )
 
@@ -49,6 +56,24 @@ type JobReconciler struct {
 	pods client.Reader
 	// podWaits remembers the releases that wait for pods to stop.
 	podWaits *podWaits
+
+	// wakes are the keys whose waiting Jobs may have a turn (see wakeTurn),
+	// worked through by a wakeRunner.
+	wakes workqueue.TypedInterface[wakeKey]
+
+	// waitRequeue is how soon a waiting Job tries again, keeping its place
+	// in the queue (0: waitingRequeue). Tests lengthen it to measure a
+	// handover without the periodic attempts in the way; it must stay well
+	// below the backends' waiter TTL.
+	waitRequeue time.Duration
+}
+
+// requeueWaiting is how soon a waiting Job tries again.
+func (r *JobReconciler) requeueWaiting() time.Duration {
+	if r.waitRequeue > 0 {
+		return r.waitRequeue
+	}
+	return waitingRequeue
 }
 
 // The Job controller patches gated Jobs (fencing token, suspend, finalizer,
@@ -192,9 +217,11 @@ func jobRef(job *batchv1.Job) holder.Ref {
 	return holder.Ref{Kind: jobKind, Namespace: job.Namespace, Name: job.Name}
 }
 
-// onRelease wakes the waiting Jobs of every lock on the released key.
+// onRelease wakes the waiting Jobs whose turn it is on the released key
+// (see wakeTurn): the backend's release notifications come one at a time,
+// so the work is queued and coalesced rather than done here.
 func (r *JobReconciler) onRelease(backendID, key string) {
-	r.wakeWaiting(indexBackendKey, backendKeyValues(backendID, key)[0])
+	r.wakeKeys(backendID, key)
 }
 
 // onHealth wakes the waiting Jobs of every lock on a backend that started
@@ -219,27 +246,16 @@ func (r *JobReconciler) wakeWaiting(index, value string) {
 			r.Log.Error(err, "Listing the Jobs of a lock failed; they try again at their next requeue", "lock", klog.KObj(&dl))
 			continue
 		}
-		r.enqueueWaiting(jobs.Items, "")
+		r.enqueueWaiting(jobs.Items)
 	}
 }
 
-// wakeLockWaiters enqueues the waiting Jobs of one lock but except, so that
-// they see their new place in the queue at once (after a Job of the lock
-// started or ended) rather than at their next requeue.
-func (r *JobReconciler) wakeLockWaiters(ctx context.Context, namespace, lockName, except string) {
-	var jobs batchv1.JobList
-	if err := r.Client.List(ctx, &jobs, client.InNamespace(namespace), client.MatchingLabels{locksv1alpha1.LabelLock: lockName}); err != nil {
-		r.Log.V(1).Info("Listing the Jobs of a lock failed; they see their place at their next requeue", "lock", lockName, "error", err.Error())
-		return
-	}
-	r.enqueueWaiting(jobs.Items, except)
-}
-
-// enqueueWaiting enqueues the Jobs that wait for their lock, but except.
-func (r *JobReconciler) enqueueWaiting(jobs []batchv1.Job, except string) {
+// enqueueWaiting enqueues the Jobs that wait for their lock.
+func (r *JobReconciler) enqueueWaiting(jobs []batchv1.Job) {
 	for i := range jobs {
 		j := &jobs[i]
-		if j.Name != except && phaseOf(j) == phaseWaiting {
+		if phaseOf(j) == phaseWaiting {
+			r.waits.clearPlace(client.ObjectKeyFromObject(j))
 			r.enqueue(client.ObjectKeyFromObject(j))
 		}
 	}
@@ -254,14 +270,50 @@ func (r *JobReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.pods == nil {
 		r.pods = mgr.GetAPIReader()
 	}
+	if err := mgr.Add(wakeRunner{r: r}); err != nil {
+		return err
+	}
 	r.Registry.OnRelease(r.onRelease)
 	r.Registry.OnHealth(r.onHealth)
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&batchv1.Job{}).
+		For(&batchv1.Job{}, builder.WithPredicates(predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+			return !r.ownWaitWrite(e.ObjectOld, e.ObjectNew)
+		}})).
 		WatchesRawSource(r.source()).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.workers}).
 		Named("job").
 		Complete(r)
+}
+
+// ownWaitWrite tells whether an update of a Job is only the echo of the
+// operator's own write of its waiting annotations (queue position, waiting
+// for): nothing else changed, and they are what was last written. Its
+// reconcile would have nothing to do but try the store again, once for
+// each Job whose place was shown (at every handover, and after each
+// periodic attempt that found the place changed).
+func (r *JobReconciler) ownWaitWrite(oldObj, newObj client.Object) bool {
+	o, ok1 := oldObj.(*batchv1.Job)
+	n, ok2 := newObj.(*batchv1.Job)
+	if !ok1 || !ok2 {
+		return false
+	}
+	shown := func(j *batchv1.Job) waitShown {
+		return waitShown{j.Annotations[locksv1alpha1.AnnotationQueuePosition], j.Annotations[locksv1alpha1.AnnotationWaitingFor]}
+	}
+	if shown(o) == shown(n) || !r.waits.writes(client.ObjectKeyFromObject(n), shown(n)) {
+		return false
+	}
+	strip := func(j *batchv1.Job) *batchv1.Job {
+		c := j.DeepCopy()
+		c.ResourceVersion, c.ManagedFields = "", nil
+		delete(c.Annotations, locksv1alpha1.AnnotationQueuePosition)
+		delete(c.Annotations, locksv1alpha1.AnnotationWaitingFor)
+		if len(c.Annotations) == 0 {
+			c.Annotations = nil
+		}
+		return c
+	}
+	return equality.Semantic.DeepEqual(strip(o), strip(n))
 }
 
 func (r *JobReconciler) notifyLock(job *batchv1.Job) {
@@ -306,6 +358,23 @@ type waitMemory struct {
 	positions map[types.NamespacedName]string
 	shown     map[types.NamespacedName][2]waitShown
 	ended     map[types.NamespacedName]types.UID
+	// writing is the waiting annotations last being written on each Job,
+	// recorded before the write so that its echo (the update of the Job it
+	// causes) is told from any other change (see ownWaitWrite).
+	writing map[types.NamespacedName]waitShown
+	// tried is when each waiting Job last tried the store and was queued.
+	tried map[types.NamespacedName]time.Time
+	// places are the queue places read from the store for waiting Jobs
+	// (see wakeTurn), each shown by the Job's next reconcile instead of a
+	// call to the store.
+	places map[types.NamespacedName]queuePlace
+}
+
+// queuePlace is a waiting Job's place in the queue as an Inspect of the
+// key showed it at, in the terms TryAcquire reports it in.
+type queuePlace struct {
+	busy *lock.HeldError
+	at   time.Time
 }
 
 // waitShown are the queue-position and waiting-for annotations written on a Job.
@@ -314,6 +383,9 @@ type waitShown struct{ position, waitingFor string }
 func newWaitMemory() *waitMemory {
 	return &waitMemory{
 		positions: map[types.NamespacedName]string{},
+		writing:   map[types.NamespacedName]waitShown{},
+		tried:     map[types.NamespacedName]time.Time{},
+		places:    map[types.NamespacedName]queuePlace{},
 		shown:     map[types.NamespacedName][2]waitShown{},
 		ended:     map[types.NamespacedName]types.UID{},
 	}
@@ -370,6 +442,7 @@ func (m *waitMemory) markEnded(job *batchv1.Job) {
 	nn := client.ObjectKeyFromObject(job)
 	delete(m.positions, nn)
 	delete(m.shown, nn)
+	m.dropWaiting(nn)
 	m.ended[nn] = job.UID
 }
 
@@ -393,6 +466,7 @@ func (m *waitMemory) stopWaiting(nn types.NamespacedName) {
 	defer m.mu.Unlock()
 	delete(m.positions, nn)
 	delete(m.shown, nn)
+	m.dropWaiting(nn)
 }
 
 // forget drops everything remembered about nn (the Job is gone).
@@ -404,5 +478,90 @@ func (m *waitMemory) forget(nn types.NamespacedName) {
 	defer m.mu.Unlock()
 	delete(m.positions, nn)
 	delete(m.shown, nn)
+	m.dropWaiting(nn)
 	delete(m.ended, nn)
+}
+
+// dropWaiting forgets what is remembered of nn while it waits (m.mu held).
+func (m *waitMemory) dropWaiting(nn types.NamespacedName) {
+	delete(m.writing, nn)
+	delete(m.tried, nn)
+	delete(m.places, nn)
+}
+
+// willWrite records the waiting annotations about to be written on nn.
+func (m *waitMemory) willWrite(nn types.NamespacedName, s waitShown) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.writing[nn] = s
+}
+
+// writes tells whether s are the waiting annotations last written on nn.
+func (m *waitMemory) writes(nn types.NamespacedName, s waitShown) bool {
+	if m == nil {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	w, ok := m.writing[nn]
+	return ok && w == s
+}
+
+// triedAt records that nn tried the store at t and was queued.
+func (m *waitMemory) triedAt(nn types.NamespacedName, t time.Time) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.tried[nn] = t
+}
+
+// placeMaxAge bounds how old a place read from the store may be when the
+// Job's reconcile shows it.
+const placeMaxAge = 2 * time.Second
+
+// setPlace records nn's place in the queue, read from the store at at.
+func (m *waitMemory) setPlace(nn types.NamespacedName, busy *lock.HeldError, at time.Time) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.places[nn] = queuePlace{busy: busy, at: at}
+}
+
+// clearPlace forgets the place recorded for nn: its next reconcile tries the store.
+func (m *waitMemory) clearPlace(nn types.NamespacedName) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.places, nn)
+}
+
+// takePlace returns (and forgets) the place recorded for nn, if the
+// reconcile at now may show it instead of trying the store: it is fresh
+// (younger than placeMaxAge, and read after nn last tried), and the
+// attempt that keeps nn's place in the queue (requeue after the last) is
+// not due yet. It also returns when that attempt is due: the wake-up
+// replaced the requeue that was waiting for it, and the reconcile asks
+// for it again.
+func (m *waitMemory) takePlace(nn types.NamespacedName, now time.Time, requeue time.Duration) (*lock.HeldError, time.Time, bool) {
+	if m == nil {
+		return nil, time.Time{}, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, ok := m.places[nn]
+	delete(m.places, nn)
+	tried, wasTried := m.tried[nn]
+	if !ok || !wasTried || now.Sub(p.at) > placeMaxAge || p.at.Before(tried) || now.Sub(tried) >= requeue {
+		return nil, time.Time{}, false
+	}
+	return p.busy, tried.Add(requeue), true
 }

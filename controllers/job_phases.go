@@ -69,6 +69,16 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 			return res, err
 		}
 	}
+	if busy, due, ok := r.waits.takePlace(client.ObjectKeyFromObject(job), r.Clock.Now(), r.requeueWaiting()); ok {
+		// Woken to show its new place, read from the store for all the
+		// waiters of the key at once (see wakeTurn): no call of its own.
+		// It tries again when the attempt that keeps its place is due.
+		res, err := r.wait(ctx, g, busy)
+		if err == nil {
+			res.RequeueAfter = max(due.Sub(r.Clock.Now()), time.Millisecond)
+		}
+		return untilDeadline(res, limit, deadline, r.Clock.Now()), err
+	}
 	h, res, ok := r.backendFor(ctx, g, "Acquire")
 	if !ok {
 		return untilDeadline(res, limit, deadline, r.Clock.Now()), nil
@@ -85,6 +95,7 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 		return r.skip(ctx, g, busy)
 	case errors.As(err, &busy):
 		metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultBusy).Inc()
+		r.waits.triedAt(client.ObjectKeyFromObject(job), r.Clock.Now())
 		res, err := r.wait(ctx, g, busy)
 		return untilDeadline(res, limit, deadline, r.Clock.Now()), err
 	case errors.As(err, &invalid):
@@ -174,6 +185,7 @@ func (r *JobReconciler) wait(ctx context.Context, g *gatedJob, busy *lock.HeldEr
 		before := job.DeepCopy()
 		setOrDelete(&job.ObjectMeta, locksv1alpha1.AnnotationQueuePosition, position)
 		setOrDelete(&job.ObjectMeta, locksv1alpha1.AnnotationWaitingFor, waitingFor)
+		r.waits.willWrite(nn, want)
 		if err := r.Client.Patch(ctx, job, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
 			return ctrl.Result{}, fmt.Errorf("show the Job's place in the queue: %w", err)
 		}
@@ -183,7 +195,7 @@ func (r *JobReconciler) wait(ctx context.Context, g *gatedJob, busy *lock.HeldEr
 				"The Job's lockwarden annotations were changed by someone other than lockwarden; restored its place in the queue of lock %s (%s)", g.dl.Name, position)
 		}
 	}
-	return ctrl.Result{RequeueAfter: waitingRequeue}, nil
+	return ctrl.Result{RequeueAfter: r.requeueWaiting()}, nil
 }
 
 // describeWait returns a waiting Job's queue-position annotation
@@ -315,7 +327,7 @@ func (r *JobReconciler) end(ctx context.Context, g *gatedJob, e ending) (ctrl.Re
 	}
 	r.waits.markEnded(job)
 	r.notifyLock(job)
-	r.wakeLockWaiters(ctx, job.Namespace, g.dl.Name, job.Name)
+	// It left the queue: release (below) wakes the waiter whose turn that makes it.
 	logf.FromContext(ctx).Info("Ended waiting Job without running it", "lock", g.dl.Name, "reason", e.reason)
 	return r.release(ctx, g, e.annotations)
 }
@@ -333,7 +345,15 @@ func (r *JobReconciler) start(ctx context.Context, g *gatedJob, h backend.Handle
 		return res, err // still held and renewed: the next reconcile starts it with this lease
 	}
 	r.eventf(g.job, corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire", "Acquired lock %s with fencing token %d; started", g.dl.Name, lease.Fence)
-	r.wakeLockWaiters(ctx, g.job.Namespace, g.dl.Name, g.job.Name) // the others moved up
+	// The others moved up, but none of them may acquire now. Waking each
+	// to try the store (TryAcquire, a quorum write on ZooKeeper and etcd)
+	// only to learn its new place would cost one call per waiter at every
+	// handover. Instead one Inspect of the key reads the places of the
+	// waiters at the head of the queue (the ones it lists), which their
+	// reconciles show without a call (wakeTurn, takePlace); the places of
+	// the waiters further back catch up at their periodic requeue, which
+	// keeps their place in the queue anyway.
+	r.wakeLock(g.dl)
 	r.Recorder.Eventf(g.dl, g.job, corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire", "Acquired by Job %s with fencing token %d", g.job.Name, lease.Fence)
 	return res, nil
 }
@@ -574,6 +594,15 @@ func (r *JobReconciler) release(ctx context.Context, g *gatedJob, annotations ma
 		}
 		if err := locker.Dequeue(ctx, lease.Keys, g.owner); err != nil {
 			log.V(1).Info("Leaving the queue failed; the entry expires without heartbeats", "error", err.Error())
+		}
+		if err != nil {
+			// It held nothing: it waited, and may have been the waiter
+			// whose turn it was (woken by a release, then deleted or
+			// ended). The next one is woken now. (A backend that
+			// announces a waiter leaving the head of its queue wakes it
+			// too; the two coalesce when they meet. A release that
+			// succeeded is announced by every backend.)
+			r.wakeLock(g.dl)
 		}
 	}
 	r.Registry.Forget(g.ref)

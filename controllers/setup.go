@@ -188,5 +188,6 @@ func NewJobReconciler(d Deps, lockChanged func(types.NamespacedName)) *JobReconc
 		workers:     DefaultWorkers,
 		tracker:     newTracker(jobKind, func() client.Object { return &batchv1.Job{} }),
 		podWaits:    &podWaits{},
+		wakes:       newWakeQueue(),
 	}
 }

@@ -87,6 +87,11 @@ type managerOptions struct {
 	// events, when set, sees every Event the controllers record (after
 	// their own filtering), before the manager's recorder does.
 	events *eventLog
+	// wrapLocker, when set, wraps every backend client the registry builds
+	// (to count the calls the controllers make).
+	wrapLocker func(backend.Locker) backend.Locker
+	// waitRequeue is how soon a waiting Job tries again (default waitingRequeue).
+	waitRequeue time.Duration
 }
 
 // eventLog is an events.EventRecorder that remembers the namespace and
@@ -157,7 +162,18 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 	if err != nil {
 		t.Fatal(err)
 	}
-	registry := backend.NewRegistry(ctx, mgr.GetAPIReader(), backend.NewLocker(ctrl.Log.WithName("lock")), ctrl.Log.WithName("backend"))
+	newLocker := backend.NewLocker(ctrl.Log.WithName("lock"))
+	if o.wrapLocker != nil {
+		build := newLocker
+		newLocker = func(cfg backend.Config) (backend.Locker, error) {
+			l, err := build(cfg)
+			if err != nil {
+				return nil, err
+			}
+			return o.wrapLocker(l), nil
+		}
+	}
+	registry := backend.NewRegistry(ctx, mgr.GetAPIReader(), newLocker, ctrl.Log.WithName("backend"))
 	registry.SetHealthInterval(500 * time.Millisecond)
 	if o.configCheck > 0 {
 		registry.SetConfigCheckInterval(o.configCheck)
@@ -183,6 +199,7 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rs.Jobs.waitRequeue = o.waitRequeue
 	if err := (&webhook.JobGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check}).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}

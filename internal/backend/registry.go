@@ -289,6 +289,21 @@ func (r *Registry) handlesOf(id string) []Handle {
 	return handles
 }
 
+// Open returns an open backend with ID id, for a read on behalf of its
+// users (the Job controller inspects a released key through it, once for
+// all the waiters of that key), preferring one that answers its health
+// checks; ok is false when none is open. It makes nobody its user: the
+// backend stays open only as long as its users keep it, and a read through
+// a handle closed meanwhile fails.
+func (r *Registry) Open(id string) (h Handle, ok bool) {
+	for _, c := range r.handlesOf(id) {
+		if !ok || (h.Health() != nil && c.Health() == nil) {
+			h, ok = c, true
+		}
+	}
+	return h, ok
+}
+
 // HealthOf returns the health of the open backends with ID id (see
 // Handle.Health): inUse is false when none is open. One that does not answer
 // makes the answer an error.
