@@ -35,6 +35,11 @@ import (
 // error matches lock.ErrQuorum (a *QuorumError saying how many nodes agreed
 // and were needed), or is a *lock.HeldError when too many nodes said the keys
 // are busy for a quorum to be possible.
+//
+// In Sentinel mode a grant counts only once Config.MinReplicas replicas
+// acknowledged it (WAIT, within WithReplicaTimeout): otherwise it is released
+// and the error is a *ReplicaError (matching lock.ErrBackendUnavailable)
+// saying how many acknowledged; see replicas.go.
 func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
 	req, err := lock.PrepareRequest(req, true)
 	if err != nil {
@@ -155,7 +160,7 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 		// argument sent is parsed on every acquisition.
 		args = args[:3]
 	}
-	v, err := run(ctx, script, n.client, name, keys, args...)
+	v, acked, err := l.runAcked(ctx, script, n.client, name, req.TTL, granted, keys, args...)
 	if err != nil {
 		return acquireReply{}, err
 	}
@@ -167,6 +172,12 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 		}
 		if err != nil {
 			return acquireReply{}, fmt.Errorf("%s script: unexpected reply %q: %w", name, f, err)
+		}
+		// Sentinel mode: a grant the replicas did not acknowledge would not
+		// survive a failover. It is an error, so the attempt releases it
+		// (as after any failure on the node) and reports it not held.
+		if err := acked.check(fmt.Sprintf("acquire keys %q", req.Keys)); err != nil {
+			return acquireReply{}, err
 		}
 		return acquireReply{ok: true, fence: fence}, nil
 	}
@@ -202,6 +213,13 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 		return acquireReply{}, fmt.Errorf("%s script: %w", name, d.err)
 	}
 	return r, nil
+}
+
+// granted tells an acquisition script's grant (the fencing token, a string)
+// from its refusal (a table).
+func granted(v any) bool {
+	_, ok := v.(string)
+	return ok
 }
 
 // The Redlock fence proposal (see acquire.lua and docs/safety.md, "Fencing
@@ -255,7 +273,8 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	if redlock {
 		g = l.gather(ctx, req, ticket, proposal, timeout, quorum)
 	} else {
-		g.answered = fanOut(ctx, l.nodes, timeout, func(ctx context.Context, n *node) (acquireReply, error) {
+		// In Sentinel mode the call includes the wait for the replicas.
+		g.answered = fanOut(ctx, l.nodes, timeout+l.replicaWait(req.TTL), func(ctx context.Context, n *node) (acquireReply, error) {
 			return l.acquireOn(ctx, n, req, ticket, proposal)
 		})
 	}

@@ -83,7 +83,26 @@ type Config struct {
 	// for endpoints that tenants write. Whatever the policy, every reply is
 	// checked to be Redis protocol within netguard's default limits.
 	EndpointPolicy *netguard.EndpointPolicy
+	// MinReplicas (Sentinel mode only) is how many replicas must
+	// acknowledge an acquisition or a renewal (Redis WAIT) before the
+	// Locker reports it: Redis replicates asynchronously, and what the
+	// master acknowledged but no replica received is lost when a Sentinel
+	// promotes a replica. An acquisition fewer replicas acknowledge within
+	// the replica timeout (WithReplicaTimeout) is released and fails with a
+	// *ReplicaError; a renewal fails with one and leaves the lease valid
+	// until its previous Expires. 0 means DefaultMinReplicas (1);
+	// NoReplicas (-1) turns the wait off (the behaviour before the wait
+	// existed: a failover can lose acknowledged leases). See
+	// docs/safety.md for what WAIT does not guarantee.
+	MinReplicas int
 }
+
+// DefaultMinReplicas is the MinReplicas of Sentinel mode when it is 0.
+const DefaultMinReplicas = 1
+
+// NoReplicas as Config.MinReplicas makes a Sentinel-mode Locker report
+// acquisitions and renewals without waiting for any replica.
+const NoReplicas = -1
 
 // Validate checks the configuration and names the field that is wrong.
 func (c Config) Validate() error {
@@ -121,6 +140,12 @@ func (c Config) Validate() error {
 		if c.SentinelPassword != "" {
 			return &ConfigError{Field: "SentinelPassword", Reason: "only used in Sentinel mode: set MasterName too, or leave it empty"}
 		}
+		if c.MinReplicas != 0 {
+			return &ConfigError{Field: "MinReplicas", Reason: "only used in Sentinel mode: set MasterName too, or leave it 0 (standalone servers and Redlock masters do not wait for replicas)"}
+		}
+	}
+	if c.MinReplicas < NoReplicas {
+		return &ConfigError{Field: "MinReplicas", Reason: fmt.Sprintf("%d: want a positive number of replicas, 0 for the default (%d), or NoReplicas (-1) not to wait for any", c.MinReplicas, DefaultMinReplicas)}
 	}
 	if c.DB < 0 {
 		return &ConfigError{Field: "DB", Reason: fmt.Sprintf("%d is negative; database indexes start at 0", c.DB)}
@@ -243,6 +268,9 @@ type options struct {
 	nodeTimeout time.Duration
 	backoff     wait.Backoff
 	waiterTTL   time.Duration
+	// replicaTimeout is WithReplicaTimeout's, 0 when not given (the node timeout).
+	replicaTimeout    time.Duration
+	replicaTimeoutSet bool
 }
 
 // Option configures a Locker.
@@ -274,6 +302,16 @@ func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.backoff = 
 // Default: DefaultWaiterTTL (30s); at least MinWaiterTTL.
 func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.waiterTTL = d } }
 
+// WithReplicaTimeout bounds how long an acquisition or a renewal in
+// Sentinel mode waits for Config.MinReplicas replicas to acknowledge it (the
+// timeout of Redis WAIT), further capped at a quarter of the lease TTL and
+// rounded down to whole milliseconds (at least one). The wait counts against
+// the lease's validity like the call itself. Default: the node timeout
+// (WithNodeTimeout).
+func WithReplicaTimeout(d time.Duration) Option {
+	return func(o *options) { o.replicaTimeout, o.replicaTimeoutSet = d, true }
+}
+
 func buildOptions(opts []Option) (options, error) {
 	o := options{
 		clock:       clock.RealClock{},
@@ -290,6 +328,8 @@ func buildOptions(opts []Option) (options, error) {
 		return o, &ConfigError{Field: "WithClock", Reason: "the clock must not be nil"}
 	case o.nodeTimeout <= 0:
 		return o, &ConfigError{Field: "WithNodeTimeout", Reason: fmt.Sprintf("%v: the per-node timeout must be positive", o.nodeTimeout)}
+	case o.replicaTimeoutSet && o.replicaTimeout < time.Millisecond:
+		return o, &ConfigError{Field: "WithReplicaTimeout", Reason: fmt.Sprintf("%v: the replica timeout must be at least 1ms (Redis WAIT counts whole milliseconds, and 0 would wait forever)", o.replicaTimeout)}
 	case o.waiterTTL < MinWaiterTTL:
 		return o, &ConfigError{Field: "WithWaiterTTL", Reason: fmt.Sprintf("%v is below the minimum of %v", o.waiterTTL, MinWaiterTTL)}
 	case o.backoff.Duration <= 0:
@@ -299,6 +339,9 @@ func buildOptions(opts []Option) (options, error) {
 	}
 	if o.backoff.Steps <= 0 {
 		o.backoff.Steps = 1 << 30
+	}
+	if !o.replicaTimeoutSet {
+		o.replicaTimeout = o.nodeTimeout
 	}
 	return o, nil
 }

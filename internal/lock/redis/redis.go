@@ -33,6 +33,11 @@
 // slots over M nodes needs floor(M*N/(N+1)) + 1 nodes, not a majority
 // (quorumFor).
 //
+// In Sentinel mode every acquisition and renewal waits for
+// Config.MinReplicas replicas (default 1) to acknowledge it (Redis WAIT)
+// before it is reported, so that a failover to a replica does not lose it
+// (replicas.go).
+//
 // See docs/safety.md for what the fencing token and Redlock do and do not guarantee.
 package redis
 
@@ -62,10 +67,20 @@ import (
 type client interface {
 	goredis.Scripter
 	Pipeline() goredis.Pipeliner
+	// Conn returns one connection of the pool, for commands that must
+	// share it (WAIT after the script whose writes it counts).
+	Conn() *goredis.Conn
 	Ping(ctx context.Context) *goredis.StatusCmd
 	Subscribe(ctx context.Context, channels ...string) *goredis.PubSub
 	PSubscribe(ctx context.Context, patterns ...string) *goredis.PubSub
 	Close() error
+}
+
+// scriptPipeliner runs scripts, alone or pipelined: a client, or one
+// connection of it (*goredis.Conn).
+type scriptPipeliner interface {
+	goredis.Scripter
+	Pipeline() goredis.Pipeliner
 }
 
 // node is one Redis endpoint: a server, or the Sentinel-managed master.
@@ -87,6 +102,9 @@ type Locker struct {
 	waiterTTLArg any
 	opts         options
 	log          logr.Logger
+	// replicas is how many replicas must acknowledge an acquisition or a
+	// renewal (Config.MinReplicas resolved: 0 but in Sentinel mode).
+	replicas int
 
 	// tickets remembers, in Redlock mode, the queue ticket of each queued
 	// owner, so that every node orders the waiters the same way.
@@ -124,6 +142,14 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	}
 	l := &Locker{cfg: cfg, mode: cfg.Mode(), opts: o, lookup: lookupIP, bg: newBackground()}
 	l.ticket = l.ticketKey()
+	if l.mode == ModeSentinel {
+		switch {
+		case cfg.MinReplicas == 0:
+			l.replicas = DefaultMinReplicas
+		case cfg.MinReplicas > 0:
+			l.replicas = cfg.MinReplicas
+		}
+	}
 	l.waiterTTLArg = o.waiterTTL.Milliseconds()
 	l.log = o.log.WithValues("mode", string(l.mode))
 	// Every connection goes through netguard's dialer: the endpoint policy,

@@ -20,19 +20,22 @@ import (
 // Redlock mode): the lease may still be held until its Expires, so the caller
 // may try again before then. Redlock needs a majority of the nodes, or for a
 // semaphore lease (lease.Limit > 1, which renews the owner's slots) the
-// quorum of quorumFor(lease.Limit).
+// quorum of quorumFor(lease.Limit). In Sentinel mode a renewal that fewer
+// than Config.MinReplicas replicas acknowledged fails with a *ReplicaError,
+// which matches lock.ErrBackendUnavailable: the lease stays valid until its
+// previous Expires, which is what a failover preserves (see replicas.go).
 func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
 	if err := validateRenew(lease, ttl); err != nil {
 		return nil, err
 	}
 	start := l.opts.clock.Now()
 	c := l.renewCall(lease, ttl)
-	res := fanOut(ctx, l.nodes, l.callTimeout(ttl), func(ctx context.Context, n *node) (int64, error) {
-		v, err := run(ctx, c.script, n.client, "renew", c.keys, c.args...)
+	res := fanOut(ctx, l.nodes, l.callTimeout(ttl)+l.replicaWait(ttl), func(ctx context.Context, n *node) (int64, error) {
+		v, acked, err := l.runAcked(ctx, c.script, n.client, "renew", ttl, renewed, c.keys, c.args...)
 		if err != nil {
 			return 0, err
 		}
-		return asInt(v)
+		return renewedIfAcked(lease, v, acked)
 	})
 	elapsed := l.opts.clock.Since(start)
 	next, err := l.renewOutcome(lease, ttl, start, elapsed, res)
@@ -40,6 +43,28 @@ func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		l.releaseEverywhere(ctx, lease.Keys, lease.Owner, lease.Limit)
 	}
 	return next, err
+}
+
+// renewed tells a renew script's reply of a renewal (0) from a lost key.
+func renewed(v any) bool {
+	n, err := asInt(v)
+	return err == nil && n == 0
+}
+
+// renewedIfAcked decodes a renew script's reply; a renewal (0) that fewer
+// replicas acknowledged than required is a *ReplicaError instead (see
+// replicas.go): the caller keeps the lease it had, whose Expires the
+// replicas do cover, and is not given one that a failover would cut short.
+// A lost key is reported as lost whatever the replicas acknowledged.
+func renewedIfAcked(lease *lock.Lease, v any, acked acks) (int64, error) {
+	n, err := asInt(v)
+	if err != nil || n != 0 {
+		return n, err
+	}
+	if err := acked.check(fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)); err != nil {
+		return 0, err
+	}
+	return 0, nil
 }
 
 // RenewAll renews many leases with one pipelined round trip per node (see
@@ -72,8 +97,11 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 	start := l.opts.clock.Now()
 	// Each pipeline of renewChunk commands has the per-node timeout of a
 	// renewal; the batch as a whole is bounded by a quarter of the TTL.
-	perNode := fanOut(ctx, l.nodes, ttl/4, func(ctx context.Context, n *node) ([]result[int64], error) {
-		return l.renewPipeline(ctx, n, calls, l.callTimeout(ttl)), nil
+	// In Sentinel mode every pipeline ends with a WAIT for the replicas,
+	// which both bounds include.
+	ackWait := l.replicaWait(ttl)
+	perNode := fanOut(ctx, l.nodes, ttl/4+ackWait, func(ctx context.Context, n *node) ([]result[int64], error) {
+		return l.renewPipeline(ctx, n, leases, idx, calls, ttl, l.callTimeout(ttl)+ackWait), nil
 	})
 	elapsed := l.opts.clock.Since(start)
 
@@ -101,17 +129,18 @@ type scriptCall struct {
 	args   []any
 }
 
-// renewPipeline runs the renew script of every lease on one node, pipelined
-// (see pipelined), and decodes the replies.
-func (l *Locker) renewPipeline(ctx context.Context, n *node, calls []scriptCall, timeout time.Duration) []result[int64] {
+// renewPipeline runs the renew script of every lease (calls[k] renews
+// leases[idx[k]]) on one node, pipelined (see pipelined; with the WAIT of
+// leases of the given TTL in Sentinel mode), and decodes the replies.
+func (l *Locker) renewPipeline(ctx context.Context, n *node, leases []*lock.Lease, idx []int, calls []scriptCall, ttl, timeout time.Duration) []result[int64] {
 	out := make([]result[int64], len(calls))
-	l.pipelined(ctx, n, calls, timeout, func(k int, v any, err error) {
+	l.pipelined(ctx, n, calls, ttl, timeout, renewed, func(k int, v any, acked acks, err error) {
 		out[k].node = n
 		if err != nil {
 			out[k].err = fmt.Errorf("renew script: %w", err)
 			return
 		}
-		out[k].val, out[k].err = asInt(v)
+		out[k].val, out[k].err = renewedIfAcked(leases[idx[k]], v, acked)
 	})
 	return out
 }
@@ -130,13 +159,18 @@ const (
 
 // pipelined runs calls on node n in pipelines of pipelineChunk commands,
 // each under timeout (the whole under ctx), and hands every reply or error
-// to done(index, value, err), from one goroutine per pipeline in flight.
+// to done(index, value, acks, err), from one goroutine per pipeline in
+// flight. With waitTTL > 0 and replicas required (Sentinel mode), each
+// pipeline runs on a connection of its own, and when needsAck says one of its
+// replies needs the replicas' acknowledgement (a renewal), it is followed on
+// that connection by the WAIT of a lease of that TTL (waitAcks), whose answer
+// acks is for every command of the pipeline; otherwise acks is zero.
 // After a pipeline got no answer at all (a timeout or connection error on
 // its first command), the calls not sent yet fail with the same error: a
 // node that does not answer costs one timeout, not one per pipeline. When the node lost its script
 // cache, the scripts are loaded once and only the commands that failed for
 // it are sent again, by SHA (the scripts are idempotent).
-func (l *Locker) pipelined(ctx context.Context, n *node, calls []scriptCall, timeout time.Duration, done func(k int, v any, err error)) {
+func (l *Locker) pipelined(ctx context.Context, n *node, calls []scriptCall, waitTTL, timeout time.Duration, needsAck func(v any) bool, done func(k int, v any, acked acks, err error)) {
 	var (
 		mu      sync.Mutex
 		failure error
@@ -144,17 +178,34 @@ func (l *Locker) pipelined(ctx context.Context, n *node, calls []scriptCall, tim
 	runChunk := func(lo, hi int) {
 		cctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
+		var on scriptPipeliner = n.client
+		var conn *goredis.Conn
+		if waitTTL > 0 && l.replicas > 0 && needsAck != nil {
+			// WAIT counts the writes of the connection it is sent on.
+			conn = n.client.Conn()
+			defer conn.Close()
+			on = conn
+		}
 		chunk := calls[lo:hi]
 		cmds := make([]*goredis.Cmd, len(chunk))
-		pipe := n.client.Pipeline()
+		pipe := on.Pipeline()
 		for k, c := range chunk {
 			cmds[k] = c.script.EvalSha(cctx, pipe, c.keys, c.args...)
 		}
 		_, _ = pipe.Exec(cctx) // per-command errors are read below
-		l.resendWithoutScripts(cctx, n, chunk, cmds)
+		l.resendWithoutScripts(cctx, n.name, on, chunk, cmds)
+		var a acks
+		if conn != nil {
+			for _, c := range cmds {
+				if v, err := c.Result(); err == nil && needsAck(v) {
+					a = l.waitAcks(cctx, conn, waitTTL)
+					break
+				}
+			}
+		}
 		for k, c := range cmds {
 			v, err := c.Result()
-			done(lo+k, v, err)
+			done(lo+k, v, a, err)
 		}
 		// No reply at all (not even to the first command): the node is
 		// down or stalled. A pipeline cut short by its timeout after
@@ -187,7 +238,7 @@ func (l *Locker) pipelined(ctx context.Context, n *node, calls []scriptCall, tim
 		if err != nil {
 			<-slots
 			for k := lo; k < len(calls); k++ {
-				done(k, nil, err)
+				done(k, nil, acks{}, err)
 			}
 			break
 		}
@@ -211,7 +262,8 @@ func isRedisError(err error) bool {
 // their scripts with SCRIPT LOAD and sends those commands again with EVALSHA,
 // replacing them in cmds. Only when the scripts cannot be loaded are they
 // sent with EVAL, script text included. The scripts must be idempotent.
-func (l *Locker) resendWithoutScripts(ctx context.Context, n *node, calls []scriptCall, cmds []*goredis.Cmd) {
+// on is the node's client, or the connection of it they were sent on.
+func (l *Locker) resendWithoutScripts(ctx context.Context, node string, on scriptPipeliner, calls []scriptCall, cmds []*goredis.Cmd) {
 	var failed []int
 	for k, c := range cmds {
 		if goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
@@ -232,15 +284,15 @@ func (l *Locker) resendWithoutScripts(ctx context.Context, n *node, calls []scri
 	// which a pipelined command does not have yet.
 	var loadErr error
 	for _, s := range scripts {
-		if err := s.Load(ctx, n.client).Err(); err != nil {
+		if err := s.Load(ctx, on).Err(); err != nil {
 			loadErr = err
 			break
 		}
 	}
 	if loadErr != nil {
-		l.log.V(2).Info("Loading the scripts failed on node; sending them with every call", "node", n.name, "err", loadErr.Error())
+		l.log.V(2).Info("Loading the scripts failed on node; sending them with every call", "node", node, "err", loadErr.Error())
 	}
-	pipe := n.client.Pipeline()
+	pipe := on.Pipeline()
 	for _, k := range failed {
 		c := calls[k]
 		if loadErr != nil {
@@ -365,7 +417,7 @@ func (l *Locker) releaseLost(ttl time.Duration, leases []*lock.Lease, idx, lost 
 				failed  error
 				failedN int
 			)
-			l.pipelined(ctx, n, calls, l.opts.nodeTimeout, func(_ int, _ any, err error) {
+			l.pipelined(ctx, n, calls, 0, l.opts.nodeTimeout, nil, func(_ int, _ any, _ acks, err error) {
 				// One goroutine per pipeline in flight: count under the lock.
 				if err != nil {
 					mu.Lock()

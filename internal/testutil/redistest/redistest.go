@@ -83,8 +83,13 @@ func WithPersistence() Option { return func(c *config) { c.persistence = true } 
 // 127.0.0.1 and localhost signed by a fresh CA (see Server.CAPEM). Default: plain TCP.
 func WithTLS() Option { return func(c *config) { c.tls = true } }
 
-// WithReplicaOf makes the server a replica of master (replicaof), for
-// Sentinel failover tests. Default: a master. Never use replicas as Redlock members.
+// WithReplicaOf makes the server a replica of master (REPLICAOF), for
+// Sentinel failover tests: Start returns once it is in sync with master.
+// Its role is then Redis's own: a Sentinel that promotes it, or turns it into
+// a replica of another server, rewrites its configuration file (CONFIG
+// REWRITE), and Restart starts it in the role it last had. The replica has
+// master's password (use WithPassword with the same one); TLS replicas are
+// not supported. Default: a master. Never use replicas as Redlock members.
 func WithReplicaOf(master *Server) Option { return func(c *config) { c.replicaOf = master } }
 
 // Server is one redis-server process owned by a test.
@@ -106,6 +111,11 @@ type Server struct {
 	exited  chan struct{}
 	paused  bool
 	clients []*redis.Client
+	// admin is the client the harness itself uses (Role, the Sentinel
+	// group's checks), created on first use.
+	admin *redis.Client
+	// replicas are the servers started WithReplicaOf(this one).
+	replicas []*Server
 }
 
 // Binary returns the redis-server path the helpers use, or an error that says how to install it.
@@ -139,6 +149,9 @@ func StartN(t testing.TB, n int, opts ...Option) []*Server {
 	for _, o := range opts {
 		o(&cfg)
 	}
+	if cfg.replicaOf != nil && (cfg.tls || cfg.replicaOf.cfg.tls) {
+		t.Fatal("redistest: TLS replicas are not supported")
+	}
 	servers := make([]*Server, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -156,7 +169,163 @@ func StartN(t testing.TB, n int, opts ...Option) []*Server {
 	if err := errors.Join(errs...); err != nil {
 		t.Fatalf("starting redis-server: %v", err)
 	}
+	if m := cfg.replicaOf; m != nil {
+		for i, s := range servers {
+			errs[i] = s.replicate(m)
+		}
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("starting redis-server: %v", err)
+		}
+		m.mu.Lock()
+		m.replicas = append(m.replicas, servers...)
+		m.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
+		defer cancel()
+		if err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			return m.AckedBy(ctx, len(servers)) == nil, nil
+		}); err != nil {
+			t.Fatalf("starting redis-server: the replicas of %s do not acknowledge writes: %v (last: %v)", m.Addr, err, m.AckedBy(context.Background(), len(servers)))
+		}
+	}
 	return servers
+}
+
+// AckedBy writes to the master (a PUBLISH, which is replicated and touches
+// no key) and returns nil once n replicas acknowledged it (WAIT n, within
+// 100ms), as the lock engine needs of every acquisition in Sentinel mode. A
+// replica can report its link up a moment before its master streams writes
+// to it (after a full synchronisation the master waits for the replica's
+// first acknowledgement, which can take up to a second).
+func (s *Server) AckedBy(ctx context.Context, n int) error {
+	conn := s.adminClient().Conn()
+	defer conn.Close()
+	if err := conn.Publish(ctx, "redistest:acked", "ping").Err(); err != nil {
+		return err
+	}
+	got, err := conn.Wait(ctx, n, 100*time.Millisecond).Result()
+	if err != nil {
+		return err
+	}
+	if int(got) < n {
+		return fmt.Errorf("%d of %d replicas of %s acknowledged a write within 100ms", got, n, s.Addr)
+	}
+	return nil
+}
+
+// syncTimeout bounds how long a new replica may take to be in sync.
+const syncTimeout = 30 * time.Second
+
+// replicate makes the server a replica of master, records it in its
+// configuration file (so that Restart keeps the role) and waits until it is
+// in sync. REPLICAOF connects at once; a replicaof line read at start would
+// wait for the replication cron, up to a second.
+func (s *Server) replicate(master *Server) error {
+	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
+	defer cancel()
+	host, port, _ := net.SplitHostPort(master.Addr)
+	c := s.adminClient()
+	if err := c.ReplicaOf(ctx, host, port).Err(); err != nil {
+		return fmt.Errorf("REPLICAOF %s on %s: %w", master.Addr, s.Addr, err)
+	}
+	if err := c.ConfigRewrite(ctx).Err(); err != nil {
+		return fmt.Errorf("CONFIG REWRITE on %s: %w", s.Addr, err)
+	}
+	return s.waitInSync(ctx, master.Addr)
+}
+
+// waitInSync waits until the server is a replica of masterAddr with its
+// link up (INFO replication: master_link_status:up).
+func (s *Server) waitInSync(ctx context.Context, masterAddr string) error {
+	var last error
+	err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		r, err := s.Role(ctx)
+		if err != nil {
+			last = err
+			return false, nil
+		}
+		if r.Role != "slave" || r.Master != masterAddr || !r.LinkUp {
+			last = fmt.Errorf("role %+v", r)
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s not in sync with %s: %w (last: %w)", s.Addr, masterAddr, err, last)
+	}
+	return nil
+}
+
+// Role is a server's replication role, from INFO replication.
+type Role struct {
+	// Role is "master" or "slave".
+	Role string
+	// Master is the master's host:port (replicas only).
+	Master string
+	// LinkUp tells whether a replica's link to its master is up and the
+	// initial synchronisation done (master_link_status:up).
+	LinkUp bool
+	// Replicas is how many replicas are connected and in sync (state=online; masters only).
+	Replicas int
+}
+
+// Role reads the server's replication role (INFO replication).
+func (s *Server) Role(ctx context.Context) (Role, error) {
+	info, err := s.adminClient().Info(ctx, "replication").Result()
+	if err != nil {
+		return Role{}, err
+	}
+	var r Role
+	var host, port string
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		switch {
+		case k == "role":
+			r.Role = v
+		case k == "master_host":
+			host = v
+		case k == "master_port":
+			port = v
+		case k == "master_link_status":
+			r.LinkUp = v == "up"
+		case strings.HasPrefix(k, "slave") && strings.Contains(v, "state=online"):
+			r.Replicas++
+		}
+	}
+	if r.Role == "" {
+		return r, errors.New("INFO replication has no role")
+	}
+	if host != "" {
+		r.Master = net.JoinHostPort(host, port)
+	}
+	return r, nil
+}
+
+// Replicas returns the servers started WithReplicaOf(s), whatever their
+// role now.
+func (s *Server) Replicas() []*Server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*Server(nil), s.replicas...)
+}
+
+// adminClient is the harness's own client for the server, closed when the test ends.
+func (s *Server) adminClient() *redis.Client {
+	s.mu.Lock()
+	c := s.admin
+	s.mu.Unlock()
+	if c != nil {
+		return c
+	}
+	c = s.Client()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.admin == nil {
+		s.admin = c
+	}
+	return s.admin
 }
 
 // startFresh picks a free port, writes the config and starts the process,
@@ -200,27 +369,23 @@ func (s *Server) writeConfig(port int) error {
 	if s.cfg.password != "" {
 		lines = append(lines, "requirepass "+s.cfg.password, "masterauth "+s.cfg.password)
 	}
-	if m := s.cfg.replicaOf; m != nil {
-		host, mport, _ := net.SplitHostPort(m.Addr)
-		lines = append(lines, "replicaof "+host+" "+mport)
-	}
+	// A replica's full resynchronisation starts at once (the default waits
+	// five seconds for more replicas to join a diskless transfer): after a
+	// failover the old master, turned replica, is in sync within
+	// milliseconds. A replica gets its replicaof from launchReplica, not
+	// from this file: Redis rewrites the file (CONFIG REWRITE) whenever
+	// REPLICAOF or a Sentinel changes its role, and Restart starts the
+	// server from the rewritten file, in the role it last had.
+	lines = append(lines, "repl-diskless-sync-delay 0")
 	if sc := s.cfg.sentinel; sc != nil {
-		host, mport, _ := net.SplitHostPort(sc.master.Addr)
-		lines = []string{
+		lines = append([]string{
 			"bind 127.0.0.1",
 			"protected-mode no",
 			"daemonize no",
 			"dir " + s.dir,
 			"logfile " + filepath.Join(s.dir, "redis.log"),
 			fmt.Sprintf("port %d", port),
-			fmt.Sprintf("sentinel monitor %s %s %s %d", sc.masterName, host, mport, sc.quorum),
-			fmt.Sprintf("sentinel down-after-milliseconds %s 1000", sc.masterName),
-			fmt.Sprintf("sentinel failover-timeout %s 5000", sc.masterName),
-			fmt.Sprintf("sentinel parallel-syncs %s 1", sc.masterName),
-		}
-		if sc.master.Password != "" {
-			lines = append(lines, fmt.Sprintf("sentinel auth-pass %s %s", sc.masterName, sc.master.Password))
-		}
+		}, sentinelLines(sc)...)
 		s.conf = filepath.Join(s.dir, "sentinel.conf")
 		return os.WriteFile(s.conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
 	}
@@ -409,8 +574,12 @@ func (s *Server) Kill() {
 }
 
 // Restart starts the server again on the same address. Without persistence it
-// comes back empty, like a node that lost its data. The test fails when
-// another process took the port while the server was down.
+// comes back empty, like a node that lost its data. It comes back in the
+// role its configuration file names: Redis rewrites the file when REPLICAOF
+// or a Sentinel changes its role, and Restart never writes it, so a master
+// that a Sentinel turned into a replica restarts as that replica, and a
+// killed master restarts as a master until a Sentinel turns it into one. The
+// test fails when another process took the port while the server was down.
 func (s *Server) Restart() {
 	s.t.Helper()
 	if err := s.restart(); err != nil {
@@ -429,6 +598,40 @@ func (s *Server) restart() error {
 		return fmt.Errorf("restart %s: %w", s.Addr, err)
 	}
 	return nil
+}
+
+// BlockReplication cuts a replica off its master until the returned
+// unblock is called, as a network fault between them would, while both stay
+// reachable by clients and Sentinels: the writes the master acknowledges
+// meanwhile reach no replica. The replica's link to the master is killed
+// (CLIENT KILL TYPE master) and, so that it cannot reconnect, it is given
+// credentials the master refuses (masteruser, masterauth). Unblock restores
+// its credentials; the replica then reconnects within a second (its
+// replication cron) and catches up, unless its master is gone by then.
+func (s *Server) BlockReplication(ctx context.Context) (unblock func(context.Context) error, err error) {
+	c := s.adminClient()
+	if err := c.ConfigSet(ctx, "masteruser", "redistest-blocked").Err(); err != nil {
+		return nil, fmt.Errorf("block replication of %s: %w", s.Addr, err)
+	}
+	if err := c.ConfigSet(ctx, "masterauth", "redistest-blocked").Err(); err != nil {
+		return nil, fmt.Errorf("block replication of %s: %w", s.Addr, err)
+	}
+	if err := c.Do(ctx, "CLIENT", "KILL", "TYPE", "master").Err(); err != nil {
+		return nil, fmt.Errorf("block replication of %s: %w", s.Addr, err)
+	}
+	return func(ctx context.Context) error {
+		if err := c.ConfigSet(ctx, "masteruser", "").Err(); err != nil {
+			return fmt.Errorf("unblock replication of %s: %w", s.Addr, err)
+		}
+		if err := c.ConfigSet(ctx, "masterauth", s.cfg.password).Err(); err != nil {
+			return fmt.Errorf("unblock replication of %s: %w", s.Addr, err)
+		}
+		// A Sentinel may have rewritten the file meanwhile.
+		if err := c.ConfigRewrite(ctx).Err(); err != nil {
+			return fmt.Errorf("unblock replication of %s: %w", s.Addr, err)
+		}
+		return nil
+	}, nil
 }
 
 // pid returns the process id of the server's current (or last) process.

@@ -209,3 +209,84 @@ func TestSentinelsKnowTheMaster(t *testing.T) {
 		t.Fatalf("SET through the failover client: %v", err)
 	}
 }
+
+// TestSentinelGroupFailsOverTwice kills the master of a Sentinel group
+// twice: each time a replica is promoted with the data, and the old master,
+// restarted, comes back as a replica of the new one (the Sentinels rewrote
+// its configuration; Restart does not make it a master again).
+func TestSentinelGroupFailsOverTwice(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	g := StartSentinelGroup(t, 1, 3, "failover", WithPassword("pw"))
+	first, err := g.Master(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first != g.Data[0] {
+		t.Fatalf("the Sentinels name %s, want the first master %s", first.Addr, g.Data[0].Addr)
+	}
+	fc := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: g.MasterName, SentinelAddrs: g.Addrs(), Password: "pw"})
+	defer fc.Close()
+	prev := first
+	for round := range 2 {
+		key := "k" + strconv.Itoa(round)
+		if err := fc.Set(ctx, key, "v", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := fc.Wait(ctx, 1, 5*time.Second).Result(); err != nil || n != 1 {
+			t.Fatalf("WAIT 1 = %d, %v; want 1", n, err)
+		}
+		start := time.Now()
+		next, err := g.Failover(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("failover %d: %s -> %s in %v", round, prev.Addr, next.Addr, time.Since(start))
+		if next == prev {
+			t.Fatalf("failover %d kept the master %s", round, prev.Addr)
+		}
+		r, err := prev.Role(ctx)
+		if err != nil || r.Role != "slave" || r.Master != next.Addr {
+			t.Fatalf("the old master after its restart: %+v, %v; want a replica of %s", r, err, next.Addr)
+		}
+		if got, err := next.Client().Get(ctx, key).Result(); err != nil || got != "v" {
+			t.Fatalf("GET %s on the new master = %q, %v; want v", key, got, err)
+		}
+		prev = next
+	}
+}
+
+// TestBlockReplication: the writes a master acknowledges while its replica
+// is blocked reach no replica (WAIT counts none) until it is unblocked.
+func TestBlockReplication(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	master := Start(t)
+	replica := Start(t, WithReplicaOf(master))
+	unblock, err := replica.BlockReplication(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := master.Client()
+	conn := c.Conn()
+	defer conn.Close()
+	if err := conn.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Longer than the replica's reconnection cron (a second).
+	if n, err := conn.Wait(ctx, 1, 1500*time.Millisecond).Result(); err != nil || n != 0 {
+		t.Fatalf("WAIT 1 while blocked = %d, %v; want 0", n, err)
+	}
+	if err := replica.Client().Get(ctx, "k").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("GET k on the blocked replica = %v, want redis.Nil", err)
+	}
+	if err := unblock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := conn.Wait(ctx, 1, 10*time.Second).Result(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1 after unblocking = %d, %v; want 1", n, err)
+	}
+	if err := replica.waitInSync(ctx, master.Addr); err != nil {
+		t.Fatal(err)
+	}
+}
