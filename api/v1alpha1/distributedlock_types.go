@@ -258,6 +258,17 @@ type RedisSentinel struct {
 	// the password's) that holds the Sentinels' own password. Default: none.
 	// +optional
 	PasswordSecretRef *SecretKeyRef `json:"passwordSecretRef,omitempty"`
+
+	// minReplicas is how many replicas must acknowledge every acquisition
+	// and renewal (Redis WAIT) before the operator relies on it, so that a
+	// failover to one of them keeps the lease. Default 1. 0 turns the wait
+	// off: Redis replicates asynchronously, and a failover may then lose the
+	// leases written just before it, so that two holders overlap. 0 to 5;
+	// at most the replicas the master has, or nothing can be acquired.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=5
+	MinReplicas *int32 `json:"minReplicas,omitempty"`
 }
 
 // BackendTLS configures TLS to a backend's servers.

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/utils/ptr"
+
 	"github.com/go-logr/logr"
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -170,10 +172,12 @@ type resolved struct {
 	// RootCAs is "system" when the system roots are trusted, else the name
 	// of the CA in cas that the pool holds ("unknown" when none).
 	RootCAs string
+	// MinReplicas is the engine's Sentinel replica count (0: its default).
+	MinReplicas int
 }
 
 func resolvedOf(cfg redislock.Config, cas map[string][]byte) resolved {
-	r := resolved{Addrs: cfg.Addrs, MasterName: cfg.MasterName, Password: cfg.Password, SentinelPassword: cfg.SentinelPassword, DB: cfg.DB, Prefix: cfg.Prefix}
+	r := resolved{Addrs: cfg.Addrs, MasterName: cfg.MasterName, Password: cfg.Password, SentinelPassword: cfg.SentinelPassword, DB: cfg.DB, Prefix: cfg.Prefix, MinReplicas: cfg.MinReplicas}
 	if cfg.TLS == nil {
 		return r
 	}
@@ -224,6 +228,16 @@ func TestResolve(t *testing.T) {
 				Sentinel: &locksv1alpha1.RedisSentinel{MasterName: "billing",
 					PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "sentinel-auth", Key: "password"}}},
 			want: resolved{Addrs: []string{"s1:26379", "s2:26379"}, MasterName: "billing", Password: "s3cret", SentinelPassword: "sentinel-s3cret", Prefix: KeyPrefix},
+		},
+		"Sentinel without replica acknowledgements": {
+			backend: &locksv1alpha1.RedisBackend{Endpoints: []string{"s1:26379"},
+				Sentinel: &locksv1alpha1.RedisSentinel{MasterName: "billing", MinReplicas: ptr.To[int32](0)}},
+			want: resolved{Addrs: []string{"s1:26379"}, MasterName: "billing", Prefix: KeyPrefix, MinReplicas: redislock.NoReplicas},
+		},
+		"Sentinel with two replica acknowledgements": {
+			backend: &locksv1alpha1.RedisBackend{Endpoints: []string{"s1:26379"},
+				Sentinel: &locksv1alpha1.RedisSentinel{MasterName: "billing", MinReplicas: ptr.To[int32](2)}},
+			want: resolved{Addrs: []string{"s1:26379"}, MasterName: "billing", Prefix: KeyPrefix, MinReplicas: 2},
 		},
 		"TLS with the system roots": {
 			backend: &locksv1alpha1.RedisBackend{Endpoints: []string{"redis.infra:6380"}, TLS: &locksv1alpha1.BackendTLS{}},

@@ -305,6 +305,14 @@ func (r *Registry) resolveRedis(ctx context.Context, src *source) (redislock.Con
 	}
 	if s := rb.Sentinel; s != nil {
 		cfg.MasterName = s.MasterName
+		switch {
+		case s.MinReplicas == nil:
+			// The engine's default (redislock.DefaultMinReplicas).
+		case *s.MinReplicas == 0:
+			cfg.MinReplicas = redislock.NoReplicas
+		default:
+			cfg.MinReplicas = int(*s.MinReplicas)
+		}
 		if s.PasswordSecretRef != nil {
 			if cfg.SentinelPassword, err = r.secretValue(ctx, ns, src.field+".sentinel.passwordSecretRef", s.PasswordSecretRef, maxCredentialBytes, "a password"); err != nil {
 				return cfg, "", err
