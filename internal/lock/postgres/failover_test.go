@@ -27,6 +27,7 @@ import (
 // the standby before it was acknowledged, so the promoted standby has every
 // lease and fence: exclusion and fencing must hold across the failover.
 func TestFaultsStandbyPromotion(t *testing.T) {
+	pgtest.Require(t) // the runs start their servers in subtests
 	var tally locktest.FaultTally
 	for seed := range tally.Seeds(t, 3) {
 		t.Run("pair", func(t *testing.T) {
@@ -45,6 +46,7 @@ func TestFaultsStandbyPromotion(t *testing.T) {
 // the last commits: the test fails when no run finds a violation (it is
 // the negative control of the synchronous test), and logs what it found.
 func TestFaultsStandbyPromotionAsync(t *testing.T) {
+	pgtest.Require(t) // the runs start their servers in subtests
 	const runs = 3
 	violations := 0
 	for i := range runs {
