@@ -272,9 +272,13 @@ func connConfig(cfg Config, o options) (*pgx.ConnConfig, error) {
 		f.SetMaxBodyLen(MaxReplyBytes)
 		return f
 	}
-	// A cancelled call interrupts its connection with a deadline (pgx then
-	// closes it) instead of sending a cancel request, which pgx would send
-	// on a new connection to the resolved IP address: past Dial's host check.
+	// A cancelled call interrupts its connection with a deadline at once
+	// rather than waiting on a cancel request. pgx then closes the
+	// connection, and its close still sends one cancel request, on a new
+	// connection through the same Dial (so the dial policy applies) to the
+	// address the connection had resolved to. It cannot be relied on (a
+	// partitioned or paused client's never arrives): the session's
+	// lock_timeout and statement_timeout bound the abandoned backend.
 	cc.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
 	}
