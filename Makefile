@@ -126,8 +126,9 @@ test-integration: stores helm kustomize ## Run every suite without -short: the e
 test-e2e: stores ## Run the end-to-end suite against a local control plane with kube-controller-manager and kwok.
 	KUBEBUILDER_ASSETS="$$(hack/control-plane.sh --e2e)" go test -tags e2e ./test/e2e/... -count=1 -timeout $(E2E_TIMEOUT) -v $(GO_TEST_FLAGS)
 
-# FAULT_RUNS is how many seeded runs `make test-faults` makes of each fault test,
-# FAULT_DURATION how long each run lasts, FAULT_SEED replays one run.
+# FAULT_RUNS is how many seeded runs `make test-faults` makes of each fault test
+# (at least 4: some tests cover their nemeses over 4 consecutive seeds),
+# FAULT_DURATION how long each run lasts at least, FAULT_SEED replays one run.
 FAULT_RUNS ?= 40
 FAULT_DURATION ?= 10s
 FAULT_SEED ?=

@@ -397,12 +397,18 @@ func RunFaults(t *testing.T, name string, seed uint64, tally *FaultTally, f Faul
 }
 
 // FindViolation is the negative control of the fault harness: it runs up
-// to runs seeded fault runs of f (a mutant store's) and returns the first
+// to runs seeded fault runs of f (a mutant store's, or a setup known to be
+// unsafe) and returns the first
 // violation one of them found, or nil when every run passed. The runs are
 // logged as RunFaults logs them, but a violation does not fail t.
 func FindViolation(t *testing.T, runs int, f Faults) error {
 	t.Helper()
-	base, runs, _ := faultSeeds(t, runs)
+	// LOCKWARDEN_FAULT_SEED replays one seed; LOCKWARDEN_FAULT_RUNS does
+	// not apply: a control's runs may share servers a run's faults use up.
+	base, _, replay := faultSeeds(t, runs)
+	if replay {
+		runs = 1
+	}
 	for i := range runs {
 		seed := base + uint64(i)
 		var err error
@@ -530,8 +536,9 @@ func checkedStretches(vs []validity, f Faults) int {
 }
 
 // withDefaults fills in the defaults of f's zero fields (clients: the
-// number of clients). LOCKWARDEN_FAULT_DURATION=<duration> sets every run's
-// Duration, for long runs (make test-faults).
+// number of clients). LOCKWARDEN_FAULT_DURATION=<duration> makes every run
+// last at least that long, for long runs (make test-faults); a test that
+// needs longer runs (long TTLs, slow failovers) keeps its own Duration.
 func (f Faults) withDefaults(t *testing.T, clients int) Faults {
 	t.Helper()
 	if f.Clients == 0 {
@@ -548,7 +555,7 @@ func (f Faults) withDefaults(t *testing.T, clients int) Faults {
 		if err != nil || d <= 0 {
 			t.Fatalf("LOCKWARDEN_FAULT_DURATION=%q: want a positive duration such as 30s", s)
 		}
-		f.Duration = d
+		f.Duration = max(f.Duration, d)
 	}
 	if f.AcquireTimeout == 0 {
 		f.AcquireTimeout = time.Second
