@@ -243,23 +243,8 @@ func launchNew(cfg config) (*Server, error) {
 	if err := s.initData(); err != nil {
 		return s, err
 	}
-	var errs []error
-	for range startAttempts {
-		port, err := freeport.Take()
-		if err != nil {
-			return s, err
-		}
-		s.Port = port
-		s.Addr = net.JoinHostPort(s.Host, strconv.Itoa(port))
-		if err = s.launch(); err == nil {
-			break
-		}
-		errs = append(errs, err)
-		freeport.Give(port)
-		s.Port = 0
-	}
-	if s.Port == 0 {
-		return s, fmt.Errorf("no port worked in %d attempts: %w", startAttempts, errors.Join(errs...))
+	if err := s.launchOnFreePort(); err != nil {
+		return s, err
 	}
 	if err := s.setup(); err != nil {
 		return s, err
@@ -772,4 +757,25 @@ func (s *Server) Close() {
 	if s.root != "" {
 		_ = os.RemoveAll(s.root)
 	}
+}
+
+// launchOnFreePort starts the server on a free port, trying another when
+// the one taken is lost to another process before the server binds it.
+func (s *Server) launchOnFreePort() error {
+	var errs []error
+	for range startAttempts {
+		port, err := freeport.Take()
+		if err != nil {
+			return err
+		}
+		s.Port = port
+		s.Addr = net.JoinHostPort(s.Host, strconv.Itoa(port))
+		if err = s.launch(); err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+		freeport.Give(port)
+		s.Port = 0
+	}
+	return fmt.Errorf("no port worked in %d attempts: %w", startAttempts, errors.Join(errs...))
 }

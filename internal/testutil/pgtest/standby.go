@@ -2,7 +2,6 @@ package pgtest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -18,8 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
 )
 
 // ReplicationUser is the role (REPLICATION LOGIN, the password of User) a
@@ -133,23 +130,8 @@ func launchStandby(p *Server, sc standbyConfig) (*Server, error) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return s, fmt.Errorf("pg_basebackup: %w: %s", err, out)
 	}
-	var errs []error
-	for range startAttempts {
-		port, err := freeport.Take()
-		if err != nil {
-			return s, err
-		}
-		s.Port = port
-		s.Addr = net.JoinHostPort(s.Host, strconv.Itoa(port))
-		if err = s.launch(); err == nil {
-			break
-		}
-		errs = append(errs, err)
-		freeport.Give(port)
-		s.Port = 0
-	}
-	if s.Port == 0 {
-		return s, fmt.Errorf("no port worked in %d attempts: %w", startAttempts, errors.Join(errs...))
+	if err := s.launchOnFreePort(); err != nil {
+		return s, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), replicationTimeout)
 	defer cancel()
