@@ -179,6 +179,19 @@ func waitFree(t *testing.T, ctx context.Context, l *Locker, key string, d time.D
 	}
 }
 
+// stalledTimerSetup returns a test context, a Locker l whose dialer can hold
+// back its TTL timer's request (h), the signal of l's timers ending, and a
+// second Locker on the same ensemble.
+func stalledTimerSetup(t *testing.T) (context.Context, *holdDial, *Locker, <-chan struct{}, *Locker) {
+	t.Helper()
+	e := sharedServers(t, 1)
+	logsOnFailure(t, e)
+	ctx := ctxT(t, 90*time.Second)
+	h := &holdDial{}
+	l := newTestLocker(t, Config{Servers: e.Addrs(), Root: "/timers", Dial: h.dial}, WithOperationTimeout(30*time.Second))
+	return ctx, h, l, expireSignal(l), newTestLocker(t, Config{Servers: e.Addrs(), Root: "/timers"})
+}
+
 // TestOldTimerSparesReacquiredLease: the TTL timer of a lease fires and
 // stalls (its first request held back); meanwhile the same owner (the same
 // owner token, as the controller uses for the same holder) takes the key
@@ -186,13 +199,7 @@ func waitFree(t *testing.T, ctx context.Context, l *Locker, key string, d time.D
 // node: another owner cannot acquire the key while the re-acquired lease is
 // valid.
 func TestOldTimerSparesReacquiredLease(t *testing.T) {
-	e := sharedServers(t, 1)
-	logsOnFailure(t, e)
-	ctx := ctxT(t, 90*time.Second)
-	h := &holdDial{}
-	l := newTestLocker(t, Config{Servers: e.Addrs(), Root: "/timers", Dial: h.dial}, WithOperationTimeout(30*time.Second))
-	ended := expireSignal(l)
-	other := newTestLocker(t, Config{Servers: e.Addrs(), Root: "/timers"})
+	ctx, h, l, ended, other := stalledTimerSetup(t)
 	key := testKey("reacquired")
 	req := lock.Request{Keys: []string{key}, TTL: 300 * time.Millisecond, Owner: mustOwner(t), Holder: "job"}
 	h.holdAfterMulti()
@@ -228,13 +235,7 @@ func TestOldTimerSparesReacquiredLease(t *testing.T) {
 // node version it was armed for, so the renewed node stays and no other
 // owner can take the key while the renewed lease is valid.
 func TestRenewRacingTimerWins(t *testing.T) {
-	e := sharedServers(t, 1)
-	logsOnFailure(t, e)
-	ctx := ctxT(t, 90*time.Second)
-	h := &holdDial{}
-	l := newTestLocker(t, Config{Servers: e.Addrs(), Root: "/timers", Dial: h.dial}, WithOperationTimeout(30*time.Second))
-	ended := expireSignal(l)
-	other := newTestLocker(t, Config{Servers: e.Addrs(), Root: "/timers"})
+	ctx, h, l, ended, other := stalledTimerSetup(t)
 	key := testKey("renew-race")
 	h.holdAfterMulti()
 	first, err := l.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: 300 * time.Millisecond, Owner: mustOwner(t), Holder: "job"})
