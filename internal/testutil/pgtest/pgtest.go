@@ -230,16 +230,9 @@ func launchNew(cfg config) (*Server, error) {
 	}
 	// Not t.TempDir(): its parents are 0700 and owned by root, which the
 	// postgres user cannot traverse. os.TempDir() is world-traversable.
-	s.root, err = os.MkdirTemp("", "pgtest-")
-	if err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(s.root, 0o755); err != nil { //nolint:gosec // G302: a directory the postgres user must traverse
+	if err := s.makeRoot("pgtest-"); err != nil {
 		return s, err
 	}
-	s.data = filepath.Join(s.root, "data")
-	s.sock = filepath.Join(s.root, "sock")
-	s.logPath = filepath.Join(s.root, "postgres.log")
 	if err := s.initData(); err != nil {
 		return s, err
 	}
@@ -778,4 +771,20 @@ func (s *Server) launchOnFreePort() error {
 		s.Port = 0
 	}
 	return fmt.Errorf("no port worked in %d attempts: %w", startAttempts, errors.Join(errs...))
+}
+
+// makeRoot creates the server's directory (named after prefix) and sets the
+// paths of its data directory, socket directory and log inside it.
+func (s *Server) makeRoot(prefix string) error {
+	var err error
+	if s.root, err = os.MkdirTemp("", prefix); err != nil {
+		return err
+	}
+	if err := os.Chmod(s.root, 0o755); err != nil { //nolint:gosec // G302: a directory the postgres user must traverse
+		return err
+	}
+	s.data = filepath.Join(s.root, "data")
+	s.sock = filepath.Join(s.root, "sock")
+	s.logPath = filepath.Join(s.root, "postgres.log")
+	return nil
 }

@@ -100,17 +100,9 @@ func launchStandby(p *Server, sc standbyConfig) (*Server, error) {
 			host, port, ReplicationUser, conninfoQuote(p.Password), sslmode))
 	}
 	s := &Server{cfg: cfg, bin: p.bin, cred: p.cred, Host: p.Host, Database: p.Database, User: p.User, Password: p.Password, CAPEM: p.CAPEM}
-	var err error
-	s.root, err = os.MkdirTemp("", "pgtest-standby-")
-	if err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(s.root, 0o755); err != nil { //nolint:gosec // G302: a directory the postgres user must traverse
+	if err := s.makeRoot("pgtest-standby-"); err != nil {
 		return s, err
 	}
-	s.data = filepath.Join(s.root, "data")
-	s.sock = filepath.Join(s.root, "sock")
-	s.logPath = filepath.Join(s.root, "postgres.log")
 	if err := os.Mkdir(s.sock, 0o700); err != nil {
 		return s, err
 	}
