@@ -9,6 +9,11 @@
 // asked which member leads (maintenance Status API), so tests can kill the
 // leader or cut off a follower.
 //
+// WithNetns (root only, see RequireNetns) starts each member in its own
+// network namespace with its own address on a bridge instead, so that
+// Cluster.IsolatePeers can cut one member off from its peers while the
+// test's clients still reach it (netns.go).
+//
 // The members run with short raft timeouts (HeartbeatInterval,
 // ElectionTimeout): a new leader is elected within a second or two on a loaded
 // machine, and etcd's minimum lease TTL (1.5 election timeouts) is small.
@@ -124,6 +129,7 @@ func Require(t testing.TB) {
 type options struct {
 	rootPassword string
 	tls          bool
+	netns        bool
 }
 
 // Option configures Start and StartCluster.
@@ -148,8 +154,10 @@ type Member struct {
 
 	dir     string
 	logPath string
-	ports   []int // client, peer
+	ports   []int // client, peer (from freeport; nil WithNetns)
 	cluster *Cluster
+	host    string // the address the member listens on
+	netns   string // its network namespace WithNetns, "" otherwise
 
 	proc proc.Process
 }
@@ -167,6 +175,7 @@ type Cluster struct {
 
 	token             string
 	certFile, keyFile string
+	netns             *netns // WithNetns
 }
 
 // Start starts one member and returns when it serves clients; it is killed
@@ -210,6 +219,9 @@ func Launch(dir string, n int, opts ...Option) (*Cluster, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if o.netns && o.tls {
+		return nil, errors.New("WithNetns and WithTLS together are not supported (the certificate names 127.0.0.1 only)")
+	}
 	var errs []error
 	for attempt := range startAttempts {
 		c, err := launchOnce(dir, n, attempt, o)
@@ -228,11 +240,18 @@ func Launch(dir string, n int, opts ...Option) (*Cluster, error) {
 }
 
 func launchOnce(dir string, n, attempt int, o options) (*Cluster, error) {
-	ports, err := freeport.TakeN(2 * n)
-	if err != nil {
+	var (
+		ports []int
+		err   error
+	)
+	c := &Cluster{token: fmt.Sprintf("etcdtest-%d-%d", os.Getpid(), time.Now().UnixNano())}
+	if o.netns {
+		if c.netns, err = setupNetns(n); err != nil {
+			return nil, fmt.Errorf("set up network namespaces: %w", err)
+		}
+	} else if ports, err = freeport.TakeN(2 * n); err != nil {
 		return nil, err
 	}
-	c := &Cluster{token: fmt.Sprintf("etcdtest-%d-%d", os.Getpid(), time.Now().UnixNano())}
 	if o.tls {
 		certDir, err := os.MkdirTemp(dir, "certs-")
 		if err != nil {
@@ -243,8 +262,15 @@ func launchOnce(dir string, n, attempt int, o options) (*Cluster, error) {
 		}
 	}
 	for i := range n {
-		m := &Member{Name: fmt.Sprintf("m%d", i+1), ports: ports[2*i : 2*i+2], cluster: c}
-		m.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(m.ports[0]))
+		m := &Member{Name: fmt.Sprintf("m%d", i+1), cluster: c, host: "127.0.0.1"}
+		clientPort := netnsClientPort
+		if c.netns != nil {
+			m.host, m.netns = c.netns.addr(i), c.netns.namespace(i)
+		} else {
+			m.ports = ports[2*i : 2*i+2]
+			clientPort = m.ports[0]
+		}
+		m.Addr = net.JoinHostPort(m.host, strconv.Itoa(clientPort))
 		m.dir, err = os.MkdirTemp(dir, fmt.Sprintf("etcd-%s-%d-", m.Name, attempt))
 		if err != nil {
 			return c, err
@@ -270,7 +296,11 @@ func launchOnce(dir string, n, attempt int, o options) (*Cluster, error) {
 }
 
 func (m *Member) peerURL() string {
-	return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(m.ports[1]))
+	port := netnsPeerPort
+	if m.netns == "" {
+		port = m.ports[1]
+	}
+	return "http://" + net.JoinHostPort(m.host, strconv.Itoa(port))
 }
 
 func (m *Member) clientURL() string {
@@ -325,6 +355,14 @@ func (m *Member) launch() error {
 	}
 	defer logf.Close()
 	cmd := exec.Command(bin, m.args()...)
+	if m.netns != "" {
+		// ip execs etcd in the namespace: the process tracked is etcd's.
+		ipPath, err := exec.LookPath("ip")
+		if err != nil {
+			return err
+		}
+		cmd = exec.Command(ipPath, append([]string{"netns", "exec", m.netns, bin}, m.args()...)...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// If the test binary dies without running cleanups (a timeout kill), the
 	// kernel takes the server down with it.
@@ -571,6 +609,9 @@ func (c *Cluster) Close() {
 	for _, m := range c.Members {
 		m.Kill()
 		freeport.Give(m.ports...)
+	}
+	if c.netns != nil {
+		c.netns.close()
 	}
 }
 
