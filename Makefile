@@ -75,8 +75,12 @@ postgres-server: ## Make sure PostgreSQL's server binaries are installed (instal
 zookeeper-server: ## Make sure ZooKeeper and a Java runtime are installed (installs the Debian/Ubuntu package as root when missing).
 	@hack/ensure-zookeeper.sh
 
+.PHONY: faketime
+faketime: ## Make sure libfaketime is installed (the clock-skew fault tests fake one server's clock; installs the Debian/Ubuntu package as root when missing).
+	@hack/ensure-faketime.sh
+
 .PHONY: stores
-stores: redis-server postgres-server zookeeper-server ## Make sure every store the tests start is installed (etcd comes from the control-plane cache).
+stores: redis-server postgres-server zookeeper-server faketime ## Make sure every store the tests start is installed (etcd comes from the control-plane cache), and libfaketime for the clock-skew tests.
 
 # BACKEND is the store `make dev` points the ClusterLockBackend dev at:
 # redis (default), postgres, zookeeper or etcd (started beside Redis).

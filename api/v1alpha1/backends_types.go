@@ -88,6 +88,19 @@ type ZooKeeperBackend struct {
 	// +kubebuilder:validation:Maximum=300
 	SessionTimeoutSeconds int32 `json:"sessionTimeoutSeconds,omitempty"`
 
+	// maxClockSkewMilliseconds is how far apart the servers' wall clocks
+	// may be. ZooKeeper stamps writes with its leader's clock, and the
+	// operator takes over a holder whose operator is gone once the holder's
+	// last write plus its TTL passed on the ensemble's clock: a leader whose
+	// clock is ahead by more than this makes live leases look expired. A
+	// holder is taken over only after its TTL plus this. Keep the servers on
+	// NTP and this above their worst difference. Default 500.
+	// +optional
+	// +kubebuilder:default=500
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=600000
+	MaxClockSkewMilliseconds int32 `json:"maxClockSkewMilliseconds,omitempty"`
+
 	// digestSecretRef names the key of a Secret that holds "user:password"
 	// for ZooKeeper digest authentication. When set, every node the operator
 	// creates is readable and writable by that identity only. Default: no

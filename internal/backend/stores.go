@@ -254,7 +254,7 @@ func (r *Registry) resolve(ctx context.Context, src *source) (Config, string, er
 		cfg.Postgres, secrets = &c, []string{c.Password}
 	case spec.ZooKeeper != nil:
 		z := spec.ZooKeeper
-		c := zklock.Config{Servers: slices.Clone(z.Servers), Root: orDefault(z.Root, zklock.DefaultRoot), SessionTimeout: time.Duration(z.SessionTimeoutSeconds) * time.Second, Dial: dial}
+		c := zklock.Config{Servers: slices.Clone(z.Servers), Root: orDefault(z.Root, zklock.DefaultRoot), SessionTimeout: time.Duration(z.SessionTimeoutSeconds) * time.Second, MaxClockSkew: time.Duration(z.MaxClockSkewMilliseconds) * time.Millisecond, Dial: dial}
 		if c.Digest, err = secret("digestSecretRef", z.DigestSecretRef, "a ZooKeeper digest"); err != nil {
 			return cfg, "", err
 		}

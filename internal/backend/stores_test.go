@@ -43,7 +43,7 @@ func TestResolveOtherStores(t *testing.T) {
 			Host: "pg.team-a.svc", Database: "locks", User: "locker", PasswordSecretRef: ref("pg", "password"),
 		}}),
 		storeLockBackend("zk", locksv1alpha1.LockBackendSpec{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{
-			Servers: []string{"zk-0.zk:2181", "zk-1.zk:2181", "zk-2.zk:2181"}, SessionTimeoutSeconds: 20, DigestSecretRef: ref("zk", "digest"),
+			Servers: []string{"zk-0.zk:2181", "zk-1.zk:2181", "zk-2.zk:2181"}, SessionTimeoutSeconds: 20, MaxClockSkewMilliseconds: 750, DigestSecretRef: ref("zk", "digest"),
 		}}),
 		storeLockBackend("etcd", locksv1alpha1.LockBackendSpec{Etcd: &locksv1alpha1.EtcdBackend{
 			Endpoints: []string{"etcd.team-a.svc:2379"}, Username: "locker", PasswordSecretRef: ref("etcd", "password"),
@@ -64,7 +64,7 @@ func TestResolveOtherStores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if z := cfg.ZooKeeper; z == nil || len(z.Servers) != 3 || z.Root != "/lockwarden" || z.SessionTimeout != 20*time.Second ||
+	if z := cfg.ZooKeeper; z == nil || len(z.Servers) != 3 || z.Root != "/lockwarden" || z.SessionTimeout != 20*time.Second || z.MaxClockSkew != 750*time.Millisecond ||
 		z.Digest != "locks:zk-secret" || z.Dial == nil {
 		t.Errorf("zookeeper config = %+v", cfg.ZooKeeper)
 	}

@@ -243,11 +243,11 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 		}
 		if nowMs > 0 {
 			for _, p := range plans {
-				if h := p.view.holder; h != nil && h.data.Owner != hash && staleHolder(h, nowMs) {
+				if h := p.view.holder; h != nil && h.data.Owner != hash && staleHolder(h, nowMs, l.cfg.maxClockSkew()) {
 					p.stale = true
 				}
 			}
-			cutoff := nowMs - l.opts.waiterTTL.Milliseconds()
+			cutoff := nowMs - l.opts.waiterTTL.Milliseconds() - l.cfg.maxClockSkew().Milliseconds()
 			for _, p := range plans {
 				live := p.live[:0:0]
 				for _, w := range p.live {
@@ -348,20 +348,21 @@ func (l *Locker) busy(req lock.Request, hash string, plans []*keyPlan) (*lock.He
 
 // staleHolder tells whether a holder node outlived its lease: its last write
 // (mtime: the acquisition, renewal or move) plus the TTL written with it,
-// plus the drift allowance, is before nowMs, the mtime of a node written
-// just now. Both times are the ensemble's (its leaders' clocks, see the
-// package documentation), never this process's. The lease's holder was told
+// plus the drift allowance and skew (how far apart the servers' clocks may
+// be), is before nowMs, the mtime of a node written just now. Both times are
+// the ensemble's (its leaders' clocks, see the package documentation), never
+// this process's; they may come from different leaders, hence skew. The lease's holder was told
 // its lease ends within min(TTL, session timeout) minus drift of the start of
 // the round trip that wrote the node, so it no longer relies on it: the
 // Locker that should have ended it at its TTL is gone, or its timer could
 // not reach the ensemble (a quorum loss). Unreadable nodes ("?") are never
 // stale.
-func staleHolder(h *holderView, nowMs int64) bool {
+func staleHolder(h *holderView, nowMs int64, skew time.Duration) bool {
 	if h.data.Owner == "?" || h.data.TTLMs <= 0 {
 		return false
 	}
 	ttl := time.Duration(h.data.TTLMs) * time.Millisecond
-	return h.stat.Mtime+h.data.TTLMs+drift(ttl).Milliseconds() < nowMs
+	return h.stat.Mtime+h.data.TTLMs+drift(ttl).Milliseconds()+skew.Milliseconds() < nowMs
 }
 
 // staleSlack is how far ahead of this process's clock a holder's end may be

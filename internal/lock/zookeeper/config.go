@@ -46,6 +46,13 @@ const (
 	// DefaultWaiterTTL is how long a queued waiter keeps its place without
 	// calling TryAcquire again; the Redis backend's default.
 	DefaultWaiterTTL = 30 * time.Second
+	// DefaultMaxClockSkew is how far apart the servers' wall clocks may be
+	// by default (see Config.MaxClockSkew): NTP keeps synchronized servers
+	// within milliseconds of each other; half a second covers a server that
+	// was just started or stepped.
+	DefaultMaxClockSkew = 500 * time.Millisecond
+	// MaxMaxClockSkew is the largest MaxClockSkew accepted.
+	MaxMaxClockSkew = 10 * time.Minute
 	// MinWaiterTTL is the shortest WithWaiterTTL accepted.
 	MinWaiterTTL = 100 * time.Millisecond
 	// MaxReplyBytes bounds one packet from the server, the connect response
@@ -77,6 +84,18 @@ type Config struct {
 	// crashed or was cut off lives at most this long; Lease.Expires never
 	// extends past it. Default: DefaultSessionTimeout.
 	SessionTimeout time.Duration
+	// MaxClockSkew is how far apart the ensemble's servers' wall clocks may
+	// be. ZooKeeper stamps each write (a node's mtime) with its leader's
+	// clock, and an acquirer tells a holder that outlived its TTL (whose
+	// Locker is gone) from a live one by comparing the holder's mtime, from
+	// the leader of its last renewal, with the mtime of a node it just wrote,
+	// from today's leader: a leader whose clock is ahead by more than this
+	// makes live leases look expired, and a second holder gets the key
+	// while the first still holds it. A holder is taken over only once its
+	// TTL, the drift allowance and MaxClockSkew passed. Keep the servers on
+	// NTP and this above their worst difference. Default:
+	// DefaultMaxClockSkew; at most MaxMaxClockSkew.
+	MaxClockSkew time.Duration
 	// Digest, "user:password", turns on ZooKeeper digest authentication:
 	// every session authenticates with it, and every node the Locker creates
 	// gets an ACL that grants all rights to that identity only, so a client
@@ -117,6 +136,9 @@ func (c Config) Validate() error {
 	}
 	if c.SessionTimeout != 0 && c.SessionTimeout < MinSessionTimeout {
 		return &ConfigError{Field: "sessionTimeout", Reason: fmt.Sprintf("%v is below the minimum of %v (0 means the default, %v)", c.SessionTimeout, MinSessionTimeout, DefaultSessionTimeout)}
+	}
+	if c.MaxClockSkew < 0 || c.MaxClockSkew > MaxMaxClockSkew {
+		return &ConfigError{Field: "maxClockSkew", Reason: fmt.Sprintf("%v is outside 0 to %v (0 means the default, %v)", c.MaxClockSkew, MaxMaxClockSkew, DefaultMaxClockSkew)}
 	}
 	if c.Digest != "" {
 		user, pass, ok := strings.Cut(c.Digest, ":")
@@ -162,6 +184,13 @@ func (c Config) root() string {
 		return DefaultRoot
 	}
 	return c.Root
+}
+
+func (c Config) maxClockSkew() time.Duration {
+	if c.MaxClockSkew == 0 {
+		return DefaultMaxClockSkew
+	}
+	return c.MaxClockSkew
 }
 
 func (c Config) sessionTimeout() time.Duration {

@@ -68,7 +68,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 	if err := errors.Join(errs...); err != nil {
 		return nil, l.unavailable(op, err)
 	}
-	cutoff := nowMs - l.opts.waiterTTL.Milliseconds()
+	cutoff := nowMs - l.opts.waiterTTL.Milliseconds() - l.cfg.maxClockSkew().Milliseconds()
 	out := make([]lock.KeyState, len(keys))
 	for i, v := range views {
 		st := lock.KeyState{Key: keys[i], Fence: v.lastFence(keyData[i])}

@@ -37,6 +37,8 @@ func TestConfigValidate(t *testing.T) {
 		{"reserved", Config{Servers: []string{"a:1"}, Root: "/zookeeper/x"}, "root", "reserves"},
 		{"control char", Config{Servers: []string{"a:1"}, Root: "/a\x01"}, "root", "does not allow"},
 		{"short session", Config{Servers: []string{"a:1"}, SessionTimeout: time.Millisecond}, "sessionTimeout", "minimum"},
+		{"negative clock skew", Config{Servers: []string{"a:1"}, MaxClockSkew: -time.Second}, "maxClockSkew", "outside 0 to"},
+		{"huge clock skew", Config{Servers: []string{"a:1"}, MaxClockSkew: time.Hour}, "maxClockSkew", "outside 0 to"},
 		{"digest without password", Config{Servers: []string{"a:1"}, Digest: "user"}, "digest", "user:password"},
 		{"digest empty user", Config{Servers: []string{"a:1"}, Digest: ":pw"}, "digest", "user:password"},
 	} {

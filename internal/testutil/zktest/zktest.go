@@ -135,6 +135,7 @@ type Server struct {
 	conf     string
 	ports    []int // client, quorum, election (quorum ports only in an ensemble)
 	ensemble bool
+	env      []string // added to the JVM's environment (a faked clock)
 
 	proc proc.Process
 }
@@ -154,10 +155,17 @@ func Start(t testing.TB) *Server {
 
 // StartEnsemble starts n servers (n = 1: standalone) and returns when every
 // one serves and one of them leads. They are killed when t ends.
-func StartEnsemble(t testing.TB, n int) *Ensemble {
+func StartEnsemble(t testing.TB, n int, opts ...Option) *Ensemble {
 	t.Helper()
 	Require(t)
-	e, err := Launch(t.TempDir(), n)
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if len(o.offsets) > 0 {
+		RequireFaketime(t)
+	}
+	e, err := Launch(t.TempDir(), n, opts...)
 	if e != nil {
 		t.Cleanup(func() {
 			if t.Failed() {
@@ -176,16 +184,31 @@ func StartEnsemble(t testing.TB, n int) *Ensemble {
 // whole test binary shares (started from TestMain or lazily once); the caller
 // must Close it. n = 1 starts a standalone server. On error the returned
 // ensemble (when not nil) holds whatever was started: Close it too.
-func Launch(dir string, n int) (*Ensemble, error) {
+func Launch(dir string, n int, opts ...Option) (*Ensemble, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("launch %d servers: want at least 1", n)
 	}
 	if _, _, err := Runtime(); err != nil {
 		return nil, err
 	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	env := map[int][]string{}
+	for id, d := range o.offsets {
+		if id < 1 || id > n {
+			return nil, fmt.Errorf("clock offset for server %d: the ensemble has servers 1..%d", id, n)
+		}
+		e, err := clockEnv(d)
+		if err != nil {
+			return nil, err
+		}
+		env[id] = e
+	}
 	var errs []error
 	for range startAttempts {
-		e, err := launchOnce(dir, n)
+		e, err := launchOnce(dir, n, env)
 		if err == nil {
 			return e, nil
 		}
@@ -195,7 +218,7 @@ func Launch(dir string, n int) (*Ensemble, error) {
 	return nil, fmt.Errorf("no set of ports worked in %d attempts: %w", startAttempts, errors.Join(errs...))
 }
 
-func launchOnce(dir string, n int) (*Ensemble, error) {
+func launchOnce(dir string, n int, env map[int][]string) (*Ensemble, error) {
 	per := 1
 	if n > 1 {
 		per = 3
@@ -206,7 +229,7 @@ func launchOnce(dir string, n int) (*Ensemble, error) {
 	}
 	e := &Ensemble{}
 	for i := range n {
-		s := &Server{ID: i + 1, ports: ports[i*per : (i+1)*per], ensemble: n > 1}
+		s := &Server{ID: i + 1, ports: ports[i*per : (i+1)*per], ensemble: n > 1, env: env[i+1]}
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.ports[0]))
 		s.dir, err = os.MkdirTemp(dir, fmt.Sprintf("zk%d-", s.ID))
 		if err != nil {
@@ -298,6 +321,9 @@ func (s *Server) launch() error {
 		"-cp", cp,
 		"org.apache.zookeeper.server.quorum.QuorumPeerMain", s.conf)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if len(s.env) > 0 {
+		cmd.Env = append(os.Environ(), s.env...)
+	}
 	// If the test binary dies without running cleanups (a timeout kill), the
 	// kernel takes the server down with it. Its own process group: a
 	// terminal's Ctrl-C (make dev) reaches the program that started it, which
