@@ -162,7 +162,7 @@ type keyView struct {
 	held      bool
 	holderTag string
 	holder    holderRecord
-	holderRev int64 // CreateRevision of the holder key: its fencing token
+	fence     int64 // ModRevision of the fence record: the holder's fencing token (0 when absent)
 	queue     []string
 	pos       int // index of the caller's waiter key in queue, -1 when absent
 	own       *waiterRecord
@@ -224,16 +224,22 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 		rev := resp.Header.Revision
 		if fence, ok := ownsAll(views, tag); ok {
 			// The owner already holds every key (a restarted operator
-			// acquiring again): re-put them with the new lease.
+			// acquiring again): re-put them with the new lease, as a new
+			// acquisition with a new fencing token (the relet's revision).
 			rec := holderRecord{Holder: req.Holder, Lease: int64(leaseID), TTLMilli: req.TTL.Milliseconds(), Acquired: start.UnixMilli()}
-			ok, err := l.relet(ctx, req.Keys, tag, fence, leaseID, rec)
+			next, err := l.relet(ctx, req.Keys, tag, fence, leaseID, rec, true)
 			if err != nil {
 				return nil, waitHint{}, l.unavailable(op, err)
 			}
-			if !ok {
+			if next == 0 {
 				continue
 			}
-			lease, err := l.newLease(req, fence, start)
+			if next >= lock.MaxFence {
+				// The keys are on the unused lease now: the deferred
+				// revoke frees them.
+				return nil, waitHint{}, l.unavailable(op, fmt.Errorf("etcd revision %d is outside the fencing token range (0, %d)", next, lock.MaxFence))
+			}
+			lease, err := l.newLease(req, next, start)
 			if err != nil {
 				return nil, waitHint{}, l.unavailable(op, err)
 			}
@@ -297,6 +303,7 @@ func (l *Locker) acquireTxn(ctx context.Context, req lock.Request, tag string, l
 		}
 		el = append(el,
 			clientv3.OpGet(hk),
+			clientv3.OpGet(l.fenceKey(k), clientv3.WithKeysOnly()),
 			clientv3.OpGet(qp, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithKeysOnly()))
 		if req.Queue {
 			el = append(el, clientv3.OpGet(own))
@@ -364,9 +371,9 @@ func waiterLeases(resp *clientv3.TxnResponse) []clientv3.LeaseID {
 
 // parseViews reads the Else branch of acquireTxn.
 func (l *Locker) parseViews(req lock.Request, tag string, resp *clientv3.TxnResponse) ([]keyView, error) {
-	stride := 2
+	stride := 3
 	if req.Queue {
-		stride = 3
+		stride = 4
 	}
 	if len(resp.Responses) != stride*len(req.Keys) {
 		return nil, fmt.Errorf("unexpected transaction reply: %d results for %d keys", len(resp.Responses), len(req.Keys))
@@ -378,22 +385,24 @@ func (l *Locker) parseViews(req lock.Request, tag string, resp *clientv3.TxnResp
 		rs := resp.Responses[i*stride : (i+1)*stride]
 		if kvs := rs[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
 			v.held = true
-			v.holderRev = kvs[0].CreateRevision
 			t, err := decodeValue(kvs[0].Value, &v.holder)
 			if err != nil {
 				return nil, fmt.Errorf("holder of key %q: %w", k, err)
 			}
 			v.holderTag = t
 		}
+		if kvs := rs[1].GetResponseRange().GetKvs(); v.held && len(kvs) > 0 {
+			v.fence = kvs[0].ModRevision
+		}
 		own := l.waiterKey(k, tag)
-		for j, kv := range rs[1].GetResponseRange().GetKvs() {
+		for j, kv := range rs[2].GetResponseRange().GetKvs() {
 			v.queue = append(v.queue, string(kv.Key))
 			if string(kv.Key) == own {
 				v.pos = j
 			}
 		}
 		if req.Queue {
-			if kvs := rs[2].GetResponseRange().GetKvs(); len(kvs) > 0 {
+			if kvs := rs[3].GetResponseRange().GetKvs(); len(kvs) > 0 {
 				var rec waiterRecord
 				if _, err := decodeValue(kvs[0].Value, &rec); err != nil {
 					return nil, fmt.Errorf("waiter of key %q: %w", k, err)
@@ -405,15 +414,15 @@ func (l *Locker) parseViews(req lock.Request, tag string, resp *clientv3.TxnResp
 	return views, nil
 }
 
-// ownsAll reports whether the owner holds every key from one acquisition,
-// and its fencing token.
+// ownsAll reports whether the owner holds every key from one acquisition
+// (one fencing token on every key), and that token.
 func ownsAll(views []keyView, tag string) (int64, bool) {
 	for _, v := range views {
-		if !v.held || v.holderTag != tag || v.holderRev != views[0].holderRev {
+		if !v.held || v.holderTag != tag || v.fence <= 0 || v.fence != views[0].fence {
 			return 0, false
 		}
 	}
-	return views[0].holderRev, true
+	return views[0].fence, true
 }
 
 // firstBusy returns the HeldError for the first key that is not free for
@@ -430,10 +439,10 @@ func (l *Locker) firstBusy(req lock.Request, views []keyView, rev int64) (*lock.
 			// Only the head watches the holder: the others wait for the
 			// waiter just ahead of them to leave (one wake-up per
 			// handover, not a herd).
-			he.Holder, he.Fence = v.holder.Holder, v.holderRev
+			he.Holder, he.Fence = v.holder.Holder, v.fence
 			return he, waitHint{key: v.queue[v.pos-1], rev: rev}
 		case v.held:
-			he.Holder, he.Fence = v.holder.Holder, v.holderRev
+			he.Holder, he.Fence = v.holder.Holder, v.fence
 			return he, waitHint{key: l.holderKey(k), rev: rev}
 		case req.Queue && v.pos > 0:
 			return he, waitHint{key: v.queue[v.pos-1], rev: rev}

@@ -37,26 +37,34 @@
 // different orders cannot deadlock. A failed attempt revokes the unused
 // lease in the background.
 //
-// The fencing token is the revision of the acquiring transaction (the holder
-// keys' CreateRevision). etcd revisions are global, strictly increasing and
-// replicated by raft, so a token is larger than every token issued before for
-// any key, across leader changes and restarts of members. Tokens past
-// lock.MaxFence are refused (the acquisition is undone).
+// The fencing token is the revision of the acquiring transaction: the
+// ModRevision of the keys' fence records, which only acquisitions write
+// (for a fresh acquisition also the holder keys' CreateRevision). etcd
+// revisions are global, strictly increasing and replicated by raft, so a
+// token is larger than every token issued before for any key, across leader
+// changes and restarts of members. Tokens past lock.MaxFence are refused
+// (the acquisition is undone).
 //
 // # Recovery
 //
 // Renew and Release need only Keys, Owner and Fence: the transaction compares
-// each holder key's value with the owner's tag and its CreateRevision with
-// the fence, and reads the etcd lease ID from the value. So a new Locker (a
+// each holder key's value with the owner's tag (so the key must exist) and
+// the ModRevision of its fence record with the fence, and reads the etcd
+// lease ID from the value. So a new Locker (a
 // new process) renews and releases a lease an older one acquired, with the
 // same token. Renew with the TTL the lease was granted with is one
 // KeepAliveOnce on that lease; with a different TTL (in whole seconds) it
 // grants a new lease and re-puts the holder keys with it in a transaction
-// that checks the owner again (a put keeps CreateRevision, so the token is
-// unchanged), then revokes the old lease. Release deletes the holder keys in
-// a transaction that checks the owner and revokes the lease. A TryAcquire by
-// an owner that already holds all the keys (from one acquisition) re-puts
-// them with a fresh lease and returns the same token.
+// that checks the owner again (the fence records are left alone, so the
+// token is unchanged), then revokes the old lease. Release deletes the holder
+// keys in a transaction that checks the owner and revokes the lease. A
+// TryAcquire by an owner that already holds all the keys (from one
+// acquisition) re-puts them with a fresh lease and rewrites their fence
+// records in one transaction that checks the owner and the old token: it is
+// a new acquisition with a new, larger token (the transaction's revision), as
+// on the other stores, and the lease with the old token is lost (Renew fails
+// with lock.ErrLost, Release with lock.ErrNotHeld, neither touching the new
+// acquisition).
 //
 // # TTL and server failures
 //

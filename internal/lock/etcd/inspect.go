@@ -15,8 +15,8 @@ import (
 const inspectChunk = 32
 
 // Inspect reports what etcd holds for each key, in order (see lock.Locker):
-// the holder and its fencing token (the last token issued, from the fence
-// record, when the key is free), Acquired as the acquiring client's clock
+// the holder and its fencing token (the fence record's ModRevision: the
+// last token issued, also when the key is free), Acquired as the acquiring client's clock
 // recorded it (etcd has no clock to offer), Expires from the etcd lease's
 // remaining TTL, the lease as the one entry of Holders (HolderCount 0 or 1:
 // one lease per key), the oldest waiters (at most lock.MaxInspectWaiters)
@@ -44,7 +44,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 		for _, k := range chunk {
 			gets = append(gets,
 				clientv3.OpGet(l.holderKey(k)),
-				clientv3.OpGet(l.fenceKey(k)),
+				clientv3.OpGet(l.fenceKey(k), clientv3.WithKeysOnly()),
 				clientv3.OpGet(l.queuePrefix(k), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(lock.MaxInspectWaiters)))
 		}
 		tctx, cancel := l.opCtx(ctx)
@@ -64,7 +64,15 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 				if _, err := decodeValue(kvs[0].Value, &rec); err != nil {
 					return nil, l.unavailable(op, fmt.Errorf("holder of key %q: %w", k, err))
 				}
+				// The token is the fence record's ModRevision (the last
+				// acquisition's, a re-acquisition by the same owner
+				// included); the holder key's CreateRevision only when
+				// the record is missing (it never is: every acquisition
+				// writes it).
 				st.Held, st.Holder, st.Fence, st.HolderCount = true, rec.Holder, kvs[0].CreateRevision, 1
+				if fk := rs[1].GetResponseRange().GetKvs(); len(fk) > 0 {
+					st.Fence = fk[0].ModRevision
+				}
 				if rec.Acquired > 0 {
 					st.Acquired = time.UnixMilli(rec.Acquired)
 				}

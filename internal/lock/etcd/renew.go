@@ -70,15 +70,32 @@ func validateRenew(lease *lock.Lease, ttl time.Duration) error {
 }
 
 // heldCmps checks that every key is held by the owner's acquisition with
-// this fencing token.
+// this fencing token: the holder key exists with the owner's tag (a value
+// compare fails on a missing key) and the key's fence record was last
+// written with this token. Only acquisitions write fence records, in the
+// transaction that puts the holder keys (acquireTxn, and relet of a
+// re-acquisition), so the record's ModRevision is the token of the holder
+// key's current acquisition, and a lease with an older token does not match.
 func (l *Locker) heldCmps(keys []string, tag string, fence int64) []clientv3.Cmp {
 	var cmps []clientv3.Cmp
 	for _, k := range keys {
-		hk := l.holderKey(k)
-		cmps = append(cmps, ownerCmps(hk, tag)...)
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(hk), "=", fence))
+		cmps = append(cmps, ownerCmps(l.holderKey(k), tag)...)
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(l.fenceKey(k)), "=", fence))
 	}
 	return cmps
+}
+
+// notHeldGets are the Else reads of a transaction guarded by heldCmps, for
+// whyNotHeld: every holder key, then every fence record.
+func (l *Locker) notHeldGets(keys []string) []clientv3.Op {
+	gets := make([]clientv3.Op, 0, 2*len(keys))
+	for _, k := range keys {
+		gets = append(gets, clientv3.OpGet(l.holderKey(k)))
+	}
+	for _, k := range keys {
+		gets = append(gets, clientv3.OpGet(l.fenceKey(k), clientv3.WithKeysOnly()))
+	}
+	return gets
 }
 
 func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
@@ -93,7 +110,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		gets = append(gets, clientv3.OpGet(l.holderKey(k)))
 	}
 	tctx, cancel := l.opCtx(ctx)
-	resp, err := l.etcd().Txn(tctx).If(l.heldCmps(lease.Keys, tag, lease.Fence)...).Then(gets...).Else(gets...).Commit()
+	resp, err := l.etcd().Txn(tctx).If(l.heldCmps(lease.Keys, tag, lease.Fence)...).Then(gets...).Else(l.notHeldGets(lease.Keys)...).Commit()
 	cancel()
 	if err != nil {
 		return nil, l.unavailable(op, err)
@@ -138,7 +155,8 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		}
 		rec := recs[0]
 		rec.Holder, rec.Lease, rec.TTLMilli = firstNonEmpty(lease.Holder, rec.Holder), int64(g.ID), ttl.Milliseconds()
-		ok, err := l.relet(ctx, lease.Keys, tag, lease.Fence, g.ID, rec)
+		rev, err := l.relet(ctx, lease.Keys, tag, lease.Fence, g.ID, rec, false)
+		ok := rev != 0
 		if err != nil || !ok {
 			l.revokeLater(g.ID)
 		}
@@ -174,16 +192,17 @@ func firstNonEmpty(a, b string) string {
 	return b
 }
 
-// lost explains a failed owner check from the transaction's Else reads (the
-// holder keys, one per key).
+// lost explains a failed owner check from the transaction's Else reads
+// (notHeldGets).
 func (l *Locker) lost(op string, lease *lock.Lease, tag string, resp *clientv3.TxnResponse) error {
 	l.log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 	return fmt.Errorf("%s: %w: %s", op, lock.ErrLost, l.whyNotHeld(lease, tag, resp))
 }
 
 func (l *Locker) whyNotHeld(lease *lock.Lease, tag string, resp *clientv3.TxnResponse) string {
+	n := len(lease.Keys)
 	for i, r := range resp.Responses {
-		if i >= len(lease.Keys) {
+		if i >= n {
 			break
 		}
 		kvs := r.GetResponseRange().GetKvs()
@@ -192,8 +211,17 @@ func (l *Locker) whyNotHeld(lease *lock.Lease, tag string, resp *clientv3.TxnRes
 		}
 		var rec holderRecord
 		t, _ := decodeValue(kvs[0].Value, &rec)
-		if t != tag || kvs[0].CreateRevision != lease.Fence {
-			return fmt.Sprintf("key %q is held by %q with fencing token %d", lease.Keys[i], rec.Holder, kvs[0].CreateRevision)
+		var fence int64
+		if n+i < len(resp.Responses) {
+			if fk := resp.Responses[n+i].GetResponseRange().GetKvs(); len(fk) > 0 {
+				fence = fk[0].ModRevision
+			}
+		}
+		switch {
+		case t != tag:
+			return fmt.Sprintf("key %q is held by %q with fencing token %d", lease.Keys[i], rec.Holder, fence)
+		case fence != lease.Fence:
+			return fmt.Sprintf("key %q is held by a later acquisition of the same owner (%q), with fencing token %d", lease.Keys[i], rec.Holder, fence)
 		}
 	}
 	return "the keys are no longer held by this owner"
@@ -201,23 +229,31 @@ func (l *Locker) whyNotHeld(lease *lock.Lease, tag string, resp *clientv3.TxnRes
 
 // relet moves the holder keys of the owner's acquisition with this fence to
 // the etcd lease newLease with the record rec, in one transaction that
-// checks the owner; a put keeps CreateRevision, so the fencing token stays.
-// On success the old etcd leases are revoked (no key is attached to them any
-// more). It reports false when the owner no longer holds the keys.
-func (l *Locker) relet(ctx context.Context, keys []string, tag string, fence int64, newLease clientv3.LeaseID, rec holderRecord) (bool, error) {
+// checks the owner. A renewal (reacquire false) leaves the fence records
+// alone, so the fencing token stays. A re-acquisition by the owner
+// (reacquire true) also writes every fence record, so the transaction's
+// revision becomes the keys' new token, strictly larger than every earlier
+// one, and leases with the old token no longer match heldCmps. On success
+// the old etcd leases are revoked (no key is attached to them any more). It
+// returns the transaction's revision (the new token of a re-acquisition),
+// or 0 when the owner no longer holds the keys with this fence.
+func (l *Locker) relet(ctx context.Context, keys []string, tag string, fence int64, newLease clientv3.LeaseID, rec holderRecord, reacquire bool) (int64, error) {
 	value := encodeValue(tag, rec)
 	var puts []clientv3.Op
 	for _, k := range keys {
 		puts = append(puts, clientv3.OpPut(l.holderKey(k), value, clientv3.WithLease(newLease), clientv3.WithPrevKV()))
+		if reacquire {
+			puts = append(puts, clientv3.OpPut(l.fenceKey(k), ""))
+		}
 	}
 	tctx, cancel := l.opCtx(ctx)
 	resp, err := l.etcd().Txn(tctx).If(l.heldCmps(keys, tag, fence)...).Then(puts...).Commit()
 	cancel()
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	if !resp.Succeeded {
-		return false, nil
+		return 0, nil
 	}
 	var old []clientv3.LeaseID
 	for _, r := range resp.Responses {
@@ -226,7 +262,7 @@ func (l *Locker) relet(ctx context.Context, keys []string, tag string, fence int
 		}
 	}
 	l.revokeLater(old...)
-	return true, nil
+	return resp.Header.Revision, nil
 }
 
 // Release deletes the holder keys when the owner token still holds them with
@@ -243,13 +279,12 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	if err := l.connect(); err != nil {
 		return l.unavailable(op, err)
 	}
-	var dels, gets []clientv3.Op
+	var dels []clientv3.Op
 	for _, k := range lease.Keys {
 		dels = append(dels, clientv3.OpDelete(l.holderKey(k), clientv3.WithPrevKV()))
-		gets = append(gets, clientv3.OpGet(l.holderKey(k)))
 	}
 	tctx, cancel := l.opCtx(ctx)
-	resp, err := l.etcd().Txn(tctx).If(l.heldCmps(lease.Keys, tag, lease.Fence)...).Then(dels...).Else(gets...).Commit()
+	resp, err := l.etcd().Txn(tctx).If(l.heldCmps(lease.Keys, tag, lease.Fence)...).Then(dels...).Else(l.notHeldGets(lease.Keys)...).Commit()
 	cancel()
 	if err != nil {
 		return l.unavailable(op, err)

@@ -69,6 +69,7 @@ func Run(t *testing.T, newLocker func(t *testing.T) lock.Locker, opts ...Option)
 	t.Run("ExpiredLeaseIsLost", s.expiredLease)
 	t.Run("ReleaseLetsNextIn", s.releaseLetsNextIn)
 	t.Run("FencesStrictlyIncrease", s.fencesIncrease)
+	t.Run("SameOwnerAcquiringAgainGetsLargerToken", s.sameOwnerAgain)
 	t.Run("MultiKeyAllOrNothing", s.multiKey)
 	t.Run("FIFOSkipsDeadWaiter", s.fifoDeadWaiter)
 	t.Run("FIFOAcquireOrder", s.fifoAcquireOrder)
@@ -423,6 +424,30 @@ func (s *suite) fencesIncrease(t *testing.T) {
 			t.Fatalf("Inspect of free key = %+v, want not held with the last fence %d", s, last[s.Key])
 		}
 	}
+}
+
+// sameOwnerAgain: an owner that acquires keys it already holds (a restarted
+// operator acquiring again) gets a new token, larger than the one it held,
+// and Inspect reports the new one.
+func (s *suite) sameOwnerAgain(t *testing.T) {
+	a, b := s.newLocker(t), s.newLocker(t)
+	ks := keys(t, 2)
+	req := lock.Request{Keys: ks, TTL: longTTL, Owner: owner(t), Holder: "restarted"}
+	first := mustAcquire(t, a, req)
+	second := mustAcquire(t, b, req)
+	if second.Fence <= first.Fence || second.Fence >= lock.MaxFence {
+		t.Fatalf("the same owner acquiring again got fence %d, want > %d (its first one) and < MaxFence", second.Fence, first.Fence)
+	}
+	st, err := a.Inspect(ctxT(t, 10*time.Second), ks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st {
+		if !s.Held || s.Fence != second.Fence {
+			t.Fatalf("Inspect after acquiring again = %+v, want held with fence %d", s, second.Fence)
+		}
+	}
+	mustRelease(t, a, second)
 }
 
 func (s *suite) multiKey(t *testing.T) {
