@@ -98,15 +98,23 @@ func runEtcdFaults(t *testing.T, c *etcdtest.Cluster, links []*locktest.Link, ne
 	cfg := configFor(c)
 	cfg.Prefix = "/faults/"
 	cfg.Endpoints = locktest.Addrs(links)
+	runEtcdFaultSeries(t, c, "cluster-3", cfg, 4, 12*time.Second, nemeses)
+}
+
+// runEtcdFaultSeries runs the fault harness runs times (each run lasting
+// duration) with Lockers on cfg and checks the tally; c gets its leader back
+// between runs.
+func runEtcdFaultSeries(t *testing.T, c *etcdtest.Cluster, name string, cfg Config, runs int, duration time.Duration, nemeses []locktest.Nemesis) {
+	t.Helper()
 	var tally locktest.FaultTally
-	for seed := range tally.Seeds(t, 4) {
-		locktest.RunFaults(t, "cluster-3", seed, &tally, locktest.Faults{
+	for seed := range tally.Seeds(t, runs) {
+		locktest.RunFaults(t, name, seed, &tally, locktest.Faults{
 			NewLocker: func(t *testing.T) lock.Locker {
 				return newTestLocker(t, cfg, WithOpTimeout(2*time.Second))
 			},
 			Nemeses:        nemeses,
 			TTL:            2 * time.Second,
-			Duration:       12 * time.Second,
+			Duration:       duration,
 			AcquireTimeout: 4 * time.Second,
 			// A leader change resets every etcd lease to its full TTL
 			// (plus an election timeout): with faults every second no

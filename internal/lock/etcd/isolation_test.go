@@ -16,7 +16,7 @@ import (
 )
 
 // isolationTTL is the TTL of the fault clients and of the probe leases.
-const isolationTTL = 2 * time.Second
+const isolationTTL = 2 * time.Second // the TTL runEtcdFaultSeries gives the clients
 
 // TestFaultsEtcdLeaderIsolated runs the fenced-register fault test of
 // locktest against a 3-member cluster in network namespaces while the raft
@@ -113,25 +113,7 @@ func TestFaultsEtcdLeaderIsolated(t *testing.T) {
 		}
 	}}}
 
-	var tally locktest.FaultTally
-	for seed := range tally.Seeds(t, 3) {
-		locktest.RunFaults(t, "cluster-3-netns", seed, &tally, locktest.Faults{
-			NewLocker: func(t *testing.T) lock.Locker {
-				return newTestLocker(t, cfg, WithOpTimeout(2*time.Second))
-			},
-			Nemeses:        nemeses,
-			TTL:            isolationTTL,
-			Duration:       8 * time.Second,
-			AcquireTimeout: 4 * time.Second,
-			// As in runEtcdFaults: a leader change resets every lease to
-			// its full TTL, so faults need gaps for leases to expire.
-			FaultGap: 3 * time.Second,
-		})
-		if _, err := c.WaitLeader(time.Minute); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tally.Check(t)
+	runEtcdFaultSeries(t, c, "cluster-3-netns", cfg, 3, 8*time.Second, nemeses)
 	t.Logf("leader isolations: %d injected, %d confirmed (new leader elected, old one stepped down); through the stale leader only: %d acquisitions and %d renewals refused",
 		injected.Load(), confirmed.Load(), refusedAcquire.Load(), refusedRenew.Load())
 	if confirmed.Load() == 0 || confirmed.Load() != injected.Load() {
