@@ -106,19 +106,35 @@ func TestSkewedLeaderClock(t *testing.T) {
 		{"beyond-max-clock-skew", 0, true}, // the default, DefaultMaxClockSkew
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			lead(func(s *zktest.Server) bool { return s != skewed })
 			cfg := Config{Servers: e.Addrs(), Root: "/skew-" + tc.name, MaxClockSkew: tc.skew, SessionTimeout: 30 * time.Second}
 			holder := newTestLocker(t, cfg)
 			other := newTestLocker(t, cfg)
 			ctx := context.Background()
 			// A TTL that outlasts the elections below, so that the lease
-			// is still valid under server 3, and whose end comes within
-			// staleSlack soon after.
-			held, err := holder.TryAcquire(ctx, lock.Request{Keys: []string{"k"}, TTL: 8 * time.Second, Holder: "first"})
-			if err != nil {
-				t.Fatal(err)
+			// is still valid under server 3 for longer than staleSlack
+			// (the window in which a takeover can show). Elections on a
+			// loaded machine can take longer than the first TTL: then the
+			// attempt shows nothing, and the next one doubles the TTL.
+			var held *lock.Lease
+			for ttl := 12 * time.Second; held == nil; ttl *= 2 {
+				if ttl > 64*time.Second {
+					t.Fatal("the elections that move leadership to server 3 outlasted a 64s lease: the test cannot show anything on this machine")
+				}
+				lead(func(s *zktest.Server) bool { return s != skewed })
+				l, err := holder.TryAcquire(ctx, lock.Request{Keys: []string{"k"}, TTL: ttl, Holder: "first"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				lead(func(s *zktest.Server) bool { return s == skewed })
+				if left := time.Until(l.Expires); left < staleSlack+time.Second {
+					t.Logf("moving leadership to server 3 left the %v lease %v: too little to show a takeover; again with twice the TTL", ttl, left.Round(time.Millisecond))
+					if err := holder.Release(ctx, l); err != nil && !errors.Is(err, lock.ErrNotHeld) {
+						t.Fatal(err)
+					}
+					continue
+				}
+				held = l
 			}
-			lead(func(s *zktest.Server) bool { return s == skewed })
 			var took *lock.Lease
 			for time.Now().Before(held.Expires) {
 				l, err := other.TryAcquire(ctx, lock.Request{Keys: []string{"k"}, TTL: time.Second, Holder: "second"})

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -227,11 +228,46 @@ func GrantTenantEdit(ctx context.Context, env *kubetest.Env, namespace string) e
 	if err := waitAggregated(ctx, env, "edit", editors[0].GetName(), "system:aggregate-to-edit"); err != nil {
 		return err
 	}
-	return create(ctx, env, &rbacv1.RoleBinding{
+	if err := create(ctx, env, &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: TenantGroup + "-edit"},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "edit"},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: TenantGroup}},
+	}); err != nil {
+		return err
+	}
+	return waitTenantAllowed(ctx, env, namespace)
+}
+
+// waitTenantAllowed waits until the API server's authorizer, which reads
+// RoleBindings from its own informer some time after they are created,
+// allows TenantUser to create Jobs and DistributedLocks in namespace.
+func waitTenantAllowed(ctx context.Context, env *kubetest.Env, namespace string) error {
+	checks := []authorizationv1.ResourceAttributes{
+		{Namespace: namespace, Group: batchv1.GroupName, Resource: "jobs", Verb: "create"},
+		{Namespace: namespace, Group: locksv1alpha1.GroupVersion.Group, Resource: "distributedlocks", Verb: "create"},
+	}
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		for _, ra := range checks {
+			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:               TenantUser,
+				Groups:             []string{TenantGroup, "system:authenticated"},
+				ResourceAttributes: &ra,
+			}}
+			if err := env.Client.Create(ctx, sar); err != nil {
+				return false, err
+			}
+			if !sar.Status.Allowed {
+				last = fmt.Sprintf("%s %s.%s: %s", ra.Verb, ra.Resource, ra.Group, sar.Status.Reason)
+				return false, nil
+			}
+		}
+		return true, nil
 	})
+	if err != nil {
+		return fmt.Errorf("the tenant's edit rights in namespace %s are not in effect (last: %s): %w", namespace, last, err)
+	}
+	return nil
 }
 
 // waitAggregated waits until the aggregated ClusterRole name holds every rule
