@@ -167,15 +167,20 @@ type Locker interface {
 	// Acquire blocks until the lease is held or ctx ends, retrying at once when
 	// a key is released and otherwise with exponential backoff and jitter.
 	Acquire(ctx context.Context, req Request) (*Lease, error)
-	// Renew extends the lease to ttl from now if the owner token still holds
-	// every key; otherwise it returns an error matching ErrLost and the lease
-	// is gone. A lost lease is never re-acquired behind the caller's back.
+	// Renew extends the lease to ttl from now if this acquisition (the owner
+	// token with the lease's fencing token) still holds every key; otherwise
+	// it returns an error matching ErrLost and the lease is gone. A later
+	// acquisition of the same owner (a new token) replaced the lease: renewing
+	// the old one reports it lost and leaves the new one alone. A lost lease
+	// is never re-acquired behind the caller's back.
 	Renew(ctx context.Context, lease *Lease, ttl time.Duration) (*Lease, error)
 	// RenewAll renews many leases in as few round trips as the backend allows
 	// (one per node), returning a renewed lease or an error for each, by index.
 	RenewAll(ctx context.Context, leases []*Lease, ttl time.Duration) ([]*Lease, []error)
-	// Release deletes the keys that the owner token still holds and notifies
-	// waiters. It returns an error matching ErrNotHeld when it held none.
+	// Release deletes the keys that this acquisition (the owner token with
+	// the lease's fencing token) still holds and notifies waiters; a later
+	// acquisition of the same owner is left alone. It returns an error
+	// matching ErrNotHeld when it held none.
 	Release(ctx context.Context, lease *Lease) error
 	// Dequeue removes the owner from the keys' FIFO queues (a waiter giving up).
 	Dequeue(ctx context.Context, keys []string, owner string) error

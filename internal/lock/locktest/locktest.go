@@ -70,6 +70,7 @@ func Run(t *testing.T, newLocker func(t *testing.T) lock.Locker, opts ...Option)
 	t.Run("ReleaseLetsNextIn", s.releaseLetsNextIn)
 	t.Run("FencesStrictlyIncrease", s.fencesIncrease)
 	t.Run("SameOwnerAcquiringAgainGetsLargerToken", s.sameOwnerAgain)
+	t.Run("ReplacedLeaseOfSameOwnerTouchesNothing", func(t *testing.T) { s.replacedLease(t, 1) })
 	t.Run("MultiKeyAllOrNothing", s.multiKey)
 	t.Run("FIFOSkipsDeadWaiter", s.fifoDeadWaiter)
 	t.Run("FIFOAcquireOrder", s.fifoAcquireOrder)
@@ -448,6 +449,53 @@ func (s *suite) sameOwnerAgain(t *testing.T) {
 		}
 	}
 	mustRelease(t, a, second)
+}
+
+// replacedLease: renewal and release are scoped to the acquisition, not the
+// owner. An owner acquires, acquires again (a restarted operator: same
+// owner token, new fencing token), and then the first lease, still in a
+// client's hands (the old process, resumed), is renewed and released: both
+// must report it gone (ErrLost, ErrNotHeld) and leave the second lease held,
+// or another owner could take the keys while the second lease is valid.
+func (s *suite) replacedLease(t *testing.T, limit int) {
+	a, b, other := s.newLocker(t), s.newLocker(t), s.newLocker(t)
+	ctx := ctxT(t, 30*time.Second)
+	ks := keys(t, 2)
+	req := lock.Request{Keys: ks, TTL: longTTL, Owner: owner(t), Holder: "restarted", Limit: limit}
+	first := mustAcquire(t, a, req)
+	second := mustAcquire(t, b, req)
+	if second.Fence <= first.Fence {
+		t.Fatalf("the same owner acquiring again got fence %d, want > %d", second.Fence, first.Fence)
+	}
+	if _, err := a.Renew(ctx, first, longTTL); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("Renew of the replaced lease (fence %d; the owner holds fence %d): %v, want ErrLost", first.Fence, second.Fence, err)
+	}
+	if _, errs := a.RenewAll(ctx, []*lock.Lease{first}, longTTL); !errors.Is(errs[0], lock.ErrLost) {
+		t.Fatalf("RenewAll of the replaced lease: %v, want ErrLost", errs[0])
+	}
+	if err := a.Release(ctx, first); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("Release of the replaced lease (fence %d; the owner holds fence %d): %v, want ErrNotHeld", first.Fence, second.Fence, err)
+	}
+	st, err := other.Inspect(ctx, ks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range st {
+		if !k.Held || k.HolderCount != 1 || k.Fence != second.Fence {
+			t.Fatalf("after the replaced lease was renewed and released, Inspect(%s) = %+v: want the second lease (fence %d) to hold it alone", k.Key, k, second.Fence)
+		}
+	}
+	if limit == 1 {
+		_, err := other.TryAcquire(ctx, lock.Request{Keys: ks[:1], TTL: longTTL, Holder: "other"})
+		if he := wantHeldError(t, err, ks[0]); he.Fence != second.Fence {
+			t.Fatalf("another owner was refused by fence %d, want the second lease's %d", he.Fence, second.Fence)
+		}
+	}
+	renewed, err := b.Renew(ctx, second, longTTL)
+	if err != nil {
+		t.Fatalf("Renew of the second lease after the replaced one was renewed and released: %v", err)
+	}
+	mustRelease(t, b, renewed)
 }
 
 func (s *suite) multiKey(t *testing.T) {

@@ -120,18 +120,22 @@ func (l *Link) Addr() string {
 	return l.proxy.Listen
 }
 
-// Cut cuts the link until the returned heal is called: open connections
+// Cut cuts the link until the returned heal is called (once; later calls
+// do nothing, as for every heal of a Link): open connections
 // are reset and new ones refused, as when a network partition separates
 // the clients from the server (and the kernels notice). Heal listens again
 // on the same address.
 func (l *Link) Cut() (heal func()) {
 	l.mu.Lock()
 	l.proxy.Stop()
+	var once sync.Once
 	return func() {
-		defer l.mu.Unlock()
-		if err := l.proxy.Start(); err != nil {
-			l.t.Errorf("partition: heal the link to %s: %v", l.proxy.Upstream, err)
-		}
+		once.Do(func() {
+			defer l.mu.Unlock()
+			if err := l.proxy.Start(); err != nil {
+				l.t.Errorf("partition: heal the link to %s: %v", l.proxy.Upstream, err)
+			}
+		})
 	}
 }
 
@@ -140,21 +144,30 @@ func (l *Link) Cut() (heal func()) {
 // hang until the clients' own timeouts end them. New connections are
 // accepted and hang too.
 func (l *Link) Drop() (heal func()) {
-	return l.withToxics("blackhole", `{"type":"timeout","attributes":{"timeout":0}}`)
+	return l.withToxics("blackhole", `{"type":"timeout","attributes":{"timeout":0}}`, "upstream", "downstream")
+}
+
+// DropReplies drops every byte from the server to the clients until the
+// returned heal is called, while what the clients send still arrives: the
+// server runs each command and its reply is lost, as when the path back
+// fails. Calls hang until the clients' own timeouts end them.
+func (l *Link) DropReplies() (heal func()) {
+	return l.withToxics("lost-replies", `{"type":"timeout","attributes":{"timeout":0}}`, "downstream")
 }
 
 // Slow adds latency (± jitter) to every byte both ways until the returned
 // heal is called.
 func (l *Link) Slow(latency, jitter time.Duration) (heal func()) {
-	return l.withToxics("latency", fmt.Sprintf(`{"type":"latency","attributes":{"latency":%d,"jitter":%d}}`, latency.Milliseconds(), jitter.Milliseconds()))
+	return l.withToxics("latency", fmt.Sprintf(`{"type":"latency","attributes":{"latency":%d,"jitter":%d}}`, latency.Milliseconds(), jitter.Milliseconds()), "upstream", "downstream")
 }
 
-// withToxics adds the toxic described by toxic (toxiproxy's JSON form)
-// upstream and downstream; heal removes both.
-func (l *Link) withToxics(name, toxic string) (heal func()) {
+// withToxics adds the toxic described by toxic (toxiproxy's JSON form) to
+// the given streams ("upstream": to the server, "downstream": to the
+// clients); heal removes them.
+func (l *Link) withToxics(name, toxic string, streams ...string) (heal func()) {
 	l.mu.Lock()
 	var added []string
-	for _, stream := range []string{"upstream", "downstream"} {
+	for _, stream := range streams {
 		n := name + "-" + stream
 		body := strings.Replace(toxic, "{", fmt.Sprintf(`{"name":%q,"stream":%q,`, n, stream), 1)
 		if _, err := l.proxy.Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
@@ -163,12 +176,16 @@ func (l *Link) withToxics(name, toxic string) (heal func()) {
 		}
 		added = append(added, n)
 	}
-	return func() {
-		defer l.mu.Unlock()
-		for _, n := range added {
-			if err := l.proxy.Toxics.RemoveToxic(context.Background(), n); err != nil {
-				l.t.Errorf("%s: remove the toxic from the link to %s: %v", name, l.proxy.Upstream, err)
-			}
+	var once sync.Once
+	return func() { once.Do(func() { l.removeToxics(name, added) }) }
+}
+
+// removeToxics removes the toxics added (withToxics) and ends the fault.
+func (l *Link) removeToxics(name string, added []string) {
+	defer l.mu.Unlock()
+	for _, n := range added {
+		if err := l.proxy.Toxics.RemoveToxic(context.Background(), n); err != nil {
+			l.t.Errorf("%s: remove the toxic from the link to %s: %v", name, l.proxy.Upstream, err)
 		}
 	}
 }

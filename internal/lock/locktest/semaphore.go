@@ -34,6 +34,7 @@ func RunSemaphore(t *testing.T, newLocker func(t *testing.T) lock.Locker, opts .
 	t.Run("FIFOAcquireOrder", s.semFIFOOrder)
 	t.Run("ExpiredSlotIsFreed", s.semExpiry)
 	t.Run("RenewRebuiltLease", s.semRenewRebuilt)
+	t.Run("ReplacedLeaseOfSameOwnerTouchesNothing", func(t *testing.T) { s.replacedLease(t, 3) })
 	t.Run("MixedWithMutex", s.semMixed)
 	t.Run("MixedLimitsKeepEveryHoldersBound", s.semMixedLimits)
 	t.Run("MultiKeyAllOrNothing", s.semMultiKey)

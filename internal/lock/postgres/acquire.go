@@ -173,10 +173,12 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	if err != nil {
 		l.log.V(2).Info("Acquire failed", "keys", req.Keys, "err", err.Error())
 		// Once the statement went out, the transaction may have committed
-		// before the reply was lost.
-		if !start.IsZero() {
-			l.releaseQuietly(ctx, req.Keys, req.Owner)
-		}
+		// before the reply was lost, with a token this call does not know.
+		// Releasing the owner's keys whatever their token could free a
+		// later acquisition of the owner by another process (an old
+		// operator resumed after a pause): such a lease is left to its TTL,
+		// or taken over by the owner's next attempt (acquiring keys the
+		// owner holds renews them, with a new token).
 		return nil, 0, err
 	}
 	if !ok {
@@ -208,8 +210,9 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	expires, validity := leaseEnd(start, req.TTL)
 	if validity <= 0 {
 		// The database holds the lease until start+TTL at the earliest, but
-		// the caller would get it with nothing left: give it back.
-		l.releaseQuietly(ctx, req.Keys, req.Owner)
+		// the caller would get it with nothing left: give it back (this
+		// acquisition only, by its token).
+		l.releaseQuietly(ctx, req.Keys, req.Owner, fence)
 		return nil, 0, l.unavailable("acquire", fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", time.Since(start), req.TTL, drift(req.TTL)))
 	}
 	lease := &lock.Lease{
@@ -228,11 +231,12 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	return lease, 0, nil
 }
 
-// releaseQuietly releases the owner's keys, best effort, even when ctx has ended.
-func (l *Locker) releaseQuietly(ctx context.Context, keys []string, owner string) {
+// releaseQuietly releases the owner's keys held with fencing token fence,
+// best effort, even when ctx has ended.
+func (l *Locker) releaseQuietly(ctx context.Context, keys []string, owner string, fence int64) {
 	cctx, cancel := l.cleanupContext(ctx)
 	defer cancel()
-	if _, err := l.release(cctx, keys, owner); err != nil {
+	if _, err := l.release(cctx, keys, owner, fence); err != nil {
 		l.log.V(2).Info("Best-effort release failed", "keys", keys, "err", err.Error())
 	}
 }

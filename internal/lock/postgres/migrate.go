@@ -250,8 +250,8 @@ func newStatements(schema string) statements {
 		// locks; a client that stops reading holds no lock (a row per lease
 		// would be written, and could block, while they are held).
 		renew: "SELECT coalesce(array_agg(r.o_lease ORDER BY r.o_lease), '{}'), coalesce(array_agg(r.o_lost ORDER BY r.o_lease), '{}'), " +
-			syncCommitPin + " FROM " + s + ".renew($1, $2, $3, $4) r",
-		release: "SELECT " + s + ".release($1, $2)",
+			syncCommitPin + " FROM " + s + ".renew($1, $2, $3, $4, $5) r",
+		release: "SELECT " + s + ".release($1, $2, $3)",
 		dequeue: "SELECT " + s + ".dequeue($1, $2)",
 		// One row per requested key, in request order: the lease (when live)
 		// or the last fence, the head of the queue and the number of

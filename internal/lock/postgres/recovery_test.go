@@ -63,13 +63,18 @@ func TestRecoveryByNewLocker(t *testing.T) {
 	if _, err := other.TryAcquire(ctx, lock.Request{Keys: keys[1:], TTL: time.Second}); !errors.Is(err, lock.ErrNotAcquired) {
 		t.Fatalf("another owner took a recovered key: %v", err)
 	}
-	if err := fresh.Release(ctx, stored); err != nil {
+	// The re-acquisition replaced the stored lease: that one no longer
+	// releases anything; the new one does.
+	if err := fresh.Release(ctx, stored); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("Release of the replaced lease: %v, want ErrNotHeld", err)
+	}
+	if err := fresh.Release(ctx, again); err != nil {
 		t.Fatalf("Release by a new Locker: %v", err)
 	}
-	if err := fresh.Release(ctx, stored); !errors.Is(err, lock.ErrNotHeld) {
+	if err := fresh.Release(ctx, again); !errors.Is(err, lock.ErrNotHeld) {
 		t.Fatalf("second Release: %v, want ErrNotHeld", err)
 	}
-	if _, err := fresh.Renew(ctx, stored, time.Second); !errors.Is(err, lock.ErrLost) {
+	if _, err := fresh.Renew(ctx, again, time.Second); !errors.Is(err, lock.ErrLost) {
 		t.Fatalf("Renew after Release: %v, want ErrLost", err)
 	}
 

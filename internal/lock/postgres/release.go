@@ -12,8 +12,10 @@ import (
 )
 
 // Release frees the keys the lease's owner token still holds with a live
-// lease and notifies their release (see lock.Locker). The lease may come from
-// another Locker or process: only Keys and Owner are needed. It returns an
+// lease of the lease's fencing token and notifies their release (see
+// lock.Locker): a later acquisition of the same owner (a restarted operator)
+// has another token and is left alone. The lease may come from another
+// Locker or process: only Keys, Owner and Fence are needed. It returns an
 // error matching lock.ErrNotHeld when the owner held none of them.
 func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	if err := validateLease(lease); err != nil {
@@ -21,7 +23,7 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	}
 	octx, cancel := l.opContext(ctx, 0)
 	defer cancel()
-	n, err := l.release(octx, lease.Keys, lease.Owner)
+	n, err := l.release(octx, lease.Keys, lease.Owner, lease.Fence)
 	if err != nil {
 		return fmt.Errorf("release keys %q (fencing token %d): %w", lease.Keys, lease.Fence, err)
 	}
@@ -34,11 +36,12 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	return nil
 }
 
-// release calls the release function and returns how many keys it freed.
-func (l *Locker) release(ctx context.Context, keys []string, owner string) (int32, error) {
+// release calls the release function and returns how many keys it freed:
+// those owner holds with fencing token fence.
+func (l *Locker) release(ctx context.Context, keys []string, owner string, fence int64) (int32, error) {
 	var n int32
 	err := l.call(ctx, "release", func(ctx context.Context, c *pgx.Conn) error {
-		return c.QueryRow(ctx, l.sql.release, encodeKeys(keys), ownerDigest(owner)).Scan(&n)
+		return c.QueryRow(ctx, l.sql.release, encodeKeys(keys), ownerDigest(owner), fence).Scan(&n)
 	})
 	return n, err
 }

@@ -122,10 +122,12 @@ func (l *Locker) renewBatch(ctx context.Context, leases []*lock.Lease, idx, batc
 		leaseOf []int32
 		keys    [][]byte
 		owners  = make([]string, len(batch))
+		fences  = make([]int64, len(batch))
 	)
 	for j, k := range batch {
 		lease := leases[idx[k]]
 		owners[j] = ownerDigest(lease.Owner)
+		fences[j] = lease.Fence
 		for _, key := range lease.Keys {
 			leaseOf = append(leaseOf, int32(j+1))
 			keys = append(keys, []byte(key))
@@ -141,7 +143,7 @@ func (l *Locker) renewBatch(ctx context.Context, leases []*lock.Lease, idx, batc
 			numbers, results []int32
 			syncCommit       string
 		)
-		if err := c.QueryRow(ctx, l.sql.renew, leaseOf, keys, owners, ttl.Milliseconds()).Scan(&numbers, &results, &syncCommit); err != nil {
+		if err := c.QueryRow(ctx, l.sql.renew, leaseOf, keys, owners, fences, ttl.Milliseconds()).Scan(&numbers, &results, &syncCommit); err != nil {
 			return err
 		}
 		if len(numbers) != len(results) {

@@ -174,10 +174,11 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 			return acquireReply{}, fmt.Errorf("%s script: unexpected reply %q: %w", name, f, err)
 		}
 		// Sentinel mode: a grant the replicas did not acknowledge would not
-		// survive a failover. It is an error, so the attempt releases it
-		// (as after any failure on the node) and reports it not held.
+		// survive a failover. It is an error, with the token the node
+		// issued, so that the attempt releases that grant (by its token)
+		// and reports it not held.
 		if err := acked.check(fmt.Sprintf("acquire keys %q", req.Keys)); err != nil {
-			return acquireReply{}, err
+			return acquireReply{fence: fence}, err
 		}
 		return acquireReply{ok: true, fence: fence}, nil
 	}
@@ -292,6 +293,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		acquired  []result[acquireReply]
 		busyNodes []*node
 		failed    []*node
+		unacked   []result[acquireReply] // failed, but granted with a known token (fence set)
 		fence     int64
 		busy      []*lock.HeldError
 		errs      []error
@@ -302,6 +304,9 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		switch {
 		case r.err != nil:
 			failed = append(failed, r.node)
+			if r.val.fence > 0 {
+				unacked = append(unacked, r)
+			}
 			errs = append(errs, r.nodeErr())
 			l.log.V(2).Info("Acquire failed on node", "node", r.node.name, "keys", req.Keys, "err", r.err.Error())
 		case r.val.ok:
@@ -324,7 +329,9 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		l.rememberTicket(req.Owner, maxTicket, start)
 	}
 	agreed := len(acquired)
+	wroteBack := false
 	if redlock && agreed >= quorum {
+		wroteBack = true
 		var err error
 		agreed, fence, err = l.writeBack(ctx, req, acquired, fence, timeout)
 		if err != nil {
@@ -364,23 +371,35 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		return lease, 0, nil
 	}
 
-	// Not acquired: undo whatever this attempt took, on the nodes that
-	// granted it, and on those that failed (they may have run the script
-	// before the reply was lost); a node that refused took nothing.
-	if len(acquired) > 0 {
-		granted := make([]*node, len(acquired))
-		for i, r := range acquired {
-			granted[i] = r.node
+	// Not acquired: undo what this attempt took on the nodes that granted
+	// it. Each named its token (raised to fence where the write-back ran):
+	// only that acquisition is released there, not a later one of the same
+	// owner (a restarted operator), whose token is larger. A node that
+	// refused took nothing. A node that failed may have run the script
+	// before the reply was lost, but its token is unknown, and releasing the
+	// owner's keys whatever their token could free a later acquisition of
+	// the owner by another process (an old operator resumed after a pause):
+	// such a grant is left to its TTL, or taken over by the owner's next
+	// attempt (acquiring keys the owner holds renews them, with a new token).
+	// A grant the replicas did not acknowledge (unacked) failed with its
+	// token: released like a grant.
+	if len(acquired)+len(unacked) > 0 {
+		var granted []*node
+		issued := make(map[*node]int64, len(acquired)+len(unacked))
+		for _, r := range acquired {
+			granted = append(granted, r.node)
+			issued[r.node] = r.val.fence
+			if wroteBack {
+				issued[r.node] = max(r.val.fence, fence)
+			}
 		}
-		l.releaseOnNodes(ctx, granted, req.Keys, req.Owner, req.Limit)
+		for _, r := range unacked {
+			granted = append(granted, r.node)
+			issued[r.node] = r.val.fence
+		}
+		l.releaseOnNodes(ctx, granted, req.Keys, req.Owner, req.Limit, func(n *node) int64 { return issued[n] })
 	}
 	deliver(false, 0)
-	if redlock {
-		// The failed nodes may be the slow ones: released in the background.
-		l.settleFailed(req, failed, l.releaseOnNode)
-	} else if len(failed) > 0 {
-		l.releaseOnNodes(ctx, failed, req.Keys, req.Owner, req.Limit)
-	}
 	op := fmt.Sprintf("acquire keys %q", req.Keys)
 	if req.Holders() > 1 && redlock {
 		op = fmt.Sprintf("acquire a slot of %d on keys %q (a semaphore needs %d of %d nodes, more than a majority)", req.Holders(), req.Keys, quorum, len(l.nodes))
@@ -628,9 +647,11 @@ const stragglerGrace = 4
 // settleLate settles the answer of a node that came after the attempt's
 // outcome was decided:
 //
-//   - not granted: a grant, or a failure (the script may have run before
-//     the reply was lost), is released on that node; a refusal took
-//     nothing (with Queue, the owner stays queued there: it is a waiter).
+//   - not granted: a grant (also one the replicas did not acknowledge) is
+//     released on that node, by its token; a refusal took nothing (with
+//     Queue, the owner stays queued there: it is a waiter); another failure
+//     is left alone (the script may have run before the reply was lost, but
+//     with an unknown token: see attempt).
 //   - granted: a grant is kept: the node holds the lease like the others.
 //     When it issued another token than the lease's (its counter was
 //     ahead), the lease's is written back there (raise.lua), as the
@@ -644,8 +665,9 @@ const stragglerGrace = 4
 // wait for it (chains).
 func (l *Locker) settleLate(r result[acquireReply], req lock.Request, v verdict) {
 	switch {
-	case !v.granted && (r.err != nil || r.val.ok):
-		l.releaseOnNode(r.node, req)
+	case !v.granted && r.val.ok, !v.granted && r.err != nil && r.val.fence > 0:
+		// A grant, or one the replicas did not acknowledge (acquireOn).
+		l.releaseOnNode(r.node, req, r.val.fence)
 	case v.granted && r.err == nil && r.val.ok:
 		if r.val.fence != v.fence {
 			ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
@@ -658,7 +680,7 @@ func (l *Locker) settleLate(r result[acquireReply], req lock.Request, v verdict)
 				// semraise.lua: the node has issued the lease's token (or a
 				// larger one) to another holder; it cannot record it as
 				// this lease's, so it does not keep the lease.
-				l.releaseOnNode(r.node, req)
+				l.releaseOnNode(r.node, req, r.val.fence)
 			}
 		}
 	case v.granted && req.Queue:
@@ -699,11 +721,12 @@ func (l *Locker) settleFailed(req lock.Request, failed []*node, settle func(*nod
 	}
 }
 
-// releaseOnNode releases the request's keys on one node, best effort.
-func (l *Locker) releaseOnNode(n *node, req lock.Request) {
+// releaseOnNode releases the request's keys on one node, best effort: the
+// owner's holdings with a token of at most upTo.
+func (l *Locker) releaseOnNode(n *node, req lock.Request, upTo int64) {
 	ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
 	defer cancel()
-	for _, r := range l.releaseOn(ctx, []*node{n}, req.Keys, req.Owner, req.Limit) {
+	for _, r := range l.releaseOn(ctx, []*node{n}, req.Keys, req.Owner, req.Limit, sameFence(upTo)) {
 		if r.err != nil {
 			l.log.V(2).Info("Best-effort release failed on node; the lease expires with its TTL", "node", r.node.name, "keys", req.Keys, "err", r.err.Error())
 		}
@@ -818,18 +841,19 @@ func (l *Locker) raiseOn(ctx context.Context, n *node, req lock.Request, fence i
 	return asInt(v)
 }
 
-// releaseEverywhere releases the owner's keys (its slots when limit > 1) on
-// every node, best effort, even when ctx has ended.
-func (l *Locker) releaseEverywhere(ctx context.Context, keys []string, owner string, limit int) {
-	l.releaseOnNodes(ctx, l.nodes, keys, owner, limit)
+// releaseEverywhere releases the owner's keys (its slots when limit > 1)
+// held with a token of at most upTo on every node, best effort, even when
+// ctx has ended.
+func (l *Locker) releaseEverywhere(ctx context.Context, keys []string, owner string, limit int, upTo int64) {
+	l.releaseOnNodes(ctx, l.nodes, keys, owner, limit, sameFence(upTo))
 }
 
-// releaseOnNodes releases the owner's keys on some nodes, best effort, even
-// when ctx has ended.
-func (l *Locker) releaseOnNodes(ctx context.Context, nodes []*node, keys []string, owner string, limit int) {
+// releaseOnNodes releases the owner's keys on some nodes (as releaseOn),
+// best effort, even when ctx has ended.
+func (l *Locker) releaseOnNodes(ctx context.Context, nodes []*node, keys []string, owner string, limit int, upTo func(*node) int64) {
 	cctx, cancel := l.cleanupContext(ctx)
 	defer cancel()
-	for _, r := range l.releaseOn(cctx, nodes, keys, owner, limit) {
+	for _, r := range l.releaseOn(cctx, nodes, keys, owner, limit, upTo) {
 		if r.err != nil {
 			l.log.V(2).Info("Best-effort release failed on node", "node", r.node.name, "keys", keys, "err", r.err.Error())
 		}

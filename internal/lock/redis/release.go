@@ -7,8 +7,10 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// Release deletes the keys the lease's owner token still holds, on every node,
-// and publishes their release (see lock.Locker). It returns an error matching
+// Release deletes the keys the lease's owner token still holds with the
+// lease's fencing token (or a lower one: see heldUpTo in lease.lua), on
+// every node, and publishes their release (see lock.Locker): a later
+// acquisition of the same owner, with a larger token, is left alone. It returns an error matching
 // lock.ErrNotHeld when the owner held none of them; in Redlock mode a majority
 // of the nodes must answer, or the error matches lock.ErrQuorum. A semaphore
 // lease (lease.Limit > 1) releases the owner's slots and leaves the other
@@ -17,7 +19,7 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	if err := validateLease(lease); err != nil {
 		return err
 	}
-	res := l.releaseOnAll(ctx, lease.Keys, lease.Owner, lease.Limit)
+	res := l.releaseOnAll(ctx, lease.Keys, lease.Owner, lease.Limit, lease.Fence)
 	responded, released := 0, 0
 	var errs []error
 	for _, r := range res {
@@ -45,19 +47,24 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 // releaseOnAll runs the release script on every node: release.lua for a
 // mutex, semrelease.lua for a semaphore slot (limit > 1). In Redlock mode,
 // on each node it runs after the owner's late calls there (an acquisition's
-// late grant must not outlive the lease's release).
-func (l *Locker) releaseOnAll(ctx context.Context, keys []string, owner string, limit int) []result[int64] {
+// late grant must not outlive the lease's release). Only the owner's
+// holdings with a token of at most upTo are released.
+func (l *Locker) releaseOnAll(ctx context.Context, keys []string, owner string, limit int, upTo int64) []result[int64] {
 	if len(l.nodes) > 1 {
 		return chainedFanOut(ctx, l, owner, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
-			r := l.releaseOn(ctx, []*node{n}, keys, owner, limit)[0]
+			r := l.releaseOn(ctx, []*node{n}, keys, owner, limit, sameFence(upTo))[0]
 			return r.val, r.err
 		})
 	}
-	return l.releaseOn(ctx, l.nodes, keys, owner, limit)
+	return l.releaseOn(ctx, l.nodes, keys, owner, limit, sameFence(upTo))
 }
 
-// releaseOn runs the release script (as releaseOnAll) on some nodes.
-func (l *Locker) releaseOn(ctx context.Context, nodes []*node, keys []string, owner string, limit int) []result[int64] {
+// sameFence is a release's bound that is the same on every node.
+func sameFence(f int64) func(*node) int64 { return func(*node) int64 { return f } }
+
+// releaseOn runs the release script (as releaseOnAll) on some nodes,
+// releasing on node n the owner's holdings with a token of at most upTo(n).
+func (l *Locker) releaseOn(ctx context.Context, nodes []*node, keys []string, owner string, limit int, upTo func(*node) int64) []result[int64] {
 	rk := l.redisKeys(keys, "lock")
 	script, name := releaseScript, "release"
 	if limit > 1 {
@@ -66,7 +73,7 @@ func (l *Locker) releaseOn(ctx context.Context, nodes []*node, keys []string, ow
 	}
 	args := l.ownerChannelArgs(scriptOwner(owner, limit), keys)
 	return fanOut(ctx, nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (int64, error) {
-		v, err := run(ctx, script, n.client, name, rk, args...)
+		v, err := run(ctx, script, n.client, name, rk, append(args[:len(args):len(args)], upTo(n))...)
 		if err != nil {
 			return 0, err
 		}

@@ -40,7 +40,7 @@ func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 	elapsed := l.opts.clock.Since(start)
 	next, err := l.renewOutcome(lease, ttl, start, elapsed, res)
 	if errors.Is(err, lock.ErrLost) && len(l.nodes) > 1 {
-		l.releaseEverywhere(ctx, lease.Keys, lease.Owner, lease.Limit)
+		l.releaseEverywhere(ctx, lease.Keys, lease.Owner, lease.Limit, lease.Fence)
 	}
 	return next, err
 }
@@ -320,11 +320,13 @@ func (l *Locker) renewCall(lease *lock.Lease, ttl time.Duration) scriptCall {
 	if lease.Limit > 1 {
 		script, keys = semRenewScript, l.redisKeys(lease.Keys, slotParts...)
 	}
-	args := make([]any, 0, 2+2*len(lease.Keys))
+	args := make([]any, 0, 3+2*len(lease.Keys))
 	args = append(args, scriptOwner(lease.Owner, lease.Limit), ttl.Milliseconds())
 	for _, k := range lease.Keys {
 		args = append(args, l.channel(k), k)
 	}
+	// This acquisition's, not a later one's of the same owner (heldUpTo).
+	args = append(args, lease.Fence)
 	return scriptCall{script: script, keys: keys, args: args}
 }
 
@@ -444,7 +446,7 @@ func (l *Locker) releaseCall(lease *lock.Lease) scriptCall {
 	if lease.Limit > 1 {
 		script, keys = semReleaseScript, l.redisKeys(lease.Keys, slotParts...)
 	}
-	args := l.ownerChannelArgs(scriptOwner(lease.Owner, lease.Limit), lease.Keys)
+	args := append(l.ownerChannelArgs(scriptOwner(lease.Owner, lease.Limit), lease.Keys), lease.Fence)
 	return scriptCall{script: script, keys: keys, args: args}
 }
 

@@ -42,12 +42,25 @@ local function leaseFields(v)
   return '0', '0', ''
 end
 
+-- heldUpTo tells whether v is a lease of the owner whose tag is tag with a
+-- fencing token of at most upTo (a number). The
+-- renew and release scripts of one acquisition pass its token: a later
+-- acquisition of the same owner (a restarted operator: same owner token) has
+-- a larger one and is not theirs to extend or delete. "At most", not "equal":
+-- in Redlock mode a node whose fence write-back failed holds the acquisition
+-- with a lower token than the lease's (raise.lua).
+local function heldUpTo(v, tag, upTo)
+  if not holds(v, tag) then return false end
+  local f = tonumber(string.match(v, '^(%d+) ', #tag + 1))
+  return f ~= nil and f <= upTo
+end
+
 -- releaseHeld deletes the lock key lk when the owner whose tag is tag holds
--- it, and returns the lease's fence; it returns nil and changes nothing when
--- that owner does not hold lk.
-local function releaseHeld(lk, tag)
+-- it with a token of at most upTo (heldUpTo), and returns the lease's
+-- fence; it returns nil and changes nothing otherwise.
+local function releaseHeld(lk, tag, upTo)
   local v = redis.call('GET', lk)
-  if not holds(v, tag) then return nil end
+  if not heldUpTo(v, tag, upTo) then return nil end
   redis.call('DEL', lk)
   return string.match(v, '^(%d+) ', #tag + 1) or '0'
 end

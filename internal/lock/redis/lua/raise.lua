@@ -9,7 +9,9 @@
 --   2 the owner's tag (lease.lua)
 -- Sets each counter to the token when it is lower (a counter that is not a
 -- number counts as none), and records the token in the leases the owner holds
--- (keeping their TTL). Returns how many keys it holds.
+-- with a token at most this one (keeping their TTL): a larger token is a
+-- later acquisition of the same owner, whose token a late write-back of an
+-- earlier one must not lower. Returns how many keys it holds so.
 local fence = tonumber(ARGV[1])
 local tag = ARGV[2]
 local held = 0
@@ -18,7 +20,7 @@ for i = 1, #KEYS / 2 do
   local c = tonumber(redis.call('GET', ck) or '0') or 0
   if c < fence then redis.call('SET', ck, ARGV[1]) end
   local v = redis.call('GET', lk)
-  if holds(v, tag) then
+  if heldUpTo(v, tag, fence) then
     local _, _, acquired, holder = leaseOf(v)
     local pttl = redis.call('PTTL', lk)
     if acquired and pttl > 0 then

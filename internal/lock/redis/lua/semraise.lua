@@ -17,7 +17,9 @@
 -- largest such counter; the client moves the lease's token above it on
 -- every node (writeBack in acquire.go).
 -- Otherwise sets each counter to the token and records the token as the
--- fence of the owner's slot where it holds one. Returns how many keys it holds.
+-- fence of the owner's slot where it holds one with a token at most this one
+-- (a larger one is a later acquisition of the owner). Returns how many keys
+-- it holds so.
 local fence, owner = tonumber(ARGV[1]), ARGV[2]
 local ahead = 0
 for i = 1, #KEYS / 4 do
@@ -29,7 +31,7 @@ local held = 0
 for i = 1, #KEYS / 4 do
   local b = 4 * (i - 1)
   redis.call('SET', KEYS[b + 1], ARGV[1])
-  if redis.call('ZSCORE', KEYS[b + 2], owner) then
+  if redis.call('ZSCORE', KEYS[b + 2], owner) and (tonumber(redis.call('ZSCORE', KEYS[b + 3], owner)) or 0) <= fence then
     redis.call('ZADD', KEYS[b + 3], 'XX', ARGV[1], owner)
     local info = redis.call('HGET', KEYS[b + 4], owner) or ''
     redis.call('HSET', KEYS[b + 4], owner, ARGV[1] .. (string.match(info, '^%d+( .*)$') or ' 0 0 '))

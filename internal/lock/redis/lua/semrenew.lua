@@ -8,6 +8,8 @@
 --   1 owner token
 --   2 new TTL in milliseconds
 --   then two per lock key: release channel, key name (as the caller named it)
+--   last: the lease's fencing token: a slot of the owner with a larger token
+--     (slotfences) is a later acquisition, not this one's
 -- Returns 0 when the owner held a live slot of every key and all were
 -- extended. Otherwise returns the 1-based index of the first key whose slot
 -- the owner no longer holds: the lease is lost, so the slots it still held
@@ -16,8 +18,12 @@ local owner, ttl = ARGV[1], tonumber(ARGV[2])
 local n = #KEYS / 3
 local t = redis.call('TIME')
 local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local maxFence = tonumber(ARGV[#ARGV])
+-- live(i) tells whether this lease's slot of key i is live, and returns its
+-- expiry (nil when the key has no slot of this lease).
 local function live(i)
   local e = redis.call('ZSCORE', KEYS[3 * i - 2], owner)
+  if e and (tonumber(redis.call('ZSCORE', KEYS[3 * i - 1], owner)) or 0) > maxFence then return false, nil end
   return e and tonumber(e) > nowMs, e
 end
 for i = 1, n do
