@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ensure-faketime.sh: make sure libfaketime is installed for the clock-skew
 # fault tests (internal/testutil/zktest preloads it into one server's JVM to
-# set that server's wall clock off). On Debian or Ubuntu, as root, it
+# set that server's wall clock off, internal/testutil/pgtest into a
+# PostgreSQL server to make its clock jump). On Debian or Ubuntu, as root, it
 # installs the distribution's faketime package when missing; elsewhere it
 # says how. LOCKWARDEN_FAKETIME_LIB names the library when it lives elsewhere.
 set -euo pipefail

@@ -52,6 +52,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/lockwarden/lockwarden/internal/testutil/faketime"
 	"github.com/lockwarden/lockwarden/internal/testutil/freeport"
 	"github.com/lockwarden/lockwarden/internal/testutil/proc"
 	"github.com/lockwarden/lockwarden/internal/testutil/testpki"
@@ -143,6 +144,7 @@ type config struct {
 	password string
 	tls      bool
 	settings []string // "name=value", passed as -c options
+	clock    bool     // WithClockControl
 }
 
 // WithPassword sets User's password. Default: DefaultPassword.
@@ -160,6 +162,37 @@ func WithTLS() Option { return func(c *config) { c.tls = true } }
 // the server's log.
 func WithServerSetting(name, value string) Option {
 	return func(c *config) { c.settings = append(c.settings, name+"="+value) }
+}
+
+// WithClockControl starts the server with libfaketime preloaded, reading its
+// wall-clock offset from a file that SetClockOffset rewrites while the server
+// runs: a jump of the database server's clock (clock_timestamp(), now()).
+// The monotonic clock stays real. Call faketime.Require first: Start fails
+// without the library.
+func WithClockControl() Option { return func(c *config) { c.clock = true } }
+
+// clockFile is the file, in the server's root, that libfaketime reads the
+// offset from (WithClockControl).
+const clockFile = "faketime"
+
+// SetClockOffset sets the server's wall clock d off the machine's (ahead for
+// a positive d) from now on, for every process of the server. It needs
+// WithClockControl.
+func (s *Server) SetClockOffset(d time.Duration) error {
+	if !s.cfg.clock {
+		return errors.New("pgtest: SetClockOffset needs WithClockControl")
+	}
+	return s.writeClock(d)
+}
+
+// writeClock replaces the offset file in one rename, so that a server
+// process never reads half of it.
+func (s *Server) writeClock(d time.Duration) error {
+	tmp := filepath.Join(s.root, clockFile+".tmp")
+	if err := os.WriteFile(tmp, []byte(faketime.Offset(d)+"\n"), 0o644); err != nil { //nolint:gosec // G306: the postgres user reads it
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(s.root, clockFile))
 }
 
 // Server is one PostgreSQL postmaster owned by a test.
@@ -440,6 +473,25 @@ func (s *Server) launch() error {
 		args = append(args, "-c", kv)
 	}
 	cmd := exec.Command(filepath.Join(s.bin, "postgres"), args...)
+	if s.cfg.clock {
+		lib, err := faketime.Lib()
+		if err != nil {
+			return err
+		}
+		if _, err := os.Stat(filepath.Join(s.root, clockFile)); errors.Is(err, os.ErrNotExist) {
+			if err := s.writeClock(0); err != nil {
+				return err
+			}
+		}
+		cmd.Env = append(os.Environ(),
+			"LD_PRELOAD="+lib,
+			"FAKETIME_TIMESTAMP_FILE="+filepath.Join(s.root, clockFile),
+			// Read the file at every clock call, so that a new offset
+			// applies at once (SetClockOffset).
+			"FAKETIME_NO_CACHE=1",
+			"FAKETIME_DONT_FAKE_MONOTONIC=1",
+		)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = s.root
 	cmd.SysProcAttr = &syscall.SysProcAttr{

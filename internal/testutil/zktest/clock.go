@@ -2,22 +2,14 @@ package zktest
 
 import (
 	"errors"
-	"fmt"
-	"os"
-	"strconv"
 	"testing"
 	"time"
+
+	"github.com/lockwarden/lockwarden/internal/testutil/faketime"
 )
 
 // FaketimeHint says how to get libfaketime, which fakes a server's clock.
-const FaketimeHint = "run hack/ensure-faketime.sh (or: sudo apt-get install faketime), or set LOCKWARDEN_FAKETIME_LIB to libfaketime.so.1"
-
-// faketimeLibs are where Debian and Ubuntu install libfaketime.
-var faketimeLibs = []string{
-	"/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-	"/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-	"/usr/lib/faketime/libfaketime.so.1",
-}
+const FaketimeHint = faketime.Hint
 
 // Option changes how an ensemble is launched.
 type Option func(*options)
@@ -43,29 +35,13 @@ func WithClockOffset(id int, d time.Duration) Option {
 
 // FaketimeLib returns the path of libfaketime, or an error that says how to
 // install it.
-func FaketimeLib() (string, error) {
-	cands := faketimeLibs
-	if p := os.Getenv("LOCKWARDEN_FAKETIME_LIB"); p != "" {
-		cands = []string{p}
-	}
-	for _, p := range cands {
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() { //nolint:gosec // G703: a library path from the test environment, only checked for existence
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("libfaketime not found (looked for %v): %s", cands, FaketimeHint)
-}
+func FaketimeLib() (string, error) { return faketime.Lib() }
 
 // RequireFaketime skips t when libfaketime is missing, or fails it when
 // LOCKWARDEN_REQUIRE_SERVERS is set.
 func RequireFaketime(t testing.TB) {
 	t.Helper()
-	if _, err := FaketimeLib(); err != nil {
-		if os.Getenv("LOCKWARDEN_REQUIRE_SERVERS") != "" {
-			t.Fatalf("LOCKWARDEN_REQUIRE_SERVERS is set but %v", err)
-		}
-		t.Skip(err)
-	}
+	faketime.Require(t)
 }
 
 // clockEnv is the environment that sets a process's wall clock d off.
@@ -77,15 +53,11 @@ func clockEnv(d time.Duration) ([]string, error) {
 	if d == 0 {
 		return nil, errors.New("a clock offset of 0: leave the option out")
 	}
-	sign := "+"
-	if d < 0 {
-		sign, d = "-", -d
-	}
 	return []string{
 		"LD_PRELOAD=" + lib,
 		// A relative offset in seconds, applied to the real clock (so the
 		// faked clock runs at the real rate).
-		"FAKETIME=" + sign + strconv.FormatFloat(d.Seconds(), 'f', 3, 64),
+		"FAKETIME=" + faketime.Offset(d),
 		// The monotonic clock stays real: the JVM's timed waits and
 		// ZooKeeper's timeouts use it.
 		"FAKETIME_DONT_FAKE_MONOTONIC=1",
