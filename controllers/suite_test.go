@@ -89,7 +89,7 @@ type managerOptions struct {
 	events *eventLog
 	// wrapLocker, when set, wraps every backend client the registry builds
 	// (to count the calls the controllers make).
-	wrapLocker func(backend.Locker) backend.Locker
+	wrapLocker func(backend.Config, backend.Locker) backend.Locker
 	// waitRequeue is how soon a waiting Job tries again (default waitingRequeue).
 	waitRequeue time.Duration
 }
@@ -170,7 +170,7 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 			if err != nil {
 				return nil, err
 			}
-			return o.wrapLocker(l), nil
+			return o.wrapLocker(cfg, l), nil
 		}
 	}
 	registry := backend.NewRegistry(ctx, mgr.GetAPIReader(), newLocker, ctrl.Log.WithName("backend"))

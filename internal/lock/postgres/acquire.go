@@ -26,9 +26,12 @@ import (
 // is refused with a *lock.InvalidRequestError naming limit, before anything
 // is sent to the database.
 //
-// When the call fails on the way (the database or the connection), the keys
-// are released best-effort in case the transaction committed before the
-// reply was lost, and the error matches lock.ErrBackendUnavailable.
+// When the call fails on the way (the database or the connection), the error
+// matches lock.ErrBackendUnavailable. The transaction may have committed
+// before the reply was lost, with a token the call does not know: such a
+// lease is not released (that could free a later acquisition of the same
+// owner by another process), it expires with its TTL or is taken over by the
+// owner's next attempt.
 func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
 	req, err := l.prepare(req, true)
 	if err != nil {

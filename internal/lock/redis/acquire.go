@@ -31,8 +31,9 @@ import (
 // In Redlock mode the keys must be taken on a quorum of the nodes within the
 // lease's validity (TTL minus elapsed time minus drift): a majority for a
 // mutex, floor(M*N/(N+1)) + 1 of M nodes for a semaphore of N slots
-// (quorumFor); otherwise whatever was taken is released on every node and the
-// error matches lock.ErrQuorum (a *QuorumError saying how many nodes agreed
+// (quorumFor); otherwise what the nodes granted is released there (by the
+// token each issued; a node whose reply was lost is left to the TTL, see
+// attempt) and the error matches lock.ErrQuorum (a *QuorumError saying how many nodes agreed
 // and were needed), or is a *lock.HeldError when too many nodes said the keys
 // are busy for a quorum to be possible.
 //
