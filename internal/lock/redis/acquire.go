@@ -673,7 +673,7 @@ func (l *Locker) settleLate(r result[acquireReply], req lock.Request, v verdict)
 		if r.val.fence != v.fence {
 			ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
 			defer cancel()
-			held, err := l.raiseOn(ctx, r.node, req, v.fence)
+			held, err := l.raiseOn(ctx, r.node, req, v.fence, r.val.fence)
 			switch {
 			case err != nil:
 				l.log.V(2).Info("Fence write-back failed on node", "node", r.node.name, "keys", req.Keys, "fence", v.fence, "err", err.Error())
@@ -785,7 +785,7 @@ func (l *Locker) writeBack(ctx context.Context, req lock.Request, acquired []res
 			l.beforeWriteBack()
 		}
 		res := fanOut(ctx, behind, timeout, func(ctx context.Context, n *node) (int64, error) {
-			return l.raiseOn(ctx, n, req, fence)
+			return l.raiseOn(ctx, n, req, fence, 0)
 		})
 		var ahead int64
 		for _, r := range res {
@@ -825,17 +825,20 @@ const writeBackRounds = 3
 
 // raiseOn runs raise.lua (semraise.lua for a semaphore) on one node: the
 // counters are raised to fence where lower, and fence is recorded as the
-// token of the owner's lease there. It returns how many keys the owner holds
-// there; for a semaphore, minus the node's counter when that is at or past
-// fence (semraise.lua refused: see writeBack).
-func (l *Locker) raiseOn(ctx context.Context, n *node, req lock.Request, fence int64) (int64, error) {
+// token of the owner's lease there: a lease of the owner with a token of at
+// most fence, or with issued, the token this node issued to this very
+// acquisition (a late grant whose node was ahead; 0: none known), never a
+// later acquisition of the owner. It returns how many keys the owner holds
+// so there; for a semaphore, minus the node's counter when that is at or
+// past fence (semraise.lua refused: see writeBack).
+func (l *Locker) raiseOn(ctx context.Context, n *node, req lock.Request, fence, issued int64) (int64, error) {
 	keys := l.redisKeys(req.Keys, "lock", "fence")
 	script, name := raiseScript, "raise"
 	if req.Holders() > 1 {
 		keys = l.redisKeys(req.Keys, "fence", "slots", "slotfences", "slotmeta")
 		script, name = semRaiseScript, "semaphore raise"
 	}
-	v, err := run(ctx, script, n.client, name, keys, fence, scriptOwner(req.Owner, req.Holders()))
+	v, err := run(ctx, script, n.client, name, keys, fence, scriptOwner(req.Owner, req.Holders()), issued)
 	if err != nil {
 		return 0, err
 	}

@@ -119,7 +119,7 @@ func TestLockKeyThatIsNotALeaseIsBusy(t *testing.T) {
 	if v, err := c.Get(ctx, "{o}:lock").Result(); err != nil || v != owner {
 		t.Fatalf("lock key after the renewal = %q, %v; want it unchanged", v, err)
 	}
-	if n, err := l.raiseOn(ctx, l.nodes[0], lock.Request{Keys: []string{"o"}, Owner: owner}, 50); err != nil || n != 0 {
+	if n, err := l.raiseOn(ctx, l.nodes[0], lock.Request{Keys: []string{"o"}, Owner: owner}, 50, 0); err != nil || n != 0 {
 		t.Fatalf("raise = %d, %v; want 0 keys held", n, err)
 	}
 	if v, err := c.Get(ctx, "{o}:lock").Result(); err != nil || v != owner {
@@ -149,7 +149,7 @@ func TestRaiseRewritesTheLeaseToken(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Inspect: %v", err)
 	}
-	if n, err := l.raiseOn(ctx, l.nodes[0], lock.Request{Keys: []string{"r"}, Owner: owner}, lease.Fence+10); err != nil || n != 1 {
+	if n, err := l.raiseOn(ctx, l.nodes[0], lock.Request{Keys: []string{"r"}, Owner: owner}, lease.Fence+10, 0); err != nil || n != 1 {
 		t.Fatalf("raise = %d, %v; want 1 key held", n, err)
 	}
 	states, err := l.Inspect(ctx, []string{"r"})

@@ -624,3 +624,48 @@ func TestRedlockSemaphoreHoldersNeverShareAToken(t *testing.T) {
 		}
 	}
 }
+
+// TestRedlockLateGrantFromANodeAheadIsReleased: a node whose fence counter
+// is ahead answers late (it was paused), granting the lease with a larger
+// token than the one the quorum agreed on. The late write-back records the
+// lease's token there (raise.lua, by the token that node issued), so the
+// lease's release, scoped to its token, frees the key on that node too.
+// Before, the write-back, scoped to tokens at most the lease's, left the
+// node's larger token in place, and the release left the key held there
+// until its TTL: with a majority of nodes down, nobody could acquire.
+func TestRedlockLateGrantFromANodeAheadIsReleased(t *testing.T) {
+	servers := redistest.StartN(t, 3)
+	l := newTestLocker(t, Config{Addrs: addrs(servers)}, WithNodeTimeout(10*time.Minute))
+	ctx := context.Background()
+	warm, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"late"}, TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx, warm); err != nil {
+		t.Fatal(err)
+	}
+	ahead := time.Now().Add(time.Hour).UnixMicro()
+	if err := servers[2].Client().Set(ctx, "{late}:fence", ahead, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	servers[2].Pause()
+	lease, err := tryWithin(t, l, lock.Request{Keys: []string{"late"}, TTL: time.Minute})
+	// At once, well within go-redis's read timeout: the paused node's
+	// answer arrives, late.
+	servers[2].Resume()
+	if err != nil {
+		t.Fatalf("TryAcquire with node 2 paused: %v", err)
+	}
+	if lease.Fence >= ahead {
+		t.Fatalf("the lease got fence %d, the paused node's (ahead %d): want the quorum's", lease.Fence, ahead)
+	}
+	// The release waits for the late answer's settling on node 2 (chains).
+	if err := l.Release(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, l)
+	if n, err := servers[2].Client().Exists(ctx, "{late}:lock").Result(); err != nil || n != 0 {
+		v, _ := servers[2].Client().Get(ctx, "{late}:lock").Result()
+		t.Fatalf("after the release, node 2 (the late one) still holds the key (EXISTS = %d, %v; value %q)", n, err, v)
+	}
+}

@@ -42,6 +42,13 @@ local function leaseFields(v)
   return '0', '0', ''
 end
 
+-- heldToken returns the fencing token (a number) of v when it is a lease of
+-- the owner whose tag is tag, or nil.
+local function heldToken(v, tag)
+  if not holds(v, tag) then return nil end
+  return tonumber(string.match(v, '^(%d+) ', #tag + 1))
+end
+
 -- heldUpTo tells whether v is a lease of the owner whose tag is tag with a
 -- fencing token of at most upTo (a number). The
 -- renew and release scripts of one acquisition pass its token: a later
@@ -50,8 +57,7 @@ end
 -- in Redlock mode a node whose fence write-back failed holds the acquisition
 -- with a lower token than the lease's (raise.lua).
 local function heldUpTo(v, tag, upTo)
-  if not holds(v, tag) then return false end
-  local f = tonumber(string.match(v, '^(%d+) ', #tag + 1))
+  local f = heldToken(v, tag)
   return f ~= nil and f <= upTo
 end
 

@@ -7,20 +7,25 @@
 -- ARGV:
 --   1 fencing token
 --   2 the owner's tag (lease.lua)
+--   3 the token this node issued to the acquisition being written back, when
+--     it is larger than ARGV 1 (a late grant from a node that was ahead), or 0
 -- Sets each counter to the token when it is lower (a counter that is not a
 -- number counts as none), and records the token in the leases the owner holds
--- with a token at most this one (keeping their TTL): a larger token is a
--- later acquisition of the same owner, whose token a late write-back of an
--- earlier one must not lower. Returns how many keys it holds so.
+-- with a token at most this one, or with ARGV 3 (keeping their TTL): another
+-- larger token is a later acquisition of the same owner, whose token a late
+-- write-back of an earlier one must not lower. Returns how many keys it
+-- holds so.
 local fence = tonumber(ARGV[1])
 local tag = ARGV[2]
+local issued = tonumber(ARGV[3]) or 0
 local held = 0
 for i = 1, #KEYS / 2 do
   local lk, ck = KEYS[2 * i - 1], KEYS[2 * i]
   local c = tonumber(redis.call('GET', ck) or '0') or 0
   if c < fence then redis.call('SET', ck, ARGV[1]) end
   local v = redis.call('GET', lk)
-  if heldUpTo(v, tag, fence) then
+  local f = heldToken(v, tag)
+  if f and (f <= fence or f == issued) then
     local _, _, acquired, holder = leaseOf(v)
     local pttl = redis.call('PTTL', lk)
     if acquired and pttl > 0 then
