@@ -40,7 +40,52 @@ type Limits struct {
 	// MaxDepth bounds the nesting of aggregates (the client parses them
 	// recursively). Default DefaultMaxDepth.
 	MaxDepth int
+	// RESP2 refuses RESP3's types (maps, sets, attributes, pushes, nulls,
+	// doubles, big numbers, booleans, verbatim strings, blob errors): for a
+	// client that asked for RESP2 (go-redis Protocol 2), a server that sends
+	// them is not answering what it was asked.
+	RESP2 bool
+	// Budget, when set, bounds what the replies in flight on every
+	// connection sharing it announce together (ReplyBudget).
+	Budget *ReplyBudget
 }
+
+// ReplyBudget bounds, across the connections that share it, the memory the
+// replies in flight make a client allocate ahead of their data: a bulk
+// header's length, and elementBytes per element an aggregate header
+// announces (go-redis makes the slice, or the byte buffer, when it reads the
+// header). A reply's reservation is returned when the reply is complete, and
+// when its connection fails or closes: a peer that announces much and sends
+// nothing holds its share only while its connection lives.
+type ReplyBudget struct {
+	max  int64
+	used atomic.Int64
+}
+
+// elementBytes is what a client allocates per announced aggregate element
+// (an interface value, as go-redis's []interface{}).
+const elementBytes = 16
+
+// NewReplyBudget returns a budget of max bytes.
+func NewReplyBudget(max int64) *ReplyBudget { return &ReplyBudget{max: max} }
+
+// InUse returns the bytes reserved now.
+func (b *ReplyBudget) InUse() int64 { return b.used.Load() }
+
+// reserve takes n bytes, or reports false and takes nothing.
+func (b *ReplyBudget) reserve(n int64) bool {
+	for {
+		cur := b.used.Load()
+		if cur+n > b.max {
+			return false
+		}
+		if b.used.CompareAndSwap(cur, cur+n) {
+			return true
+		}
+	}
+}
+
+func (b *ReplyBudget) release(n int64) { b.used.Add(-n) }
 
 func (l Limits) withDefaults() Limits {
 	if l.MaxBulk <= 0 {
@@ -128,6 +173,8 @@ type validator struct {
 	left    int64 // payload bytes still to skip
 	stack   []frame
 	pending int // sum of stack[i].remaining
+	// reserved is what the reply being read holds of lim.Budget.
+	reserved atomic.Int64
 }
 
 func newValidator(l Limits) *validator { return &validator{lim: l.withDefaults()} }
@@ -158,6 +205,12 @@ func (v *validator) scan(p []byte) (int, error) {
 		switch v.state {
 		case stType:
 			v.typ, v.lineLen, v.cr = p[i], 1, false
+			if v.lim.RESP2 {
+				switch v.typ {
+				case '_', ',', '(', '#', '=', '!', '%', '~', '>', '|':
+					return v.fail(i, ErrUnsupportedReply, "", "a RESP3 reply on a connection that asked for RESP2")
+				}
+			}
 			switch v.typ {
 			case '+', '-', ':', '_', ',', '(', '#':
 				v.state = stLine
@@ -284,6 +337,20 @@ func (v *validator) checkLength() *limitErr {
 
 // headerDone acts on a complete header: a null, a bulk payload to skip, or an aggregate to open.
 func (v *validator) headerDone() *limitErr {
+	if !v.neg && v.lim.Budget != nil {
+		n := v.num
+		switch v.typ {
+		case '$', '=', '!':
+		case '%', '|':
+			n *= 2 * elementBytes
+		default:
+			n *= elementBytes
+		}
+		if !v.lim.Budget.reserve(n) {
+			return &limitErr{"Budget", fmt.Sprintf("a reply header announcing %d bytes exceeds what the replies in flight on every connection may announce together (%d bytes)", n, v.lim.Budget.max)}
+		}
+		v.reserved.Add(n)
+	}
 	if v.neg { // -1: null bulk or aggregate
 		if v.typ != '|' {
 			v.valueDone()
@@ -324,8 +391,14 @@ func (v *validator) headerDone() *limitErr {
 // valueDone records a complete value: it completes one element of the
 // innermost open aggregate, and that aggregate, once full, completes one
 // element of its parent, and so on. An attribute is not a value: its
-// completion does not count in its parent.
+// completion does not count in its parent. A complete reply returns its
+// reservation of the budget.
 func (v *validator) valueDone() {
+	defer func() {
+		if len(v.stack) == 0 {
+			v.releaseAll()
+		}
+	}()
 	for len(v.stack) > 0 {
 		top := &v.stack[len(v.stack)-1]
 		top.remaining--
@@ -338,6 +411,13 @@ func (v *validator) valueDone() {
 		if attr {
 			return
 		}
+	}
+}
+
+// releaseAll returns the current reply's reservation of the budget.
+func (v *validator) releaseAll() {
+	if n := v.reserved.Swap(0); n != 0 {
+		v.lim.Budget.release(n)
 	}
 }
 
@@ -379,10 +459,19 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 	var re *ReplyError
 	errors.As(verr, &re)
 	c.failed.Store(re)
+	c.v.releaseAll()
 	if ok > 0 {
 		return ok, nil
 	}
 	return 0, re
+}
+
+// Close closes the connection and returns what its reply in flight held of
+// the budget.
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.v.releaseAll()
+	return err
 }
 
 // Write writes unless the reply stream was rejected.

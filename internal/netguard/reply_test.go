@@ -33,6 +33,8 @@ func (c *chunkConn) Read(p []byte) (int, error) {
 
 func (c *chunkConn) Write(p []byte) (int, error) { return c.written.Write(p) }
 
+func (c *chunkConn) Close() error { return nil }
+
 // readThrough reads data, cut into chunks at the given offsets, through
 // LimitReplies and returns what came out and the first error other than EOF.
 func readThrough(data []byte, limits Limits, cuts ...int) ([]byte, error) {

@@ -157,7 +157,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	// stays unset and nothing is wrapped twice) and the bound on replies. The
 	// Sentinel client uses the same dialer for the Sentinels and for the
 	// master they name.
-	dialer := netguard.Dialer(netguard.DialOptions{Policy: cfg.EndpointPolicy, TLS: cfg.TLS, Timeout: dialTimeout})
+	dialer := netguard.Dialer(netguard.DialOptions{Policy: cfg.EndpointPolicy, TLS: cfg.TLS, Timeout: dialTimeout, Limits: replyLimits})
 	// Every call bounds itself with its context's deadline (the node
 	// timeout, a quarter of the TTL, an inspection batch's allowance).
 	// go-redis takes the sooner of that deadline and its own read and write
@@ -166,14 +166,31 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	ioTimeout := max(ioBackstop, o.nodeTimeout)
 	switch l.mode {
 	case ModeSentinel:
+		// go-redis speaks RESP3 to the Sentinels whatever Protocol says
+		// (its Sentinel client options leave it out): their connections get
+		// the same bounds without the RESP2-only rule; the master's (any
+		// other address) keep it.
+		sentinelLimits := replyLimits
+		sentinelLimits.RESP2 = false
+		sentinelDialer := netguard.Dialer(netguard.DialOptions{Policy: cfg.EndpointPolicy, TLS: cfg.TLS, Timeout: dialTimeout, Limits: sentinelLimits})
+		sentinels := map[string]bool{}
+		for _, a := range cfg.Addrs {
+			sentinels[a] = true
+		}
 		c := goredis.NewFailoverClient(&goredis.FailoverOptions{
-			MasterName:            cfg.MasterName,
-			SentinelAddrs:         cfg.Addrs,
-			SentinelPassword:      cfg.SentinelPassword,
-			Username:              cfg.Username,
-			Password:              cfg.Password,
-			DB:                    cfg.DB,
-			Dialer:                dialer,
+			MasterName:       cfg.MasterName,
+			SentinelAddrs:    cfg.Addrs,
+			SentinelPassword: cfg.SentinelPassword,
+			Username:         cfg.Username,
+			Password:         cfg.Password,
+			DB:               cfg.DB,
+			Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				if sentinels[addr] {
+					return sentinelDialer(ctx, network, addr)
+				}
+				return dialer(ctx, network, addr)
+			},
+			Protocol:              2, // see replyLimits
 			ReadTimeout:           ioTimeout,
 			WriteTimeout:          ioTimeout,
 			MaxRetries:            -1,
@@ -191,17 +208,18 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 				Password:              cfg.Password,
 				DB:                    cfg.DB,
 				Dialer:                dialer,
+				Protocol:              2, // see replyLimits
 				ReadTimeout:           ioTimeout,
 				WriteTimeout:          ioTimeout,
 				MaxRetries:            -1,
 				DialTimeout:           dialTimeout,
 				DialerRetries:         1,
 				ContextTimeoutEnabled: true,
-				// go-redis derives the endpoint type it asks for in maintenance
-				// notifications from TLSConfig, which is not set: tell it.
-				MaintNotificationsConfig: &maintnotifications.Config{
-					EndpointType: maintnotifications.DetectEndpointType(a, cfg.TLS != nil),
-				},
+				// Maintenance notifications (a server telling the client to
+				// move its connections elsewhere) need RESP3 push frames, and
+				// a tenant's server must not steer the operator's
+				// connections: off.
+				MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 			})
 			l.nodes = append(l.nodes, &node{name: a, client: c})
 		}
@@ -209,6 +227,37 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	l.quorum = len(l.nodes)/2 + 1
 	return l, nil
 }
+
+// replyLimits bound what a Redis server (maybe a tenant's fake one) can make
+// this process allocate, before the bytes arrive (netguard.LimitReplies):
+//
+//   - RESP2 only (the clients ask for Protocol 2): no maps, sets, attributes
+//     or pushes, whose headers go-redis sizes maps and slices by. The
+//     scripts, Sentinel and pub/sub all work on RESP2.
+//   - aggregates of at most maxReplyElements, bulk strings of at most
+//     maxReplyBulk: far above what the scripts, INFO, CONFIG GET and
+//     SENTINEL REPLICAS return, far below netguard's general defaults;
+//   - replyBudget shared by every connection of every Locker of the
+//     process: what the replies in flight announce together.
+var replyLimits = netguard.Limits{
+	MaxBulk:     maxReplyBulk,
+	MaxElements: maxReplyElements,
+	RESP2:       true,
+	Budget:      replyBudget,
+}
+
+const (
+	// maxReplyBulk bounds one bulk string of a reply (1 MiB).
+	maxReplyBulk = 1 << 20
+	// maxReplyElements bounds one aggregate of a reply.
+	maxReplyElements = 1 << 16
+	// ReplyBudgetBytes is what the Redis replies in flight may announce
+	// together in this process (64 MiB).
+	ReplyBudgetBytes = 64 << 20
+)
+
+// replyBudget is the process's budget for Redis replies in flight.
+var replyBudget = netguard.NewReplyBudget(ReplyBudgetBytes)
 
 // lookupIP resolves a host name to its IP addresses.
 func lookupIP(ctx context.Context, host string) ([]netip.Addr, error) {
