@@ -40,9 +40,16 @@ type ReplyTooLargeError struct {
 	Declared int64
 	// Limit is the largest length accepted, in bytes.
 	Limit int64
+	// Detail, when set, says what inside the reply was refused (a length
+	// or count declared by a field, a reply to no request) in place of
+	// Declared and Limit.
+	Detail string
 }
 
 func (e *ReplyTooLargeError) Error() string {
+	if e.Detail != "" {
+		return e.Store + " reply too large: " + e.Detail
+	}
 	return fmt.Sprintf("%s reply too large: the server announced %d bytes, more than the limit of %s", e.Store, e.Declared, formatBytes(e.Limit))
 }
 

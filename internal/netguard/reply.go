@@ -72,8 +72,8 @@ func NewReplyBudget(max int64) *ReplyBudget { return &ReplyBudget{max: max} }
 // InUse returns the bytes reserved now.
 func (b *ReplyBudget) InUse() int64 { return b.used.Load() }
 
-// reserve takes n bytes, or reports false and takes nothing.
-func (b *ReplyBudget) reserve(n int64) bool {
+// Reserve takes n bytes, or reports false and takes nothing.
+func (b *ReplyBudget) Reserve(n int64) bool {
 	for {
 		cur := b.used.Load()
 		if cur+n > b.max {
@@ -85,7 +85,7 @@ func (b *ReplyBudget) reserve(n int64) bool {
 	}
 }
 
-func (b *ReplyBudget) release(n int64) { b.used.Add(-n) }
+func (b *ReplyBudget) Release(n int64) { b.used.Add(-n) }
 
 func (l Limits) withDefaults() Limits {
 	if l.MaxBulk <= 0 {
@@ -346,7 +346,7 @@ func (v *validator) headerDone() *limitErr {
 		default:
 			n *= elementBytes
 		}
-		if !v.lim.Budget.reserve(n) {
+		if !v.lim.Budget.Reserve(n) {
 			return &limitErr{"Budget", fmt.Sprintf("a reply header announcing %d bytes exceeds what the replies in flight on every connection may announce together (%d bytes)", n, v.lim.Budget.max)}
 		}
 		v.reserved.Add(n)
@@ -417,7 +417,7 @@ func (v *validator) valueDone() {
 // releaseAll returns the current reply's reservation of the budget.
 func (v *validator) releaseAll() {
 	if n := v.reserved.Swap(0); n != 0 {
-		v.lim.Budget.release(n)
+		v.lim.Budget.Release(n)
 	}
 }
 

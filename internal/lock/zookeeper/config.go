@@ -61,9 +61,20 @@ const (
 	// make it allocate up to 4 GiB per connection. ZooKeeper keeps node data
 	// under 1 MiB (jute.maxbuffer); the largest replies the Locker reads
 	// are a key node's children (its holder and queued waiters, tens of
-	// bytes each). 4 MiB is about four times the Java client's own bound and the
-	// bound the operator applies to a Redis bulk reply.
+	// bytes each). 4 MiB is about four times the Java client's own bound.
 	MaxReplyBytes = 4 << 20
+	// MaxReplyElements bounds the names in one list of children and the
+	// entries of one ACL. The client allocates a list from its declared
+	// count before reading its entries (a 36-byte packet could declare
+	// 2^32 names, about 64 GiB); a count is refused when it exceeds this
+	// or the entries that fit in the rest of its packet. A key node has
+	// one child per queued waiter.
+	MaxReplyElements = 1 << 16
+	// ReplyBudgetBytes bounds what the packets being read on every
+	// ZooKeeper connection of the process announce together, with what the
+	// client will allocate to decode them: sixteen tenants' servers each
+	// sending 4 MiB packets cannot hold more than this at once.
+	ReplyBudgetBytes = 64 << 20
 )
 
 // DefaultBackoff is Acquire's fallback polling when no watch fires: 10ms

@@ -1,6 +1,7 @@
 package zookeeper
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -100,6 +101,9 @@ func TestFrameConnFollowsPacketsAcrossReads(t *testing.T) {
 	packet := func(n int) []byte {
 		b := make([]byte, 4+n)
 		binary.BigEndian.PutUint32(b, uint32(n))
+		if n >= 4 {
+			binary.BigEndian.PutUint32(b[4:], 0xffffffff) // xid -1: a watch event
+		}
 		return b
 	}
 	var stream []byte
@@ -124,7 +128,7 @@ func TestFrameConnFollowsPacketsAcrossReads(t *testing.T) {
 			}
 		}()
 		got, err := io.ReadAll(f)
-		_ = client.Close()
+		_ = f.Close() // and client
 		_ = server.Close()
 		if !errors.Is(err, lock.ErrReplyTooLarge) || rejected == nil || rejected.Declared != 1<<30 {
 			t.Errorf("reads of %d bytes: error %v, rejected %+v; want the 1 GiB length refused", chunk, err, rejected)
@@ -135,5 +139,215 @@ func TestFrameConnFollowsPacketsAcrossReads(t *testing.T) {
 		if accepted != 2 {
 			t.Errorf("reads of %d bytes: %d packets after the connect response reported; want 2", chunk, accepted)
 		}
+	}
+}
+
+// zkPacket is a length-prefixed packet of the given parts.
+func zkPacket(parts ...[]byte) []byte {
+	body := bytes.Join(parts, nil)
+	out := binary.BigEndian.AppendUint32(nil, uint32(len(body)))
+	return append(out, body...)
+}
+
+func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+func be64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+
+// connectResponse is a connect response granting session 1 with a password
+// whose declared length is passwdLen and whose bytes are 16 zeros.
+func connectResponse(passwdLen uint32) []byte {
+	return zkPacket(be32(0), be32(uint32(testSessionTimeout.Milliseconds())), be64(1), be32(passwdLen), make([]byte, 16))
+}
+
+// replyHeader is xid, zxid 1 and error code errCode.
+func replyHeader(xid int32, errCode uint32) []byte {
+	return append(append(be32(uint32(xid)), be64(1)...), be32(errCode)...)
+}
+
+// scriptConn reads a fixed stream and discards what is written.
+type scriptConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *scriptConn) Read(p []byte) (int, error)       { return c.r.Read(p) }
+func (c *scriptConn) Write(p []byte) (int, error)      { return len(p), nil }
+func (c *scriptConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *scriptConn) SetWriteDeadline(time.Time) error { return nil }
+func (c *scriptConn) Close() error                     { return nil }
+
+// writeRequest writes a request with xid and opcode through f.
+func writeRequest(f *frameConn, xid, op int32) {
+	_, _ = f.Write(zkPacket(be32(uint32(xid)), be32(uint32(op)), make([]byte, 9)))
+}
+
+// Inside a packet whose length is fine, the client allocates what a field
+// declares before it reads the bytes behind it (a []byte from its length, a
+// list from its count). frameConn must refuse every such field larger than
+// what is left of its packet, or over MaxReplyElements, and let through the
+// replies a real server sends, in reads of any size.
+func TestFrameConnChecksDeclaredFields(t *testing.T) {
+	stat := make([]byte, statLen)
+	names := func(n int) []byte {
+		var b []byte
+		for range n {
+			b = append(b, be32(4)...)
+			b = append(b, "lock"...)
+		}
+		return b
+	}
+	cases := []struct {
+		name    string
+		op      int32  // the request written before the reply (xid 1); 0: none
+		reply   []byte // after a good connect response, or the connect response itself when op < 0
+		refused string // in the error; "" when the stream must pass
+	}{
+		{"connect response with its password", -1, connectResponse(16), ""},
+		{"connect response declaring a 1 GiB password", -1, connectResponse(1 << 30), "the connect response's password declared as 1073741824 bytes, more than the 16 that fit in the rest of its 36-byte packet"},
+		{"node data", opGetData, zkPacket(replyHeader(1, 0), be32(3), []byte("abc"), stat), ""},
+		{"node data declared as 2 GiB", opGetData, zkPacket(replyHeader(1, 0), be32(0x7fffffff), stat), "a node's data declared as 2147483647 bytes, more than the 0 that fit"},
+		{"node data of -1 bytes (nil)", opGetData, zkPacket(replyHeader(1, 0), be32(0xffffffff), stat), ""},
+		{"children", opGetChildren2, zkPacket(replyHeader(1, 0), be32(3), names(3), stat), ""},
+		{"2^32-1 children", opGetChildren2, zkPacket(replyHeader(1, 0), be32(0xffffffff), stat), "a list of children declared as 4294967295 entries, more than the 0 that fit"},
+		{"children without a stat", opGetChildren, zkPacket(replyHeader(1, 0), be32(2), names(2)), ""},
+		{"more children than the limit", opGetChildren, zkPacket(replyHeader(1, 0), be32(MaxReplyElements+1), make([]byte, 4*(MaxReplyElements+1))), "more than the limit of 65536"},
+		{"an ACL of 2^31 entries", opGetACL, zkPacket(replyHeader(1, 0), be32(1<<31), stat), "an ACL declared as 2147483648 entries"},
+		{"an error reply is not decoded", opGetChildren2, zkPacket(replyHeader(1, 0xffffff9b), be32(0xffffffff)), ""},
+		{"a reply to a request not sent", opGetData, zkPacket(replyHeader(7, 0), be32(0), stat), "a reply to request 7, which the client did not send"},
+		{"a watch event", 0, zkPacket(replyHeader(-1, 0), be32(4), be32(3), be32(5), []byte("/lock")), ""},
+		{"another request's reply is not read as node data", opSync, zkPacket(replyHeader(1, 0), be32(1), []byte("/")), ""},
+	}
+	for _, tc := range cases {
+		var stream []byte
+		if tc.op >= 0 {
+			stream = append(connectResponse(16), tc.reply...)
+		} else {
+			stream = tc.reply
+		}
+		for _, chunk := range []int{1, 5, 4096} {
+			sc := &scriptConn{r: &chunkReader{b: stream, n: chunk}}
+			var rejected *lock.ReplyTooLargeError
+			f, err := newFrameConn(sc, MaxReplyBytes, time.Now().Add(time.Minute), func(e *lock.ReplyTooLargeError) { rejected = e }, func() {})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = f.Write(connectRequestBytes())
+			if tc.op > 0 {
+				writeRequest(f, 1, tc.op)
+			}
+			got, err := io.ReadAll(f)
+			_ = f.Close()
+			switch {
+			case tc.refused == "" && (err != nil || !bytes.Equal(got, stream)):
+				t.Errorf("%s, reads of %d bytes: read %d of %d bytes, error %v; want the whole stream", tc.name, chunk, len(got), len(stream), err)
+			case tc.refused != "" && (!errors.Is(err, lock.ErrReplyTooLarge) || rejected == nil || !strings.Contains(err.Error(), tc.refused)):
+				t.Errorf("%s, reads of %d bytes: error %v; want ErrReplyTooLarge saying %q", tc.name, chunk, err, tc.refused)
+			case tc.refused != "" && len(got) >= len(stream):
+				t.Errorf("%s, reads of %d bytes: the client got the whole refused packet", tc.name, chunk)
+			}
+		}
+	}
+	if n := replyBudget.InUse(); n != 0 {
+		t.Errorf("after every connection closed, %d bytes of the reply budget are still held; want 0", n)
+	}
+}
+
+// opSync is go-zookeeper's opcode for Sync, whose reply is a path.
+const opSync = 9
+
+func connectRequestBytes() []byte { return zkPacket(make([]byte, 44)) }
+
+// chunkReader returns b in reads of at most n bytes.
+type chunkReader struct {
+	b []byte
+	n int
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	k := copy(p[:min(len(p), r.n)], r.b)
+	r.b = r.b[k:]
+	return k, nil
+}
+
+// fakeZK is a tenant's server that speaks ZooKeeper's framing: it sends
+// connect for the connect response, then answers every request with its
+// header and reply(opcode) (pings with the header alone).
+func fakeZK(t *testing.T, connect []byte, reply func(op int32) []byte) *rawserver.Server {
+	return rawserver.Start(t, func(c net.Conn) {
+		if readConnectRequest(c) != nil {
+			return
+		}
+		if _, err := c.Write(connect); err != nil {
+			return
+		}
+		for {
+			var n [4]byte
+			if _, err := io.ReadFull(c, n[:]); err != nil {
+				return
+			}
+			body := make([]byte, binary.BigEndian.Uint32(n[:]))
+			if _, err := io.ReadFull(c, body); err != nil || len(body) < 8 {
+				return
+			}
+			xid, op := int32(binary.BigEndian.Uint32(body)), int32(binary.BigEndian.Uint32(body[4:]))
+			var out []byte
+			if xid >= 0 {
+				out = reply(op)
+			}
+			if _, err := c.Write(zkPacket(replyHeader(xid, 0), out)); err != nil {
+				return
+			}
+		}
+	})
+}
+
+// A tenant's server that sends small packets declaring huge fields must
+// cost the operator an error naming the field, not the memory declared:
+// before frameConn checked fields, one connect response of 36 bytes took
+// 1 GiB per connection attempt, and a list of children 2^32 entries.
+func TestDeclaredFieldsCostLittle(t *testing.T) {
+	stat := make([]byte, statLen)
+	cases := []struct {
+		name    string
+		connect []byte
+		reply   func(op int32) []byte
+		call    func(ctx context.Context, l *Locker) error
+		want    string
+	}{
+		{"connect response declaring a 1 GiB password", connectResponse(1 << 30), func(int32) []byte { return stat },
+			func(ctx context.Context, l *Locker) error { return l.Ping(ctx) }, "the connect response's password declared as 1073741824 bytes"},
+		{"2^32-1 children", connectResponse(16), func(op int32) []byte {
+			switch op {
+			case opSync:
+				return append(be32(1), '/')
+			case opGetChildren, opGetChildren2:
+				return append(be32(0xffffffff), stat...)
+			}
+			return stat
+		}, func(ctx context.Context, l *Locker) error { _, err := l.Inspect(ctx, []string{"nightly"}); return err }, "a list of children declared as 4294967295 entries"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := fakeZK(t, tc.connect, tc.reply)
+			l := newTestLocker(t, Config{Servers: []string{srv.Addr}, Dial: tenantDial(t)})
+			before := rawserver.HeapSys()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*testOpTimeout)
+			defer cancel()
+			err := tc.call(ctx, l)
+			after := rawserver.HeapSys()
+			t.Logf("error: %v", err)
+			t.Logf("HeapSys: %d MiB before, %d MiB after; %d connections", before>>20, after>>20, srv.Accepted())
+			if !errors.Is(err, lock.ErrBackendUnavailable) || !errors.Is(err, lock.ErrReplyTooLarge) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v; want ErrBackendUnavailable caused by ErrReplyTooLarge, saying %q", err, tc.want)
+			}
+			if got, want := netguard.Describe(err), srv.Addr+": "+netguard.CategoryReplyTooLarge; got != want {
+				t.Errorf("the status shows %q; want %q", got, want)
+			}
+			if after > before && after-before > 64<<20 {
+				t.Errorf("the heap grew by %d MiB; want no allocation of the declared size", (after-before)>>20)
+			}
+		})
 	}
 }
