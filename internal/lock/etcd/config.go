@@ -110,8 +110,15 @@ func (c Config) prefix() string {
 // The largest replies the Locker reads are a key's queue (keys only) and
 // watch events of its holders: kilobytes for ordinary queues. 4 MiB is
 // gRPC's own default, above the 1.5 MiB etcd accepts in one request by
-// default, and the bound the operator applies to a Redis bulk reply.
+// default.
 const MaxReplyBytes = 4 << 20
+
+// MaxHeaderListBytes bounds the headers (and trailers) of one gRPC
+// response, as the client advertises to the server in its HTTP/2 settings.
+// gRPC's own default is 16 MiB per response, buffered as it arrives; etcd
+// sends a content type, a status and a short message, well under a
+// kilobyte. gRPC is moving its default to 8 KiB; 16 KiB leaves room.
+const MaxHeaderListBytes = 16 << 10
 
 // Defaults of the options.
 const (

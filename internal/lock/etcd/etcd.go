@@ -184,6 +184,8 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		// A message announced over the bound fails its call at once,
 		// before any of it is read.
 		MaxCallRecvMsgSize: MaxReplyBytes,
+		// Response headers over the bound fail the call as they are read.
+		DialOptions: []grpc.DialOption{grpc.WithMaxHeaderListSize(MaxHeaderListBytes)},
 	}
 	if dial := cfg.Dial; dial != nil {
 		// Every gRPC connection (to every endpoint, on every reconnect) is
@@ -288,12 +290,20 @@ func (l *Locker) unavailable(op string, err error) error {
 
 // replyTooLarge recognizes gRPC's refusal of a message over
 // MaxCallRecvMsgSize (status ResourceExhausted, which the server also uses,
-// for a full database, hence the text).
+// for a full database, hence the text) and of response headers over
+// MaxHeaderListBytes (recognized by their texts).
 func replyTooLarge(err error) *lock.ReplyTooLargeError {
 	if err == nil || errors.Is(err, lock.ErrReplyTooLarge) {
 		return nil
 	}
 	st, ok := status.FromError(err)
+	// A header list over the bound is cut (Internal); one header field
+	// over it fails the connection's header decoding (COMPRESSION_ERROR).
+	if ok && (st.Code() == codes.Internal && strings.Contains(st.Message(), "header list size exceeded") ||
+		st.Code() == codes.Unavailable && strings.Contains(st.Message(), "COMPRESSION_ERROR")) {
+		return &lock.ReplyTooLargeError{Store: "etcd", Limit: MaxHeaderListBytes, Detail: fmt.Sprintf(
+			"the response headers exceed the limit of %d KiB (or could not be decoded)", MaxHeaderListBytes>>10)}
+	}
 	if !ok || st.Code() != codes.ResourceExhausted {
 		return nil
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -12,6 +13,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/netguard"
@@ -21,7 +24,15 @@ import (
 // serveOversizedGRPC speaks just enough HTTP/2 to answer every gRPC call
 // with response headers and a message prefix announcing 1 GiB, whose bytes
 // never come.
-func serveOversizedGRPC(c net.Conn) {
+func serveOversizedGRPC(c net.Conn) { serveGRPC(c, 0, 0, []byte{0, 0x40, 0, 0, 0}) }
+
+// serveGRPC answers every gRPC call with response headers, padded by n
+// headers of pad bytes each (sent in 16 KiB frames), then data, if any.
+func serveGRPC(c net.Conn, pad, n int, data []byte) { serveGRPCWith(c, pad, n, data, nil) }
+
+// serveGRPCWith is serveGRPC that also sends the header list size the
+// client advertises in its settings, if any, to advertised.
+func serveGRPCWith(c net.Conn, pad, n int, data []byte, advertised chan<- uint32) {
 	preface := make([]byte, len(http2.ClientPreface))
 	if _, err := io.ReadFull(c, preface); err != nil || string(preface) != http2.ClientPreface {
 		return
@@ -32,9 +43,15 @@ func serveOversizedGRPC(c net.Conn) {
 	}
 	var hdr bytes.Buffer
 	enc := hpack.NewEncoder(&hdr)
-	for _, f := range []hpack.HeaderField{{Name: ":status", Value: "200"}, {Name: "content-type", Value: "application/grpc"}} {
+	fields := []hpack.HeaderField{{Name: ":status", Value: "200"}, {Name: "content-type", Value: "application/grpc"}}
+	for i := range n {
+		fields = append(fields, hpack.HeaderField{Name: fmt.Sprintf("x-pad-%d", i), Value: strings.Repeat("a", pad)})
+	}
+	for _, f := range fields {
 		_ = enc.WriteField(f)
 	}
+	block := hdr.Bytes()
+	const frame = 16 << 10
 	for {
 		f, err := fr.ReadFrame()
 		if err != nil {
@@ -42,7 +59,16 @@ func serveOversizedGRPC(c net.Conn) {
 		}
 		switch f := f.(type) {
 		case *http2.SettingsFrame:
-			if !f.IsAck() && fr.WriteSettingsAck() != nil {
+			if f.IsAck() {
+				break
+			}
+			if v, ok := f.Value(http2.SettingMaxHeaderListSize); ok && advertised != nil {
+				select {
+				case advertised <- v:
+				default:
+				}
+			}
+			if fr.WriteSettingsAck() != nil {
 				return
 			}
 		case *http2.PingFrame:
@@ -51,15 +77,37 @@ func serveOversizedGRPC(c net.Conn) {
 			}
 		case *http2.HeadersFrame: // a call: answer at once
 			id := f.StreamID
-			if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hdr.Bytes(), EndHeaders: true}) != nil {
+			first := block[:min(frame, len(block))]
+			if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first, EndHeaders: len(block) <= frame}) != nil {
 				return
 			}
-			// Not compressed, 1 GiB long.
-			if fr.WriteData(id, false, []byte{0, 0x40, 0, 0, 0}) != nil {
+			for rest := block[len(first):]; len(rest) > 0; {
+				part := rest[:min(frame, len(rest))]
+				rest = rest[len(part):]
+				if fr.WriteContinuation(id, len(rest) == 0, part) != nil {
+					return
+				}
+			}
+			if data != nil && fr.WriteData(id, false, data) != nil {
 				return
 			}
 		}
 	}
+}
+
+// pingTenantServer pings srv with a Locker that dials as the operator dials
+// a tenant's etcd.
+func pingTenantServer(t *testing.T, srv *rawserver.Server) error {
+	t.Helper()
+	policy, err := netguard.NewEndpointPolicy([]string{"127.0.0.1/32"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := netguard.Dialer(netguard.DialOptions{Policy: policy, Timeout: 5 * time.Second, NotRESP: true})
+	l := newTestLocker(t, Config{Endpoints: []string{srv.Addr}, Dial: dial})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*testOpTimeout)
+	defer cancel()
+	return l.Ping(ctx)
 }
 
 // A tenant can aim a backend at a server of its own. One that answers a
@@ -67,17 +115,7 @@ func serveOversizedGRPC(c net.Conn) {
 // at once, not have the client wait for (and buffer) up to 2 GiB.
 func TestOversizedReplyIsRefused(t *testing.T) {
 	srv := rawserver.Start(t, serveOversizedGRPC)
-	policy, err := netguard.NewEndpointPolicy([]string{"127.0.0.1/32"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Dialed as the operator dials a tenant's etcd.
-	dial := netguard.Dialer(netguard.DialOptions{Policy: policy, Timeout: 5 * time.Second, NotRESP: true})
-	l := newTestLocker(t, Config{Endpoints: []string{srv.Addr}, Dial: dial})
-
-	ctx, cancel := context.WithTimeout(context.Background(), 2*testOpTimeout)
-	defer cancel()
-	err = l.Ping(ctx)
+	err := pingTenantServer(t, srv)
 	t.Logf("Ping = %v", err)
 	if !errors.Is(err, lock.ErrBackendUnavailable) || !errors.Is(err, lock.ErrReplyTooLarge) {
 		t.Fatalf("Ping = %v; want ErrBackendUnavailable caused by ErrReplyTooLarge", err)
@@ -90,5 +128,54 @@ func TestOversizedReplyIsRefused(t *testing.T) {
 	}
 	if srv.Accepted() == 0 {
 		t.Fatal("the fake server was never dialed")
+	}
+}
+
+// Response headers are bounded too: gRPC's default accepts 16 MiB of them
+// per response, buffered as they arrive. The client must tell the server
+// its bound (a real server then never sends more) and refuse a server that
+// ignores it: one that answers every call with one 8 MiB header, or with
+// 1 MiB of small ones, must fail the call, not have it wait for data.
+func TestOversizedHeadersAreRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		pad, n int
+	}{
+		{"one header of 8 MiB", 8 << 20, 1},
+		{"4096 headers of 256 bytes", 256, 4096},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			advertised := make(chan uint32, 16)
+			srv := rawserver.Start(t, func(c net.Conn) { serveGRPCWith(c, tc.pad, tc.n, nil, advertised) })
+			err := pingTenantServer(t, srv)
+			t.Logf("Ping = %v", err)
+			if err == nil {
+				t.Fatal("Ping succeeded against headers over the bound")
+			}
+			select {
+			case got := <-advertised:
+				if got != MaxHeaderListBytes {
+					t.Errorf("the client advertised a header list size of %d bytes; want %d", got, MaxHeaderListBytes)
+				}
+			default:
+				t.Errorf("the client advertised no header list size; want %d bytes", MaxHeaderListBytes)
+			}
+		})
+	}
+}
+
+// Status and Describe name the header bound when gRPC reports it.
+func TestHeaderListErrorsAreReplyTooLarge(t *testing.T) {
+	for _, err := range []error{
+		status.Error(codes.Internal, "peer header list size exceeded limit"),
+		status.Error(codes.Unavailable, "error reading from server: connection error: COMPRESSION_ERROR"),
+	} {
+		got := replyTooLarge(err)
+		if got == nil || !strings.Contains(got.Error(), "response headers exceed the limit of 16 KiB") {
+			t.Errorf("replyTooLarge(%v) = %v; want the 16 KiB header limit named", err, got)
+		}
+	}
+	if got := replyTooLarge(status.Error(codes.Unavailable, "connection refused")); got != nil {
+		t.Errorf("replyTooLarge(connection refused) = %v; want nil", got)
 	}
 }
