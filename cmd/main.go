@@ -24,6 +24,9 @@ func main() {
 		os.Exit(2)
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(o.ZapOptions())))
+	if _, err := manager.SetMemoryLimit(ctrl.Log.WithName("memlimit")); err != nil {
+		ctrl.Log.WithName("setup").Error(err, "Cannot set the Go memory limit from the container's; running without one")
+	}
 	cfg, err := manager.RestConfig(o.Kubeconfig())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lockwarden: no Kubernetes configuration (in-cluster, --kubeconfig or $KUBECONFIG):", err)
