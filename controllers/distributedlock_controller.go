@@ -26,6 +26,7 @@ import (
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/backend"
+	"github.com/lockwarden/lockwarden/internal/holder"
 )
 
 const (
@@ -101,7 +102,11 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	var dl locksv1alpha1.DistributedLock
 	if err := r.Client.Get(ctx, req.NamespacedName, &dl); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.resync.drop(req.NamespacedName)
+			// Gone without the deletion reconcile (its finalizer was
+			// removed): release a lease still renewed for it, and forget it.
+			ref := holder.Ref{Kind: lockKind, Namespace: req.Namespace, Name: req.Name}
+			releaseOrphan(ctx, r.Deps, ref, nil, "the DistributedLock is gone")
+			r.dropLockState(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -127,8 +132,10 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Delete(ctx, &dl, client.Preconditions{UID: &dl.UID}))
 	}
 	if controllerutil.AddFinalizer(&dl, locksv1alpha1.Finalizer) {
-		// The update event brings the lock back.
-		return ctrl.Result{}, r.Client.Update(ctx, &dl)
+		// The update event brings the lock back. A lock deleted meanwhile
+		// (its finalizer stripped) is forgotten by the reconcile that finds
+		// it gone.
+		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, &dl))
 	}
 
 	obs := r.gather(ctx, &dl)

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -539,8 +540,18 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 			logf.FromContext(ctx).Info("Backend unavailable while deleting; the lease expires with its TTL", "fence", l.Fence, "error", backend.Describe(err))
 		}
 	}
-	r.Registry.Forget(r.ref(dl))
-	nn := client.ObjectKeyFromObject(dl)
+	r.dropLockState(client.ObjectKeyFromObject(dl))
+	controllerutil.RemoveFinalizer(dl, locksv1alpha1.Finalizer)
+	return ctrl.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, dl))
+}
+
+// dropLockState forgets everything the operator keeps for the lock nn
+// beyond its lease: its use of a backend (closed when nobody else uses it),
+// the tracker's and the resync's entries, the warnings given and its metric
+// series. Deleting a lock calls it; so does a reconcile that finds the lock
+// gone (deleted after its finalizer was removed) and the sweep.
+func (r *DistributedLockReconciler) dropLockState(nn types.NamespacedName) {
+	r.Registry.Forget(holder.Ref{Kind: lockKind, Namespace: nn.Namespace, Name: nn.Name})
 	r.forget(nn)
 	r.resync.drop(nn)
 	r.mu.Lock()
@@ -551,10 +562,5 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 		}
 	}
 	r.mu.Unlock()
-	metrics.QueueDepth.DeleteLabelValues(dl.Namespace, dl.Name)
-	metrics.OldestWaiter.DeleteLabelValues(dl.Namespace, dl.Name)
-	metrics.LockHolders.DeleteLabelValues(dl.Namespace, dl.Name)
-	metrics.BackendUp.DeleteLabelValues(dl.Namespace, dl.Name)
-	controllerutil.RemoveFinalizer(dl, locksv1alpha1.Finalizer)
-	return ctrl.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, dl))
+	metrics.DeleteLock(nn)
 }

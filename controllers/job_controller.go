@@ -94,8 +94,7 @@ func (r *JobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 			// a lease still renewed for it has no holder.
 			ref := holder.Ref{Kind: jobKind, Namespace: req.Namespace, Name: req.Name}
 			releaseOrphan(ctx, r.Deps, ref, nil, "the Job is gone, or no longer carries the lock label")
-			r.waits.forget(req.NamespacedName)
-			r.podWaits.forget(req.NamespacedName)
+			r.dropJobState(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
@@ -564,4 +563,15 @@ func (m *waitMemory) takePlace(nn types.NamespacedName, now time.Time, requeue t
 		return nil, time.Time{}, false
 	}
 	return p.busy, tried.Add(requeue), true
+}
+
+// dropJobState forgets everything the operator keeps for the gated Job nn
+// beyond its lease: its use of a backend (closed when nobody else uses it)
+// and what the tracker and the wait memories remember of it. A reconcile
+// that finds the Job gone (or no longer gated) calls it; so does the sweep.
+func (r *JobReconciler) dropJobState(nn types.NamespacedName) {
+	r.Registry.Forget(holder.Ref{Kind: jobKind, Namespace: nn.Namespace, Name: nn.Name})
+	r.forget(nn)
+	r.waits.forget(nn)
+	r.podWaits.forget(nn)
 }

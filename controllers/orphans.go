@@ -29,9 +29,17 @@ const orphanTimeout = 10 * time.Second
 // leases as soon as they see the change; the sweep is the backstop for
 // changes they never see (a missed event, a restart in between). It runs on
 // the leader, every resync period.
+//
+// It also drops what the operator keeps for holders that are gone without
+// holding (a lock or Job deleted after its finalizer was removed, while it
+// waited or its backend was down): their use of a backend, so that a
+// backend nobody uses is closed, and a lock's metric series.
 type orphanSweeper struct {
 	Deps
 	interval time.Duration
+	// forgetLock and forgetJob drop what the reconcilers keep for a lock or
+	// a Job that is gone.
+	forgetLock, forgetJob func(types.NamespacedName)
 }
 
 // NeedLeaderElection makes the sweep run where the watchdog runs: on the leader.
@@ -58,6 +66,45 @@ func (s *orphanSweeper) sweep(ctx context.Context) {
 		if why != "" {
 			releaseOrphan(ctx, s.Deps, ref, obj, why)
 		}
+	}
+	s.sweepState(ctx)
+}
+
+// sweepState drops the backend use and metric series of holders that are
+// gone from the cache and hold nothing (the lease sweep handles those that
+// hold).
+func (s *orphanSweeper) sweepState(ctx context.Context) {
+	gone := func(kind string, nn types.NamespacedName) bool {
+		if _, _, held := s.Watchdog.Holding(holder.Ref{Kind: kind, Namespace: nn.Namespace, Name: nn.Name}); held {
+			return false
+		}
+		var obj client.Object = &locksv1alpha1.DistributedLock{}
+		if kind == jobKind {
+			obj = &batchv1.Job{}
+		}
+		return apierrors.IsNotFound(s.Client.Get(ctx, nn, obj))
+	}
+	forgotten := 0
+	for _, ref := range s.Registry.Users() {
+		nn := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
+		if !gone(ref.Kind, nn) {
+			continue
+		}
+		forgotten++
+		if ref.Kind == jobKind {
+			s.forgetJob(nn)
+		} else {
+			s.forgetLock(nn)
+		}
+	}
+	for _, nn := range metrics.LockSeries() {
+		if gone(lockKind, nn) {
+			forgotten++
+			s.forgetLock(nn)
+		}
+	}
+	if forgotten > 0 {
+		s.Log.V(1).Info("Forgot holders that are gone", "count", forgotten)
 	}
 }
 

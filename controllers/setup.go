@@ -115,7 +115,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, d Deps, o LockOptio
 	if err := mgr.Add(&statusResync{table: locks.resync, enqueue: locks.enqueueWait, interval: locks.Resync, log: locks.Log.WithName("resync")}); err != nil {
 		return nil, fmt.Errorf("set up the status resync: %w", err)
 	}
-	if err := mgr.Add(&orphanSweeper{Deps: locks.Deps, interval: locks.Resync}); err != nil {
+	if err := mgr.Add(&orphanSweeper{Deps: locks.Deps, interval: locks.Resync, forgetLock: locks.dropLockState, forgetJob: jobs.dropJobState}); err != nil {
 		return nil, fmt.Errorf("set up the orphaned-lease sweep: %w", err)
 	}
 	out := &Reconcilers{Locks: locks, Jobs: jobs,

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -274,6 +275,13 @@ func (r *Registry) Forget(user holder.Ref) {
 	if fp, ok := r.users[user]; ok {
 		r.dropLocked(user, fp)
 	}
+}
+
+// Users returns every holder that uses a backend now.
+func (r *Registry) Users() []holder.Ref {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Collect(maps.Keys(r.users))
 }
 
 // handlesOf returns the open backends with ID id.

@@ -4,6 +4,8 @@ package metrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"k8s.io/apimachinery/pkg/types"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
@@ -121,4 +123,48 @@ var (
 func init() {
 	ctrlmetrics.Registry.MustRegister(Acquisitions, WaitSeconds, HoldSeconds, Renewals, RenewalBatches,
 		StatusResyncBatches, StatusResyncLocks, StatusResyncChanged, LeasesLost, OrphansReleased, ForceReleases, LeasesHeld, QueueDepth, OldestWaiter, LockHolders, BackendUp)
+}
+
+// lockSeries are the series kept per DistributedLock.
+var lockSeries = []*prometheus.GaugeVec{QueueDepth, OldestWaiter, LockHolders, BackendUp}
+
+// LockSeries returns the locks (namespace, name) that have a per-lock
+// series, so that a sweep can drop those of locks that are gone.
+func LockSeries() []types.NamespacedName {
+	seen := map[types.NamespacedName]struct{}{}
+	for _, v := range lockSeries {
+		ch := make(chan prometheus.Metric, 64)
+		go func() {
+			v.Collect(ch)
+			close(ch)
+		}()
+		for m := range ch {
+			var pb dto.Metric
+			if m.Write(&pb) != nil {
+				continue
+			}
+			var nn types.NamespacedName
+			for _, l := range pb.GetLabel() {
+				switch l.GetName() {
+				case "namespace":
+					nn.Namespace = l.GetValue()
+				case "lock":
+					nn.Name = l.GetValue()
+				}
+			}
+			seen[nn] = struct{}{}
+		}
+	}
+	out := make([]types.NamespacedName, 0, len(seen))
+	for nn := range seen {
+		out = append(out, nn)
+	}
+	return out
+}
+
+// DeleteLock drops every per-lock series of the lock.
+func DeleteLock(nn types.NamespacedName) {
+	for _, v := range lockSeries {
+		v.DeleteLabelValues(nn.Namespace, nn.Name)
+	}
 }
