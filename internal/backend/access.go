@@ -3,6 +3,7 @@ package backend
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,6 +23,10 @@ type Policy struct {
 	// InlineDisabled refuses spec.backend.redis: locks must name a
 	// ClusterLockBackend.
 	InlineDisabled bool
+	// InlineNeedsAllowList refuses endpoints chosen in a namespace (inline,
+	// or in a LockBackend) because no allow-list is set: the manager's
+	// default, so that a fresh install is not open to every address.
+	InlineNeedsAllowList bool
 	// Endpoints restricts where inline endpoints may point (nil: anywhere).
 	// It is checked before any connection and again on every dial, against
 	// the addresses the names resolve to.
@@ -121,6 +126,10 @@ func (r *Registry) check(ctx context.Context, dl *locksv1alpha1.DistributedLock)
 		return nil, &PolicyError{Field: "spec.backend", Reason: locksv1alpha1.ReasonInvalidBackend,
 			Message: "set redis (inline endpoints), backendRef (a LockBackend) or clusterBackendRef (a ClusterLockBackend)"}
 	}
+	if err := (Spec{Redis: rb}).Validate(); err != nil {
+		return nil, &PolicyError{Field: "spec.backend.redis", Reason: locksv1alpha1.ReasonInvalidBackend,
+			Message: strings.Replace(err.Error(), "spec.redis", "spec.backend.redis", 1)}
+	}
 	return r.checkTenantEndpoints(ctx, dl, Spec{Redis: rb}, ID(rb), "spec.backend.redis")
 }
 
@@ -131,6 +140,10 @@ func (r *Registry) checkTenantEndpoints(ctx context.Context, dl *locksv1alpha1.D
 	if r.policy.InlineDisabled {
 		return nil, &PolicyError{Field: field, Reason: locksv1alpha1.ReasonBackendNotAllowed,
 			Message: "endpoints chosen in a namespace (inline, or in a LockBackend) are turned off in this cluster: name a ClusterLockBackend in spec.backend.clusterBackendRef (kubectl get clusterlockbackends)"}
+	}
+	if r.policy.InlineNeedsAllowList {
+		return nil, &PolicyError{Field: field, Reason: locksv1alpha1.ReasonBackendNotAllowed,
+			Message: "endpoints chosen in a namespace (inline, or in a LockBackend) are refused until an administrator lists the addresses they may use: the operator's --endpoint-allow (Helm value endpointPolicy.allow; * for any address but the denied ones). Or name a ClusterLockBackend in spec.backend.clusterBackendRef (kubectl get clusterlockbackends)"}
 	}
 	if p := r.policy.Endpoints; p != nil {
 		for i, e := range spec.Endpoints() {

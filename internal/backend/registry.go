@@ -515,6 +515,7 @@ func (r *Registry) ConfigOf(id string) (checked bool, findings []lock.Finding) {
 const (
 	// maxCredentialBytes bounds a password or a ZooKeeper digest: room for
 	// long tokens used as passwords (cloud identity tokens run to a few KiB).
+	// A value read with this limit must be printable (controlByte).
 	maxCredentialBytes = 64 << 10
 	// maxCABundleBytes bounds a CA bundle (PEM): twice a full public
 	// bundle of about 150 roots (some 220 KiB), so a private CA appended
@@ -539,6 +540,12 @@ func (r *Registry) secretValue(ctx context.Context, namespace, field string, ref
 		return "", &SecretError{Field: field, Err: err}
 	}
 	return v, nil
+}
+
+// controlByte returns the index of the first control byte of v (below
+// 0x20, or 0x7f), or -1 when there is none.
+func controlByte(v string) int {
+	return strings.IndexFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f })
 }
 
 // secretKey names one key of a Secret.
@@ -584,6 +591,15 @@ func (r *Registry) readSecretKey(ctx context.Context, k secretKey, limit int, wh
 		c.err = fmt.Errorf("the Secret %s/%s has no key %q", k.namespace, k.name, k.key)
 	case len(data) > limit:
 		c.err = fmt.Errorf("the Secret %s/%s key %q holds %d bytes; %s may hold at most %d KiB", k.namespace, k.name, k.key, len(data), what, limit>>10)
+	case len(data) == 0:
+		// Not "no authentication": a Secret emptied by mistake must not
+		// silently turn AUTH off.
+		c.err = fmt.Errorf("the Secret %s/%s key %q is empty; %s must not be empty (to connect without one, remove the reference)", k.namespace, k.name, k.key, what)
+	case limit == maxCredentialBytes && controlByte(string(data)) >= 0:
+		// A credential reaches the server verbatim, before the operator
+		// has seen a byte of what the server is: CR, LF and the like
+		// would let it form requests of another, line-based protocol.
+		c.err = fmt.Errorf("the Secret %s/%s key %q holds a control character at byte %d (below 0x20, or 0x7f: CR and LF included, a trailing newline too); %s must be printable", k.namespace, k.name, k.key, controlByte(string(data)), what)
 	default:
 		c.value = string(data)
 	}

@@ -2,8 +2,10 @@ package backend
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -153,5 +155,69 @@ func TestSecretChangesArePickedUpAfterTheTTL(t *testing.T) {
 	update("s3cret")
 	if got, err := password(); err != nil || got != "s3cret" {
 		t.Fatalf("password = %q, %v once the Secret holds a short one again; want s3cret", got, err)
+	}
+}
+
+// What a tenant writes into a name or a credential reaches the store as it
+// is, before the operator has seen a byte of what the server is: a CR/LF in
+// a Redis password sent to an HTTP server on an allowed host:port would be
+// a request of its own. Control bytes are refused, naming the field, and an
+// empty password is an error, not "no AUTH".
+func TestNamesAndCredentialsMustBePrintable(t *testing.T) {
+	objs := []client.Object{
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "creds"}, Data: map[string][]byte{
+			"good":    []byte("s3cr3t with spaces"),
+			"crlf":    []byte("x\r\nGET / HTTP/1.1\r\nHost: evil\r\n\r\n"),
+			"newline": []byte("s3cr3t\n"),
+			"empty":   {},
+			"utf8":    []byte("pässwörd"),
+			"nul":     {'a', 0, 'b'},
+			"del":     {'a', 0x7f},
+		}},
+	}
+	r := registryWith(t, objs...)
+	for _, tc := range []struct {
+		key, want string // want: "" when accepted
+	}{
+		{"good", ""},
+		{"utf8", ""},
+		{"crlf", `key "crlf" holds a control character at byte 1`},
+		{"newline", `key "newline" holds a control character at byte 6`},
+		{"nul", "control character at byte 1"},
+		{"del", "control character at byte 1"},
+		{"empty", `key "empty" is empty; a password must not be empty (to connect without one, remove the reference)`},
+	} {
+		dl := lockWith(&locksv1alpha1.RedisBackend{Endpoints: []string{"redis:6379"}, PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "creds", Key: tc.key}})
+		_, _, _, err := r.resolveLock(t.Context(), dl)
+		var se *SecretError
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("password %q: %v; want it accepted", tc.key, err)
+		case tc.want != "" && (!errors.As(err, &se) || se.Field != "spec.backend.redis.passwordSecretRef" || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("password %q: %v; want a SecretError on spec.backend.redis.passwordSecretRef saying %q", tc.key, err, tc.want)
+		case err != nil && strings.Contains(err.Error(), "GET /"):
+			t.Errorf("password %q: the error %q shows the Secret's value", tc.key, err)
+		}
+	}
+
+	for _, tc := range []struct {
+		name  string
+		spec  Spec
+		field string
+	}{
+		{"a Sentinel master name", Spec{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{"s:26379"}, Sentinel: &locksv1alpha1.RedisSentinel{MasterName: "main\r\nFLUSHALL"}}}, "spec.redis.sentinel.masterName"},
+		{"a PostgreSQL user", Spec{Postgres: &locksv1alpha1.PostgresBackend{Host: "pg", Database: "locks", User: "lock\x00er"}}, "spec.postgres.user"},
+		{"a PostgreSQL database", Spec{Postgres: &locksv1alpha1.PostgresBackend{Host: "pg", Database: "locks\n", User: "locker"}}, "spec.postgres.database"},
+		{"an etcd user", Spec{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd:2379"}, Username: "root\r", PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "creds", Key: "good"}}}, "spec.etcd.username"},
+	} {
+		err := tc.spec.Validate()
+		if err == nil || !strings.HasPrefix(err.Error(), tc.field+": byte ") || !strings.Contains(err.Error(), "must be printable") {
+			t.Errorf("%s with a control byte: Validate = %v; want an error naming %s", tc.name, err, tc.field)
+		}
+	}
+	inline := lockWith(&locksv1alpha1.RedisBackend{Endpoints: []string{"s:26379"}, Sentinel: &locksv1alpha1.RedisSentinel{MasterName: "main\r\nFLUSHALL"}})
+	var pe *PolicyError
+	if err := r.Check(t.Context(), inline); !errors.As(err, &pe) || !strings.Contains(pe.Message, "spec.backend.redis.sentinel.masterName: byte 4") {
+		t.Errorf("an inline Sentinel master name with CR/LF: Check = %v; want a refusal naming spec.backend.redis.sentinel.masterName", err)
 	}
 }

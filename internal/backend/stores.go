@@ -78,6 +78,24 @@ func (s Spec) Validate() error {
 	if e := s.Etcd; e != nil && (e.Username == "") != (e.PasswordSecretRef == nil) {
 		return fmt.Errorf("spec.etcd: set username and passwordSecretRef together")
 	}
+	// Names the store receives verbatim, before the operator has seen a
+	// byte of what the server is: control bytes (CR, LF) would let them
+	// form requests of another, line-based protocol.
+	var names [][2]string
+	if r := s.Redis; r != nil && r.Sentinel != nil {
+		names = append(names, [2]string{"spec.redis.sentinel.masterName", r.Sentinel.MasterName})
+	}
+	if p := s.Postgres; p != nil {
+		names = append(names, [2]string{"spec.postgres.user", p.User}, [2]string{"spec.postgres.database", p.Database})
+	}
+	if e := s.Etcd; e != nil {
+		names = append(names, [2]string{"spec.etcd.username", e.Username})
+	}
+	for _, n := range names {
+		if i := controlByte(n[1]); i >= 0 {
+			return fmt.Errorf("%s: byte %d is a control character (below 0x20, or 0x7f); the name is sent to the store as it is, so it must be printable", n[0], i)
+		}
+	}
 	return nil
 }
 
