@@ -172,7 +172,7 @@ func ParseFlags(args []string) (*Options, error) {
 	fs.BoolVar(&o.inlineEndpoints, "inline-endpoints", true,
 		"Allow DistributedLocks to name Redis endpoints themselves (spec.backend.redis), within --endpoint-allow and --endpoint-deny. false: locks must name a ClusterLockBackend.")
 	fs.Func("endpoint-allow",
-		"Comma-separated CIDRs (10.20.0.0/16) and host patterns (redis.infra.svc.cluster.local, *.redis.svc.cluster.local) that inline endpoints may use. Empty (default): any address but the denied ones. A CIDR listed here also lifts the built-in denial of loopback and link-local addresses it covers.",
+		"Comma-separated CIDRs (10.20.0.0/16) and host patterns (redis.infra.svc.cluster.local, *.redis.svc.cluster.local) that endpoints chosen in a namespace (inline, or in a LockBackend) may use; * alone: any address but the denied ones. Empty (default): such endpoints are refused, and locks must name a ClusterLockBackend. A CIDR listed here also lifts the built-in denial of loopback and link-local addresses it covers.",
 		func(v string) error { o.endpointAllow = append(o.endpointAllow, splitList(v)...); return nil })
 	fs.Func("endpoint-deny",
 		"Comma-separated CIDRs or IPs that inline endpoints may never reach, besides the built-in ones: loopback, link-local and cloud metadata addresses, the API server's addresses and the manager's own pod IP.",
@@ -226,7 +226,10 @@ func ParseFlags(args []string) (*Options, error) {
 	if o.workers < 1 {
 		return nil, fmt.Errorf("--max-concurrent-reconciles (%d) must be at least 1", o.workers)
 	}
-	if _, err := netguard.NewEndpointPolicy(o.endpointAllow, o.endpointDeny); err != nil {
+	if slices.Contains(o.endpointAllow, AllowAnyEndpoint) && len(o.endpointAllow) > 1 {
+		return nil, fmt.Errorf("--endpoint-allow: %s (any address but the denied ones) stands alone; drop it, or the other entries %q", AllowAnyEndpoint, slices.DeleteFunc(slices.Clone(o.endpointAllow), func(s string) bool { return s == AllowAnyEndpoint }))
+	}
+	if _, err := netguard.NewEndpointPolicy(o.allowList(), o.endpointDeny); err != nil {
 		return nil, fmt.Errorf("--endpoint-allow/--endpoint-deny: %w", err)
 	}
 	if o.ownerKeySecret == "" {
@@ -411,12 +414,7 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backe
 	if err != nil {
 		return nil, err
 	}
-	registry.SetPolicy(backend.Policy{
-		InlineDisabled:           !o.inlineEndpoints,
-		Endpoints:                policy,
-		GlobalScope:              backend.GlobalScopePolicy{AllowAll: o.allowGlobalScope, NamespaceLabel: o.globalScopeLabel},
-		ClusterResourceNamespace: o.clusterResourceNS,
-	}, mgr.GetClient())
+	registry.SetPolicy(o.BackendPolicy(policy), mgr.GetClient())
 	dog := watchdog.New(nil, watchdog.WithLogger(log.WithName("watchdog")))
 	if err := mgr.Add(dog); err != nil {
 		return nil, fmt.Errorf("add the renewal watchdog: %w", err)
@@ -478,7 +476,42 @@ func endpointPolicy(ctx context.Context, c client.Reader, cfg *rest.Config, o *O
 	slices.Sort(deny)
 	deny = slices.Compact(deny)
 	log.V(1).Info("Endpoint policy for inline endpoints", "allow", o.endpointAllow, "deny", deny, "inlineEndpoints", o.inlineEndpoints)
-	return netguard.NewEndpointPolicy(o.endpointAllow, deny)
+	if o.inlineEndpoints && len(o.endpointAllow) == 0 {
+		log.Info("No --endpoint-allow: endpoints chosen in a namespace (inline, or in a LockBackend) are refused; locks must name a ClusterLockBackend")
+	}
+	return netguard.NewEndpointPolicy(o.allowList(), deny)
+}
+
+// BackendPolicy is the policy the flags give the backend registry, with
+// endpoints the endpoint policy built from them (endpointPolicy).
+func (o *Options) BackendPolicy(endpoints *netguard.EndpointPolicy) backend.Policy {
+	return backend.Policy{
+		InlineDisabled:           !o.inlineEndpoints,
+		InlineNeedsAllowList:     o.inlineEndpoints && len(o.endpointAllow) == 0,
+		Endpoints:                endpoints,
+		GlobalScope:              backend.GlobalScopePolicy{AllowAll: o.allowGlobalScope, NamespaceLabel: o.globalScopeLabel},
+		ClusterResourceNamespace: o.clusterResourceNS,
+	}
+}
+
+// FlagEndpointPolicy is the endpoint policy of --endpoint-allow and
+// --endpoint-deny alone, without the addresses the manager denies when it
+// starts (the API server's, its own pod IP's).
+func (o *Options) FlagEndpointPolicy() (*netguard.EndpointPolicy, error) {
+	return netguard.NewEndpointPolicy(o.allowList(), o.endpointDeny)
+}
+
+// AllowAnyEndpoint, as the whole of --endpoint-allow, allows endpoints
+// chosen in a namespace to use any address but the denied ones.
+const AllowAnyEndpoint = "*"
+
+// allowList is the allow-list the endpoint policy gets: nil (anywhere but
+// the denied addresses) for AllowAnyEndpoint.
+func (o *Options) allowList() []string {
+	if slices.Equal(o.endpointAllow, []string{AllowAnyEndpoint}) {
+		return nil
+	}
+	return o.endpointAllow
 }
 
 // allowedExactly reports whether an allow entry names exactly ip: the IP
