@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -224,9 +225,17 @@ func selects(sel *metav1.LabelSelector, nsLabels map[string]string) bool {
 
 func (r *Registry) namespaceLabels(ctx context.Context, name string) (map[string]string, error) {
 	var ns corev1.Namespace
-	if err := r.objects.Get(ctx, types.NamespacedName{Name: name}, &ns); err != nil {
+	err := r.objects.Get(ctx, types.NamespacedName{Name: name}, &ns)
+	if apierrors.IsNotFound(err) && r.reader != nil {
+		// Not in the cache yet (just created): ask the API server.
+		err = r.reader.Get(ctx, types.NamespacedName{Name: name}, &ns)
+	}
+	if err != nil {
 		if apierrors.IsNotFound(err) {
-			return map[string]string{}, nil
+			// Not "no labels": a negative selector (NotIn, DoesNotExist)
+			// would select a namespace the operator has not seen yet.
+			return nil, &PolicyError{Field: "metadata.namespace", Reason: locksv1alpha1.ReasonBackendNotAllowed,
+				Message: fmt.Sprintf("namespace %q was not found, and its labels decide which backends and scopes it may use; no connection was made", name)}
 		}
 		return nil, fmt.Errorf("read namespace %q: %w", name, err)
 	}
@@ -241,6 +250,11 @@ func (r *Registry) inlineGlobalScope(ctx context.Context, namespace string) erro
 	}
 	if g.NamespaceLabel != "" {
 		ns, err := r.namespaceLabels(ctx, namespace)
+		var unseen *PolicyError
+		if errors.As(err, &unseen) {
+			// A positive check: a namespace not seen yet is not labelled.
+			ns, err = nil, nil
+		}
 		if err != nil {
 			return err
 		}

@@ -51,6 +51,7 @@ func TestClusterBackendPolicy(t *testing.T) {
 		namespace("web", map[string]string{"team": "web"}),
 		clusterBackend("everyone", &metav1.LabelSelector{}, team),
 		clusterBackend("billing-only", team, nil),
+		clusterBackend("not-web", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"web"}}}}, nil),
 		clusterBackend("typo", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: "Equals", Values: []string{"web"}}}}, nil),
 		// The admin's Secret, in the operator's namespace; a tenant's
 		// Secret of the same name must never be used.
@@ -70,6 +71,10 @@ func TestClusterBackendPolicy(t *testing.T) {
 		"Global on a backend without a Global selector": {lock: lockOn("billing", "billing-only", locksv1alpha1.ScopeGlobal), wantReason: locksv1alpha1.ReasonScopeNotAllowed},
 		"a backend whose selector is invalid": {lock: lockOn("web", "typo", ""), wantReason: locksv1alpha1.ReasonInvalidBackend,
 			wantText: []string{`ClusterLockBackend "typo" cannot be used`, "spec.namespaceSelector", `"Equals" is not a valid`}},
+		"a negative selector, a selected namespace": {lock: lockOn("billing", "not-web", "")},
+		// Fails closed: an unseen namespace is not one without labels.
+		"a negative selector, a namespace not found": {lock: lockOn("ghost", "not-web", ""), wantReason: locksv1alpha1.ReasonBackendNotAllowed,
+			wantText: []string{`namespace "ghost" was not found`}},
 		"a backend that does not exist": {lock: lockOn("billing", "nope", ""), wantReason: locksv1alpha1.ReasonBackendNotFound,
 			wantText: []string{`ClusterLockBackend "nope" does not exist`, "kubectl get clusterlockbackends"}},
 	}
