@@ -3,6 +3,9 @@ package controllers
 import (
 	"context"
 
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -41,4 +44,21 @@ func backendKeyValues(id string, keys ...string) []string {
 		out[i] = id + "\x00" + k
 	}
 	return out
+}
+
+// LeanJob is the manager's cache transform of gated Jobs: it drops their
+// managedFields and their pod template's spec (containers, volumes...),
+// which nothing in the operator reads, so that a tenant's large Jobs do not
+// grow every replica. The operator changes Jobs only by patches computed
+// between two such copies, which leave the template's spec as it is; the
+// template's metadata (where the fencing token goes) is kept.
+func LeanJob(obj any) (any, error) {
+	obj, err := cache.TransformStripManagedFields()(obj)
+	if err != nil {
+		return obj, err
+	}
+	if job, ok := obj.(*batchv1.Job); ok {
+		job.Spec.Template.Spec = corev1.PodSpec{}
+	}
+	return obj, nil
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -148,8 +150,11 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 	skipNameValidation := true
 	host, port, certDir := o.env.Webhook()
 	mgr, err := ctrl.NewManager(o.env.Config, ctrl.Options{
-		Scheme:                 o.env.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
+		Scheme:  o.env.Scheme,
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		// Jobs cached as the manager caches them: without their pod
+		// templates' specs.
+		Cache:                  cache.Options{ByObject: map[client.Object]cache.ByObject{&batchv1.Job{}: {Transform: LeanJob}}},
 		HealthProbeBindAddress: "0",
 		Controller:             config.Controller{SkipNameValidation: &skipNameValidation},
 		WebhookServer:          ctrlwebhook.NewServer(ctrlwebhook.Options{Host: host, Port: port, CertDir: certDir}),

@@ -291,8 +291,10 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 			// without them leaves them as they are.
 			DefaultTransform: cache.TransformStripManagedFields(),
 			ByObject: map[client.Object]cache.ByObject{
-				// Only gated Jobs are cached: memory does not grow with the cluster's other Jobs.
-				&batchv1.Job{}: {Label: labels.NewSelector().Add(*gated)},
+				// Only gated Jobs are cached, without their pod templates'
+				// specs: memory does not grow with the cluster's other Jobs,
+				// nor with the size of a tenant's.
+				&batchv1.Job{}: {Label: labels.NewSelector().Add(*gated), Transform: controllers.LeanJob},
 				// Only the manager's own Secrets (the webhook certificate) are
 				// cached; locks' Secrets are read on demand from their namespace.
 				&corev1.Secret{}: {Namespaces: map[string]cache.Config{certNS: {}}},

@@ -11,6 +11,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -193,14 +194,18 @@ func (g *JobGate) settingsOf(ctx context.Context, job *batchv1.Job) (gateSetting
 	return s, ownLock, nil
 }
 
-// ownerOf returns the Job's owning CronJob, or nil when it has none (or
-// it is gone, or a CronJob of the same name that is not the owner).
-func (g *JobGate) ownerOf(ctx context.Context, job *batchv1.Job) (*batchv1.CronJob, error) {
+// ownerOf returns the metadata of the Job's owning CronJob, or nil when it
+// has none (or it is gone, or a CronJob of the same name that is not the
+// owner). Only the metadata is read (its annotations), so the manager's
+// cache keeps CronJobs as metadata only: a tenant's large CronJobs do not
+// grow every replica.
+func (g *JobGate) ownerOf(ctx context.Context, job *batchv1.Job) (*metav1.PartialObjectMetadata, error) {
 	ref := ownerCronJob(job)
 	if ref == nil {
 		return nil, nil
 	}
-	var cj batchv1.CronJob
+	var cj metav1.PartialObjectMetadata
+	cj.SetGroupVersionKind(batchv1.SchemeGroupVersion.WithKind("CronJob"))
 	if err := g.Reader.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: ref.Name}, &cj); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, nil
