@@ -139,6 +139,11 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}
 
 	obs := r.gather(ctx, &dl)
+	defer obs.done()
+	if errors.Is(obs.backendErr, backend.ErrBusy) {
+		// Its other reconciles hold the backend's share of the workers.
+		return ctrl.Result{RequeueAfter: busyRequeue()}, nil
+	}
 	if errors.Is(obs.backendErr, backend.ErrConnecting) {
 		// The backend is new: its first health check wakes the lock in a
 		// moment (OnHealth), with no status write in between.

@@ -31,7 +31,10 @@ type observation struct {
 	backendErr    error
 	backendReason string
 	handle        backend.Handle
-	keys          []string
+	// leave gives back the backend's reconcile slot (Handle.Enter); nil
+	// when none was taken.
+	leave func()
+	keys  []string
 	// states is what the backend holds for each key.
 	states []lock.KeyState
 	// mine is the lease this lock's manual holder holds, if any.
@@ -96,6 +99,14 @@ func (r *DistributedLockReconciler) gather(ctx context.Context, dl *locksv1alpha
 		err = h.Health()
 		obs.knownDown = err != nil && !errors.Is(err, backend.ErrConnecting)
 	}
+	if err == nil {
+		// One slow backend may hold only its share of the shared workers.
+		if leave, ok := h.Enter(); ok {
+			obs.leave = leave
+		} else {
+			err = backend.ErrBusy
+		}
+	}
 	if err != nil {
 		obs.backendErr = err
 		var pe *backend.PolicyError
@@ -107,7 +118,7 @@ func (r *DistributedLockReconciler) gather(ctx context.Context, dl *locksv1alpha
 			obs.backendReason = pe.Reason
 		case errors.As(err, &se):
 			obs.backendReason = locksv1alpha1.ReasonSecretNotFound
-		case errors.Is(err, backend.ErrConnecting):
+		case errors.Is(err, backend.ErrConnecting), errors.Is(err, backend.ErrBusy):
 			obs.backendReason = locksv1alpha1.ReasonConnecting
 		case h.Locker != nil:
 			obs.backendReason = locksv1alpha1.ReasonBackendUnreachable
@@ -523,6 +534,10 @@ func (r *DistributedLockReconciler) reconcileDelete(ctx context.Context, dl *loc
 		return ctrl.Result{}, nil
 	}
 	obs := r.gather(ctx, dl)
+	defer obs.done()
+	if errors.Is(obs.backendErr, backend.ErrBusy) {
+		return ctrl.Result{RequeueAfter: busyRequeue()}, nil
+	}
 	obs.deleting = true
 	if errors.Is(obs.backendErr, backend.ErrConnecting) {
 		// Known in a moment: release then, rather than let the lease expire.
@@ -563,4 +578,11 @@ func (r *DistributedLockReconciler) dropLockState(nn types.NamespacedName) {
 	}
 	r.mu.Unlock()
 	metrics.DeleteLock(nn)
+}
+
+// done gives back what the observation holds of its backend.
+func (o *observation) done() {
+	if o.leave != nil {
+		o.leave()
+	}
 }

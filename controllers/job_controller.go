@@ -111,6 +111,7 @@ func (r *JobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	defer g.leaveBackend()
 	phase := phaseOf(&job)
 	if r.waits.hasEnded(&job) {
 		phase = phaseDone // ended without running; the cache may not show it yet
@@ -167,6 +168,16 @@ type gatedJob struct {
 	ref    holder.Ref
 	holder holder.Holder
 	owner  string
+	// leaves give back the backend slots the reconcile took (backendFor).
+	leaves []func()
+}
+
+// leaveBackend gives back the backend slots the reconcile took.
+func (g *gatedJob) leaveBackend() {
+	for _, leave := range g.leaves {
+		leave()
+	}
+	g.leaves = nil
 }
 
 func (r *JobReconciler) gatedJob(ctx context.Context, job *batchv1.Job) (*gatedJob, error) {

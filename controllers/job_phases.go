@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -460,6 +461,14 @@ func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Re
 	}
 }
 
+// busyRequeueBase is about how soon a reconcile whose backend had no free
+// slot (backend.ErrBusy) comes back.
+const busyRequeueBase = 500 * time.Millisecond
+
+// busyRequeue is busyRequeueBase with up to as much again of jitter, so
+// that the reconciles turned away together do not come back together.
+func busyRequeue() time.Duration { return wait.Jitter(busyRequeueBase, 1) }
+
 // connectingRequeue is how soon a holder whose backend is new looks again,
 // if the backend's first health check has not woken it before.
 const connectingRequeue = time.Second
@@ -478,6 +487,15 @@ func (r *JobReconciler) backendFor(ctx context.Context, g *gatedJob, action stri
 	var pe *backend.PolicyError
 	switch {
 	case err == nil:
+		// One slow backend may hold only its share of the shared workers.
+		if len(g.leaves) > 0 {
+			return h, ctrl.Result{}, true // this reconcile holds a slot already
+		}
+		leave, ok := h.Enter()
+		if !ok {
+			return h, ctrl.Result{RequeueAfter: busyRequeue()}, false
+		}
+		g.leaves = append(g.leaves, leave)
 		return h, ctrl.Result{}, true
 	case errors.Is(err, backend.ErrConnecting):
 		return h, ctrl.Result{RequeueAfter: connectingRequeue}, false

@@ -75,6 +75,12 @@ type LockOptions struct {
 	SyncCronJobTemplates bool
 }
 
+// BackendWorkerShare is how many of a controller's workers reconciles of
+// one backend may use at once: half, at least one. (A reconcile keeps its
+// place while it writes to the API server too, so a busy API server must
+// not turn the bound on a healthy backend into a queue of its own.)
+func BackendWorkerShare(workers int) int { return max(1, workers/2) }
+
 // DefaultWorkers is how many locks, and how many Jobs, are reconciled at
 // once by default: one tenant's slow backend does not hold everyone's.
 const DefaultWorkers = 16
@@ -104,6 +110,10 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, d Deps, o LockOptio
 	locks := NewDistributedLockReconciler(d, o)
 	jobs := NewJobReconciler(d, locks.Enqueue)
 	jobs.workers = locks.Workers
+	// A backend that answers slowly (a tenant's, on purpose or not) holds
+	// at most half of each controller's workers; its other reconciles come
+	// back later without calling it.
+	d.Registry.SetBulkhead(BackendWorkerShare(locks.Workers))
 	d.Watchdog.OnLost(locks.onLost)
 	d.Watchdog.OnLost(jobs.onLost)
 	if err := locks.SetupWithManager(mgr); err != nil {

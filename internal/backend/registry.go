@@ -47,6 +47,30 @@ type Handle struct {
 	Locker Locker
 
 	health *health
+	// slots bounds the reconciles using the backend at once (Enter); nil:
+	// no bound.
+	slots chan struct{}
+}
+
+// ErrBusy says a backend already serves as many reconciles as it may at
+// once (SetBulkhead): the reconcile comes back later without calling it,
+// so that one slow backend cannot hold every shared worker.
+var ErrBusy = errors.New("busy: the backend already serves as many reconciles as it may at once")
+
+// Enter takes one of the backend's reconcile slots: ok is false when all
+// are taken (ErrBusy). leave gives the slot back; call it once the
+// reconcile is done with the backend.
+func (h Handle) Enter() (leave func(), ok bool) {
+	if h.slots == nil {
+		return func() {}, true
+	}
+	select {
+	case h.slots <- struct{}{}:
+		var once sync.Once
+		return func() { once.Do(func() { <-h.slots }) }, true
+	default:
+		return func() {}, false
+	}
 }
 
 // SecretError says a Secret or key that a lock references is missing or
@@ -94,6 +118,7 @@ type Registry struct {
 
 	healthInterval time.Duration
 	configInterval time.Duration
+	bulkhead       int
 	secretTTL      time.Duration
 
 	// secrets remembers the keys of Secrets read recently (secretKey to
@@ -206,6 +231,11 @@ func (r *Registry) SetPolicy(p Policy, objects client.Reader) {
 	}
 }
 
+// SetBulkhead bounds how many reconciles may use one backend at once (see
+// Handle.Enter); 0 (the default) sets no bound. It applies to backends
+// built after the call.
+func (r *Registry) SetBulkhead(n int) { r.bulkhead = n }
+
 // SetHealthInterval changes how often backends are pinged (before first use).
 func (r *Registry) SetHealthInterval(d time.Duration) { r.healthInterval = d }
 
@@ -255,6 +285,9 @@ func (r *Registry) For(ctx context.Context, user holder.Ref, dl *locksv1alpha1.D
 		}
 		wctx, cancel := context.WithCancel(r.ctx)
 		e = &entry{handle: Handle{ID: id, Locker: l, health: &health{}}, users: map[holder.Ref]struct{}{}, cancel: cancel}
+		if r.bulkhead > 0 {
+			e.handle.slots = make(chan struct{}, r.bulkhead)
+		}
 		r.entries[fingerprint] = e
 		go r.watch(wctx, e.handle)
 		go r.checkHealth(wctx, e)
