@@ -54,6 +54,10 @@ var defaultDeny = []struct {
 	{netip.MustParsePrefix("fe80::/10"), classLinkLocal},
 	{netip.MustParsePrefix("fd00:ec2::254/128"), classLinkLocal},  // AWS metadata over IPv6
 	{netip.MustParsePrefix("100.100.100.200/32"), classLinkLocal}, // Alibaba Cloud metadata
+	{netip.MustParsePrefix("fd00:ec2::23/128"), classLinkLocal},   // AWS DNS and time over IPv6
+	{netip.MustParsePrefix("fd20:ce::254/128"), classLinkLocal},   // Google Cloud metadata over IPv6
+	{netip.MustParsePrefix("168.63.129.16/32"), classLinkLocal},   // Azure WireServer
+	{netip.MustParsePrefix("192.0.0.192/32"), classLinkLocal},     // Oracle Cloud metadata
 }
 
 // nat64 is the well-known NAT64 prefix (RFC 6052): an address in it reaches
@@ -68,7 +72,8 @@ var nat64 = netip.MustParsePrefix("64:ff9b::/96")
 //  1. An address in the deny list is refused.
 //  2. Loopback (127.0.0.0/8, ::1), unspecified (0.0.0.0/8, ::), link-local
 //     and cloud metadata addresses (169.254.0.0/16, fe80::/10,
-//     fd00:ec2::254, 100.100.100.200) are refused unless an allow CIDR at
+//     fd00:ec2::254, fd00:ec2::23, fd20:ce::254, 100.100.100.200,
+//     168.63.129.16, 192.0.0.192) are refused unless an allow CIDR at
 //     least as specific as the default range covers the address.
 //  3. With an empty allow-list, everything else is allowed. Otherwise the
 //     endpoint's host must match a host pattern, or its IP (an IP literal, or
