@@ -1,18 +1,12 @@
 package etcd
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"io"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -20,80 +14,6 @@ import (
 	"github.com/lockwarden/lockwarden/internal/netguard"
 	"github.com/lockwarden/lockwarden/internal/testutil/rawserver"
 )
-
-// serveOversizedGRPC speaks just enough HTTP/2 to answer every gRPC call
-// with response headers and a message prefix announcing 1 GiB, whose bytes
-// never come.
-func serveOversizedGRPC(c net.Conn) { serveGRPC(c, 0, 0, []byte{0, 0x40, 0, 0, 0}) }
-
-// serveGRPC answers every gRPC call with response headers, padded by n
-// headers of pad bytes each (sent in 16 KiB frames), then data, if any.
-func serveGRPC(c net.Conn, pad, n int, data []byte) { serveGRPCWith(c, pad, n, data, nil) }
-
-// serveGRPCWith is serveGRPC that also sends the header list size the
-// client advertises in its settings, if any, to advertised.
-func serveGRPCWith(c net.Conn, pad, n int, data []byte, advertised chan<- uint32) {
-	preface := make([]byte, len(http2.ClientPreface))
-	if _, err := io.ReadFull(c, preface); err != nil || string(preface) != http2.ClientPreface {
-		return
-	}
-	fr := http2.NewFramer(c, c)
-	if fr.WriteSettings() != nil {
-		return
-	}
-	var hdr bytes.Buffer
-	enc := hpack.NewEncoder(&hdr)
-	fields := []hpack.HeaderField{{Name: ":status", Value: "200"}, {Name: "content-type", Value: "application/grpc"}}
-	for i := range n {
-		fields = append(fields, hpack.HeaderField{Name: fmt.Sprintf("x-pad-%d", i), Value: strings.Repeat("a", pad)})
-	}
-	for _, f := range fields {
-		_ = enc.WriteField(f)
-	}
-	block := hdr.Bytes()
-	const frame = 16 << 10
-	for {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			return
-		}
-		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if f.IsAck() {
-				break
-			}
-			if v, ok := f.Value(http2.SettingMaxHeaderListSize); ok && advertised != nil {
-				select {
-				case advertised <- v:
-				default:
-				}
-			}
-			if fr.WriteSettingsAck() != nil {
-				return
-			}
-		case *http2.PingFrame:
-			if !f.IsAck() && fr.WritePing(true, f.Data) != nil {
-				return
-			}
-		case *http2.HeadersFrame: // a call: answer at once
-			id := f.StreamID
-			first := block[:min(frame, len(block))]
-			if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first, EndHeaders: len(block) <= frame}) != nil {
-				return
-			}
-			for rest := block[len(first):]; len(rest) > 0; {
-				part := rest[:min(frame, len(rest))]
-				rest = rest[len(part):]
-				if fr.WriteContinuation(id, len(rest) == 0, part) != nil {
-					return
-				}
-			}
-			if data != nil && fr.WriteData(id, false, data) != nil {
-				return
-			}
-		}
-	}
-}
 
 // pingTenantServer pings srv with a Locker that dials as the operator dials
 // a tenant's etcd.
@@ -114,7 +34,7 @@ func pingTenantServer(t *testing.T, srv *rawserver.Server) error {
 // call with a message announcing 1 GiB must get an error naming the limit
 // at once, not have the client wait for (and buffer) up to 2 GiB.
 func TestOversizedReplyIsRefused(t *testing.T) {
-	srv := rawserver.Start(t, serveOversizedGRPC)
+	srv := rawserver.Start(t, rawserver.GRPC(0, 0, rawserver.GRPCAnnouncing1GiB, nil))
 	err := pingTenantServer(t, srv)
 	t.Logf("Ping = %v", err)
 	if !errors.Is(err, lock.ErrBackendUnavailable) || !errors.Is(err, lock.ErrReplyTooLarge) {
@@ -146,7 +66,7 @@ func TestOversizedHeadersAreRefused(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			advertised := make(chan uint32, 16)
-			srv := rawserver.Start(t, func(c net.Conn) { serveGRPCWith(c, tc.pad, tc.n, nil, advertised) })
+			srv := rawserver.Start(t, rawserver.GRPC(tc.pad, tc.n, nil, advertised))
 			err := pingTenantServer(t, srv)
 			t.Logf("Ping = %v", err)
 			if err == nil {

@@ -2,10 +2,7 @@ package postgres
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
-	"io"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -22,20 +19,7 @@ import (
 func TestOversizedReplyIsRefusedWithoutAllocating(t *testing.T) {
 	// Just under the 1 GiB pgx accepts by default (the server's own limit).
 	const declared = 1<<30 - 2
-	srv := rawserver.Start(t, func(c net.Conn) {
-		// The client speaks first: its startup message, length-prefixed.
-		var n [4]byte
-		if _, err := io.ReadFull(c, n[:]); err != nil {
-			return
-		}
-		if _, err := io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint32(n[:]))-4); err != nil {
-			return
-		}
-		hdr := []byte{'R', 0, 0, 0, 0}                // an authentication request...
-		binary.BigEndian.PutUint32(hdr[1:], declared) // the length counts itself
-		_, _ = c.Write(hdr)                           // ...whose body never comes
-		_, _ = io.Copy(io.Discard, c)                 // hold the connection until the client drops it
-	})
+	srv := rawserver.Start(t, rawserver.PostgresAnnouncing(declared))
 	policy, err := netguard.NewEndpointPolicy([]string{"127.0.0.1/32"}, nil)
 	if err != nil {
 		t.Fatal(err)

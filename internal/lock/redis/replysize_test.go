@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"fmt"
-	"net"
 	"runtime"
 	"testing"
 	"time"
@@ -21,22 +20,12 @@ import (
 // connection, and each Ping must fail.
 func TestAnnouncedRepliesCostLittle(t *testing.T) {
 	for _, tc := range []struct{ name, payload string }{
-		{"resp3-map-and-bulk", "%1048576\r\n$4194304\r\n"},
-		{"resp2-array-at-the-old-limit", "*1048576\r\n"},
-		{"resp2-within-the-limits", "*65536\r\n$1048576\r\n"},
+		{"resp3-map-and-bulk", rawserver.RedisMapAndBulk},
+		{"resp2-array-at-the-old-limit", rawserver.RedisLongArray},
+		{"resp2-within-the-limits", rawserver.RedisArrayOfBulks},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := rawserver.Start(t, func(c net.Conn) {
-				buf := make([]byte, 4096)
-				for {
-					if _, err := c.Read(buf); err != nil {
-						return
-					}
-					if _, err := c.Write([]byte(tc.payload)); err != nil {
-						return
-					}
-				}
-			})
+			srv := rawserver.Start(t, rawserver.Repeat(tc.payload))
 			l := newTestLocker(t, Config{Addrs: []string{srv.Addr}})
 			const pings = 5
 			var before, after runtime.MemStats

@@ -26,23 +26,13 @@ func tenantDial(t *testing.T) func(ctx context.Context, network, address string)
 	return netguard.Dialer(netguard.DialOptions{Policy: policy, Timeout: 5 * time.Second, NotRESP: true})
 }
 
-// readConnectRequest reads the client's first packet (length-prefixed).
-func readConnectRequest(c net.Conn) error {
-	var n [4]byte
-	if _, err := io.ReadFull(c, n[:]); err != nil {
-		return err
-	}
-	_, err := io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint32(n[:])))
-	return err
-}
-
 // A tenant can aim a backend at a server of its own. One that answers the
 // connect request with a 4-byte length announcing 1 GiB must cost the
 // operator an error naming the limit, not a 1 GiB buffer per connection
 // (the manager runs in 512Mi and the client reconnects every second).
 func TestOversizedReplyIsRefusedWithoutAllocating(t *testing.T) {
 	srv := rawserver.Start(t, func(c net.Conn) {
-		if readConnectRequest(c) != nil {
+		if rawserver.ReadZKConnectRequest(c) != nil {
 			return
 		}
 		_, _ = c.Write([]byte{0x40, 0, 0, 0}) // 1 GiB of connect response...
@@ -78,7 +68,7 @@ func TestOversizedReplyIsRefusedWithoutAllocating(t *testing.T) {
 func TestStalledHandshakeIsCut(t *testing.T) {
 	closed := make(chan struct{}, 16)
 	srv := rawserver.Start(t, func(c net.Conn) {
-		if readConnectRequest(c) != nil {
+		if rawserver.ReadZKConnectRequest(c) != nil {
 			return
 		}
 		_, _ = c.Write([]byte{0, 0, 0, 36}) // a connect response's length, then silence
@@ -142,25 +132,17 @@ func TestFrameConnFollowsPacketsAcrossReads(t *testing.T) {
 	}
 }
 
-// zkPacket is a length-prefixed packet of the given parts.
-func zkPacket(parts ...[]byte) []byte {
-	body := bytes.Join(parts, nil)
-	out := binary.BigEndian.AppendUint32(nil, uint32(len(body)))
-	return append(out, body...)
-}
+var (
+	zkPacket    = rawserver.ZKPacket
+	replyHeader = rawserver.ZKReplyHeader
+)
 
 func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
-func be64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
 // connectResponse is a connect response granting session 1 with a password
 // whose declared length is passwdLen and whose bytes are 16 zeros.
 func connectResponse(passwdLen uint32) []byte {
-	return zkPacket(be32(0), be32(uint32(testSessionTimeout.Milliseconds())), be64(1), be32(passwdLen), make([]byte, 16))
-}
-
-// replyHeader is xid, zxid 1 and error code errCode.
-func replyHeader(xid int32, errCode uint32) []byte {
-	return append(append(be32(uint32(xid)), be64(1)...), be32(errCode)...)
+	return rawserver.ZKConnectResponse(uint32(testSessionTimeout.Milliseconds()), passwdLen)
 }
 
 // scriptConn reads a fixed stream and discards what is written.
@@ -271,38 +253,6 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 	return k, nil
 }
 
-// fakeZK is a tenant's server that speaks ZooKeeper's framing: it sends
-// connect for the connect response, then answers every request with its
-// header and reply(opcode) (pings with the header alone).
-func fakeZK(t *testing.T, connect []byte, reply func(op int32) []byte) *rawserver.Server {
-	return rawserver.Start(t, func(c net.Conn) {
-		if readConnectRequest(c) != nil {
-			return
-		}
-		if _, err := c.Write(connect); err != nil {
-			return
-		}
-		for {
-			var n [4]byte
-			if _, err := io.ReadFull(c, n[:]); err != nil {
-				return
-			}
-			body := make([]byte, binary.BigEndian.Uint32(n[:]))
-			if _, err := io.ReadFull(c, body); err != nil || len(body) < 8 {
-				return
-			}
-			xid, op := int32(binary.BigEndian.Uint32(body)), int32(binary.BigEndian.Uint32(body[4:]))
-			var out []byte
-			if xid >= 0 {
-				out = reply(op)
-			}
-			if _, err := c.Write(zkPacket(replyHeader(xid, 0), out)); err != nil {
-				return
-			}
-		}
-	})
-}
-
 // A tenant's server that sends small packets declaring huge fields must
 // cost the operator an error naming the field, not the memory declared:
 // before frameConn checked fields, one connect response of 36 bytes took
@@ -330,7 +280,7 @@ func TestDeclaredFieldsCostLittle(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := fakeZK(t, tc.connect, tc.reply)
+			srv := rawserver.Start(t, rawserver.ZooKeeper(tc.connect, tc.reply))
 			l := newTestLocker(t, Config{Servers: []string{srv.Addr}, Dial: tenantDial(t)})
 			before := rawserver.HeapSys()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*testOpTimeout)
