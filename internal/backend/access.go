@@ -73,6 +73,9 @@ type source struct {
 	field string
 	// endpoints checks every dial (nil: admin-owned, unrestricted).
 	endpoints *netguard.EndpointPolicy
+	// tenant is set for the endpoints a namespace chose (inline, or a
+	// LockBackend): their operations get TenantOperationTimeout.
+	tenant bool
 }
 
 // LockBackendID names the backend a lock uses, from its spec alone: the
@@ -159,7 +162,7 @@ func (r *Registry) checkTenantEndpoints(ctx context.Context, dl *locksv1alpha1.D
 			return nil, err
 		}
 	}
-	return &source{id: id, spec: spec, secretNamespace: dl.Namespace, field: field, endpoints: r.policy.Endpoints}, nil
+	return &source{id: id, spec: spec, secretNamespace: dl.Namespace, field: field, endpoints: r.policy.Endpoints, tenant: true}, nil
 }
 
 func (r *Registry) checkClusterBackend(ctx context.Context, dl *locksv1alpha1.DistributedLock, name string) (*source, error) {

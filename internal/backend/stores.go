@@ -206,7 +206,20 @@ type Config struct {
 	Postgres  *pglock.Config
 	ZooKeeper *zklock.Config
 	Etcd      *etcdlock.Config
+	// OperationTimeout bounds each operation of a PostgreSQL, ZooKeeper or
+	// etcd client (0: the store's default). Redis bounds every call to a
+	// node by its node timeout already.
+	OperationTimeout time.Duration
 }
+
+// TenantOperationTimeout bounds each operation on a PostgreSQL, ZooKeeper
+// or etcd store that a namespace chose (a LockBackend), in place of the
+// stores' defaults (2 s, 2 s and 5 s), which suit the stores an
+// administrator runs. A tenant's store that answers every call at its full
+// timeout holds a reconcile worker for at most this long per call; a
+// healthy store answers in milliseconds. Redis's node timeout (at most
+// 100 ms) stays as it is.
+const TenantOperationTimeout = time.Second
 
 // NewLocker returns the NewLockerFunc the manager uses: each store's own
 // engine, logging through log.
@@ -216,11 +229,23 @@ func NewLocker(log logr.Logger) NewLockerFunc {
 		case cfg.Redis != nil:
 			return redislock.New(*cfg.Redis, redislock.WithLogger(log.WithName("redis")))
 		case cfg.Postgres != nil:
-			return pglock.New(*cfg.Postgres, pglock.WithLogger(log.WithName("postgres")))
+			opts := []pglock.Option{pglock.WithLogger(log.WithName("postgres"))}
+			if cfg.OperationTimeout > 0 {
+				opts = append(opts, pglock.WithOperationTimeout(cfg.OperationTimeout))
+			}
+			return pglock.New(*cfg.Postgres, opts...)
 		case cfg.ZooKeeper != nil:
-			return zklock.New(*cfg.ZooKeeper, zklock.WithLogger(log.WithName("zookeeper")))
+			opts := []zklock.Option{zklock.WithLogger(log.WithName("zookeeper"))}
+			if cfg.OperationTimeout > 0 {
+				opts = append(opts, zklock.WithOperationTimeout(cfg.OperationTimeout))
+			}
+			return zklock.New(*cfg.ZooKeeper, opts...)
 		case cfg.Etcd != nil:
-			return etcdlock.New(*cfg.Etcd, etcdlock.WithLogger(log.WithName("etcd")))
+			opts := []etcdlock.Option{etcdlock.WithLogger(log.WithName("etcd"))}
+			if cfg.OperationTimeout > 0 {
+				opts = append(opts, etcdlock.WithOpTimeout(cfg.OperationTimeout))
+			}
+			return etcdlock.New(*cfg.Etcd, opts...)
 		}
 		return nil, fmt.Errorf("the backend configuration names no store")
 	}
@@ -295,6 +320,9 @@ func (r *Registry) resolve(ctx context.Context, src *source) (Config, string, er
 		cfg.Etcd, secrets = &c, []string{c.Password}
 	default:
 		return cfg, "", &ConfigError{Field: field, Err: spec.Validate()}
+	}
+	if src.tenant && spec.Redis == nil {
+		cfg.OperationTimeout = TenantOperationTimeout
 	}
 	// The endpoint policy is part of the client: an inline and an
 	// admin-owned backend on the same store never share one.

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -174,5 +175,51 @@ func TestStoreDialerEnforcesThePolicy(t *testing.T) {
 				t.Fatalf("read %q, %v: want the server's bytes untouched", buf, err)
 			}
 		})
+	}
+}
+
+// TestTenantStoresGetShortOperationTimeouts: a PostgreSQL, ZooKeeper or
+// etcd store a namespace chose gets TenantOperationTimeout per operation, so
+// that a tenant's store answering at its full timeout holds a shared worker
+// for a second per call, not the 2 s or 5 s an administrator's store may
+// take; the same store behind a ClusterLockBackend keeps its default.
+func TestTenantStoresGetShortOperationTimeouts(t *testing.T) {
+	t.Parallel()
+	specs := map[string]locksv1alpha1.LockBackendSpec{
+		"pg":    {Postgres: &locksv1alpha1.PostgresBackend{Host: "pg.infra.svc", Database: "locks", User: "locker"}},
+		"zk":    {ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk.infra.svc:2181"}}},
+		"etcd":  {Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd.infra.svc:2379"}}},
+		"redis": {Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{"redis.infra.svc:6379"}}},
+	}
+	var objs []client.Object
+	for name, spec := range specs {
+		objs = append(objs, storeLockBackend(name, spec), &locksv1alpha1.ClusterLockBackend{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: locksv1alpha1.ClusterLockBackendSpec{Postgres: spec.Postgres, ZooKeeper: spec.ZooKeeper, Etcd: spec.Etcd, Redis: spec.Redis,
+				NamespaceSelector: &metav1.LabelSelector{}},
+		})
+	}
+	objs = append(objs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}})
+	r := registryWith(t, deepCopies(objs)...)
+	r.SetPolicy(Policy{ClusterResourceNamespace: "lockwarden-system"}, nil)
+	for name := range specs {
+		want := TenantOperationTimeout
+		if name == "redis" {
+			want = 0 // bounded per node call by the Redis engine itself
+		}
+		cfg, _, err := r.resolveAny(t.Context(), lockOnBackend(name))
+		if err != nil {
+			t.Fatalf("LockBackend %s: %v", name, err)
+		}
+		if cfg.OperationTimeout != want {
+			t.Errorf("LockBackend %s: operation timeout %v, want %v", name, cfg.OperationTimeout, want)
+		}
+		cfg, _, err = r.resolveAny(t.Context(), lockOn("team-a", name, locksv1alpha1.ScopeNamespace))
+		if err != nil {
+			t.Fatalf("ClusterLockBackend %s: %v", name, err)
+		}
+		if cfg.OperationTimeout != 0 {
+			t.Errorf("ClusterLockBackend %s: operation timeout %v, want the store's default (0)", name, cfg.OperationTimeout)
+		}
 	}
 }
