@@ -76,7 +76,7 @@ func ReadZKConnectRequest(c net.Conn) error {
 // ZKPacket is a length-prefixed ZooKeeper packet of the given parts.
 func ZKPacket(parts ...[]byte) []byte {
 	body := bytes.Join(parts, nil)
-	out := binary.BigEndian.AppendUint32(nil, uint32(len(body)))
+	out := binary.BigEndian.AppendUint32(nil, uint32(len(body))) //nolint:gosec // G115: test packets are far below 4 GiB
 	return append(out, body...)
 }
 
@@ -89,7 +89,7 @@ func ZKConnectResponse(timeoutMillis, passwdLen uint32) []byte {
 
 // ZKReplyHeader is a reply header: xid, zxid 1 and the error code.
 func ZKReplyHeader(xid int32, errCode uint32) []byte {
-	return append(append(be32(uint32(xid)), be64(1)...), be32(errCode)...)
+	return append(append(be32(uint32(xid)), be64(1)...), be32(errCode)...) //nolint:gosec // G115: the wire's two's complement int32
 }
 
 func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
@@ -115,7 +115,7 @@ func ZooKeeper(connect []byte, reply func(op int32) []byte) func(c net.Conn) {
 			if _, err := io.ReadFull(c, body); err != nil || len(body) < 8 {
 				return
 			}
-			xid, op := int32(binary.BigEndian.Uint32(body)), int32(binary.BigEndian.Uint32(body[4:]))
+			xid, op := int32(binary.BigEndian.Uint32(body)), int32(binary.BigEndian.Uint32(body[4:])) //nolint:gosec // G115: the wire's two's complement int32
 			var out []byte
 			if xid >= 0 {
 				out = reply(op)
