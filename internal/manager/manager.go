@@ -10,16 +10,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
-	"net/netip"
-	"net/url"
 	"os"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/open-policy-agent/cert-controller/pkg/rotator"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -81,6 +77,7 @@ type Options struct {
 	inlineEndpoints      bool
 	endpointAllow        []string
 	endpointDeny         []string
+	denyRefresh          time.Duration
 	clusterResourceNS    string
 	workers              int
 	syncCronJobTemplates bool
@@ -112,6 +109,10 @@ const (
 	certModeSelfSigned = "self-signed"
 	certModeExternal   = "external"
 )
+
+// DefaultDenyRefresh is how often the addresses of the cluster itself that
+// endpoints may not name are read again (--endpoint-deny-refresh).
+const DefaultDenyRefresh = time.Minute
 
 // defaultNamespace is where the manager keeps its own objects when neither
 // POD_NAMESPACE nor --leader-election-namespace says otherwise.
@@ -175,8 +176,10 @@ func ParseFlags(args []string) (*Options, error) {
 		"Comma-separated CIDRs (10.20.0.0/16) and host patterns (redis.infra.svc.cluster.local, *.redis.svc.cluster.local) that endpoints chosen in a namespace (inline, or in a LockBackend) may use; * alone: any address but the denied ones. Empty (default): such endpoints are refused, and locks must name a ClusterLockBackend. A CIDR listed here also lifts the built-in denial of loopback and link-local addresses it covers.",
 		func(v string) error { o.endpointAllow = append(o.endpointAllow, splitList(v)...); return nil })
 	fs.Func("endpoint-deny",
-		"Comma-separated CIDRs or IPs that inline endpoints may never reach, besides the built-in ones: loopback, link-local and cloud metadata addresses, the API server's addresses and the manager's own pod IP.",
+		"Comma-separated CIDRs or IPs that endpoints chosen in a namespace may never reach, besides the built-in ones: loopback, link-local and cloud metadata addresses, the API server's addresses, and the addresses of the manager's namespace (its pods, the other replicas', its Services').",
 		func(v string) error { o.endpointDeny = append(o.endpointDeny, splitList(v)...); return nil })
+	fs.DurationVar(&o.denyRefresh, "endpoint-deny-refresh", DefaultDenyRefresh,
+		"How often the manager reads again the addresses it denies besides --endpoint-deny: the API server's, and those of the Services and pods of its own namespace.")
 	fs.StringVar(&o.clusterResourceNS, "cluster-resource-namespace", "",
 		"Namespace the Secrets of ClusterLockBackends are read from. Default: the namespace the manager runs in.")
 	fs.IntVar(&o.workers, "max-concurrent-reconciles", controllers.DefaultWorkers,
@@ -201,6 +204,9 @@ func ParseFlags(args []string) (*Options, error) {
 	}
 	if o.resyncPeriod < time.Second {
 		return nil, fmt.Errorf("--resync-period (%v) must be at least 1s", o.resyncPeriod)
+	}
+	if o.denyRefresh < time.Second {
+		return nil, fmt.Errorf("--endpoint-deny-refresh (%v) must be at least 1s", o.denyRefresh)
 	}
 	// The name is a field of every lease's holder record (fields separated
 	// by '|') and of workload identities (separated by '/').
@@ -412,7 +418,7 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backe
 		return nil, err
 	}
 	registry := backend.NewRegistry(ctx, mgr.GetAPIReader(), backend.NewLocker(log), log.WithName("backend"))
-	policy, err := endpointPolicy(ctx, direct, mgr.GetConfig(), o, log.WithName("setup"))
+	policy, err := endpointPolicy(ctx, direct, mgr, o, log.WithName("endpoint-policy"))
 	if err != nil {
 		return nil, err
 	}
@@ -436,52 +442,6 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backe
 		SyncCronJobTemplates: o.syncCronJobTemplates,
 	})
 	return registry, err
-}
-
-// +kubebuilder:rbac:groups="",resources=endpoints,resourceNames=kubernetes,verbs=get
-
-// endpointPolicy builds the policy inline endpoints are checked against:
-// the flags, plus the addresses of the API server (the host the manager
-// talks to, the kubernetes Service and its endpoints) and the manager's own
-// pod IP, which no tenant may aim the operator at.
-func endpointPolicy(ctx context.Context, c client.Reader, cfg *rest.Config, o *Options, log logr.Logger) (*netguard.EndpointPolicy, error) {
-	var derived []string
-	if u, err := url.Parse(cfg.Host); err == nil && u.Hostname() != "" {
-		derived = append(derived, lookupIPs(ctx, u.Hostname())...)
-	}
-	for _, env := range []string{"KUBERNETES_SERVICE_HOST", "POD_IP"} {
-		if v := os.Getenv(env); v != "" {
-			derived = append(derived, lookupIPs(ctx, v)...)
-		}
-	}
-	var ep corev1.Endpoints //nolint:staticcheck // SA1019: one named object; EndpointSlices would need list rights in the default namespace
-	if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "kubernetes"}, &ep); err != nil {
-		log.Info("Could not read the API server's endpoints (default/kubernetes); deny them with --endpoint-deny if inline endpoints are allowed", "error", err.Error())
-	} else {
-		for _, ss := range ep.Subsets {
-			for _, a := range ss.Addresses {
-				derived = append(derived, a.IP)
-			}
-		}
-	}
-	deny := slices.Clone(o.endpointDeny)
-	for _, ip := range derived {
-		// An address the administrator allowed by name (a local cluster
-		// whose API server and Redis share 127.0.0.1, say) stays allowed;
-		// --endpoint-deny entries are never lifted.
-		if allowedExactly(o.endpointAllow, ip) {
-			log.Info("The API server's or the manager's own address is allowed by --endpoint-allow; inline endpoints may reach it", "address", ip)
-			continue
-		}
-		deny = append(deny, ip)
-	}
-	slices.Sort(deny)
-	deny = slices.Compact(deny)
-	log.V(1).Info("Endpoint policy for inline endpoints", "allow", o.endpointAllow, "deny", deny, "inlineEndpoints", o.inlineEndpoints)
-	if o.inlineEndpoints && len(o.endpointAllow) == 0 {
-		log.Info("No --endpoint-allow: endpoints chosen in a namespace (inline, or in a LockBackend) are refused; locks must name a ClusterLockBackend")
-	}
-	return netguard.NewEndpointPolicy(o.allowList(), deny)
 }
 
 // BackendPolicy is the policy the flags give the backend registry, with
@@ -514,40 +474,6 @@ func (o *Options) allowList() []string {
 		return nil
 	}
 	return o.endpointAllow
-}
-
-// allowedExactly reports whether an allow entry names exactly ip: the IP
-// itself or a single-address CIDR (127.0.0.1/32). A wider CIDR (the pod
-// network, say) does not lift the denial of the API server's addresses.
-func allowedExactly(allow []string, ip string) bool {
-	addr, err := netip.ParseAddr(ip)
-	if err != nil {
-		return false
-	}
-	addr = addr.Unmap()
-	for _, a := range allow {
-		if p, err := netip.ParsePrefix(a); err == nil && p.IsSingleIP() && p.Addr().Unmap() == addr {
-			return true
-		}
-		if b, err := netip.ParseAddr(a); err == nil && b.Unmap() == addr {
-			return true
-		}
-	}
-	return false
-}
-
-// lookupIPs returns host's addresses (host itself when it is one); none when it does not resolve.
-func lookupIPs(ctx context.Context, host string) []string {
-	if ip := net.ParseIP(host); ip != nil {
-		return []string{ip.String()}
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	addrs, err := net.DefaultResolver.LookupHost(ctx, host)
-	if err != nil {
-		return nil
-	}
-	return addrs
 }
 
 // splitList splits a comma-separated flag value, dropping empty entries.

@@ -43,33 +43,13 @@ func TestManagerAgainstRealAPIServer(t *testing.T) {
 		t.Fatalf("kube-apiserver reports %s (major %q minor %q), want v1.37.x", v.GitVersion, v.Major, v.Minor)
 	}
 
-	metricsPort, probePort := freePort(t), freePort(t)
-	_, webhookPort, certDir := env.Webhook()
-	o, err := ParseFlags([]string{
-		"--webhook-cert-mode=external",
-		"--webhook-cert-dir", certDir,
-		"--webhook-port", fmt.Sprint(webhookPort),
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metricsPort),
-		"--metrics-secure=false",
-		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probePort),
+	metricsPort, probePort := runManager(t, env,
 		"--leader-elect",
 		"--leader-election-namespace", "default",
 		// The test's Redis is on loopback, which inline endpoints may not
 		// reach by default.
-		"--endpoint-allow=127.0.0.1/32",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Run(ctx, env.Config, o) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager stopped with %v", err)
-		}
-	})
+		"--endpoint-allow=127.0.0.1/32")
+	ctx := context.Background()
 
 	waitFor(t, "/readyz to answer 200", func() bool { return httpStatus(fmt.Sprintf("http://127.0.0.1:%d/readyz", probePort)) == http.StatusOK })
 	if got := httpStatus(fmt.Sprintf("http://127.0.0.1:%d/healthz", probePort)); got != http.StatusOK {
@@ -208,6 +188,7 @@ func TestParseFlagsRejectsBadElectionTimings(t *testing.T) {
 		{[]string{"--cluster-name=prod|eu"}, "--cluster-name"},
 		{[]string{"--cluster-name=prod/eu"}, "--cluster-name"},
 		{[]string{"--cluster-name="}, "--cluster-name"},
+		{[]string{"--endpoint-deny-refresh=500ms"}, "--endpoint-deny-refresh"},
 	} {
 		if _, err := ParseFlags(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("ParseFlags(%q) = %v, want an error naming %q", tc.args, err, tc.want)
@@ -216,6 +197,37 @@ func TestParseFlagsRejectsBadElectionTimings(t *testing.T) {
 	if _, err := ParseFlags([]string{"stray"}); err == nil || !strings.Contains(err.Error(), "stray") {
 		t.Fatalf("ParseFlags(stray) = %v, want an error naming the stray argument", err)
 	}
+}
+
+// runManager runs the manager as main does against env (started with
+// kubetest.WithWebhooks), with args after the flags of the webhook, metrics
+// (plain HTTP) and probe servers, until the test ends; it returns the
+// metrics and probe ports.
+func runManager(t *testing.T, env *kubetest.Env, args ...string) (metricsPort, probePort int) {
+	t.Helper()
+	metricsPort, probePort = freePort(t), freePort(t)
+	_, webhookPort, certDir := env.Webhook()
+	o, err := ParseFlags(append([]string{
+		"--webhook-cert-mode=external",
+		"--webhook-cert-dir", certDir,
+		"--webhook-port", fmt.Sprint(webhookPort),
+		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metricsPort),
+		"--metrics-secure=false",
+		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probePort),
+	}, args...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, env.Config, o) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager stopped with %v", err)
+		}
+	})
+	return metricsPort, probePort
 }
 
 func freePort(t *testing.T) int {

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
 // ErrDenied is matched (errors.Is) by every *DeniedError.
@@ -69,7 +71,7 @@ var nat64 = netip.MustParsePrefix("64:ff9b::/96")
 // admin-owned backends); methods accept a nil receiver.
 //
 // Rules, in order:
-//  1. An address in the deny list is refused.
+//  1. An address in the deny list, or learned (SetLearned), is refused.
 //  2. Loopback (127.0.0.0/8, ::1), unspecified (0.0.0.0/8, ::), link-local
 //     and cloud metadata addresses (169.254.0.0/16, fe80::/10,
 //     fd00:ec2::254, fd00:ec2::23, fd20:ce::254, 100.100.100.200,
@@ -85,6 +87,46 @@ type EndpointPolicy struct {
 	allowHosts  map[string]bool // exact names, lower case, no trailing dot
 	allowSuffix []string        // ".example.com" for "*.example.com"
 	deny        []netip.Prefix
+	// learned are addresses of the cluster itself that the operator finds
+	// at run time (SetLearned): denied like deny, and replaced as a whole.
+	learned atomic.Pointer[[]netip.Addr]
+}
+
+// SetLearned replaces the addresses denied besides the deny list: those of
+// the API server and the operator's own pods and Services, which change
+// while the operator runs (a replica rescheduled, a Service recreated).
+// Entries that are not IP addresses are ignored; it returns how many were
+// taken. Safe for concurrent use with the checks.
+func (p *EndpointPolicy) SetLearned(addrs []string) int {
+	if p == nil {
+		return 0
+	}
+	out := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		if ip, err := netip.ParseAddr(a); err == nil {
+			out = append(out, ip.WithZone("").Unmap())
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	out = slices.Compact(out)
+	p.learned.Store(&out)
+	return len(out)
+}
+
+// Learned returns the addresses SetLearned last set, sorted.
+func (p *EndpointPolicy) Learned() []string {
+	if p == nil {
+		return nil
+	}
+	l := p.learned.Load()
+	if l == nil {
+		return nil
+	}
+	out := make([]string, len(*l))
+	for i, a := range *l {
+		out[i] = a.String()
+	}
+	return out
 }
 
 // NewEndpointPolicy builds a policy. allow entries are CIDRs ("10.0.0.0/8",
@@ -287,6 +329,11 @@ func (p *EndpointPolicy) checkIP(endpoint string, ip netip.Addr, hostMatched boo
 	for _, c := range candidates {
 		for _, d := range p.deny {
 			if d.Contains(c) {
+				return &DeniedError{Endpoint: endpoint, Reason: fmt.Sprintf("%s: %s", classDenyList, ip)}
+			}
+		}
+		if l := p.learned.Load(); l != nil {
+			if _, found := slices.BinarySearchFunc(*l, c, func(a, b netip.Addr) int { return a.Compare(b) }); found {
 				return &DeniedError{Endpoint: endpoint, Reason: fmt.Sprintf("%s: %s", classDenyList, ip)}
 			}
 		}

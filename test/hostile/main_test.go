@@ -9,7 +9,8 @@
 // (config/rbac). The manager runs in this process exactly as cmd/main.go
 // runs it (internal/manager, from command-line flags), as its ServiceAccount
 // identity, with the endpoint policy of a local cluster (--endpoint-allow=
-// 127.0.0.1/32: the tests' Redis servers are on loopback). Backends are real
+// 127.0.0.1/32: the tests' Redis servers are on loopback; and 10.0.0.0/8, a
+// pod network where nothing listens). Backends are real
 // redis-server processes and, for the attacks, small servers that speak
 // other protocols or lie.
 package hostile
@@ -29,6 +30,10 @@ import (
 // resync is the manager's --resync-period: how soon an orphaned lease is
 // released at the latest, and how often status follows Redis.
 const resync = 2 * time.Second
+
+// denyRefresh is the manager's --endpoint-deny-refresh: how soon it denies
+// an address the operator's namespace starts using.
+const denyRefresh = time.Second
 
 var (
 	// env is the control plane; nil under -short.
@@ -71,8 +76,11 @@ func setUp(ctx context.Context, stopped chan<- error) error {
 		"--metrics-bind-address=0",
 		"--cluster-name=hostile",
 		"--resync-period=" + resync.String(),
+		"--endpoint-deny-refresh=" + denyRefresh.String(),
 		// A local cluster: the Redis servers are on loopback. Every other
-		// loopback address (127.0.0.2, ...) stays denied.
-		"--endpoint-allow=127.0.0.1/32",
+		// loopback address (127.0.0.2, ...) stays denied. 10.0.0.0/8 stands
+		// for a pod network, where the operator's own addresses are denied
+		// as they appear; nothing listens there.
+		"--endpoint-allow=127.0.0.1/32,10.0.0.0/8",
 	}, stopped)
 }

@@ -59,7 +59,7 @@ var OperatorGroups = []string{"system:serviceaccounts", "system:serviceaccounts:
 var Controllers = []string{kubetest.ClusterRoleAggregation, kubetest.ValidatingAdmissionPolicyStatus}
 
 // Install creates the operator's namespace and its RBAC (config/rbac's
-// ClusterRole, leader-election and owner-key Roles, with their bindings to
+// ClusterRole, leader-election, owner-key and self-addresses Roles, with their bindings to
 // the operator's ServiceAccount), applies config/policy and waits until the
 // API server enforces it. Start Controllers first.
 func Install(ctx context.Context, env *kubetest.Env) error {
@@ -68,7 +68,8 @@ func Install(ctx context.Context, env *kubetest.Env) error {
 	}
 	objs, err := readConfig("config/rbac/role.yaml",
 		"config/rbac/leader_election_role.yaml", "config/rbac/leader_election_role_binding.yaml",
-		"config/rbac/owner_key_role.yaml", "config/rbac/owner_key_role_binding.yaml")
+		"config/rbac/owner_key_role.yaml", "config/rbac/owner_key_role_binding.yaml",
+		"config/rbac/self_addresses_role.yaml", "config/rbac/self_addresses_role_binding.yaml")
 	if err != nil {
 		return err
 	}
