@@ -59,7 +59,9 @@ type JobReconciler struct {
 
 	// wakes are the keys whose waiting Jobs may have a turn (see wakeTurn),
 	// worked through by a wakeRunner.
-	wakes workqueue.TypedInterface[wakeKey]
+	wakes workqueue.TypedDelayingInterface[wakeKey]
+	// wakeGate bounds the wake-ups of one backend (see wakeGate).
+	wakeGate *wakeGate
 
 	// waitRequeue is how soon a waiting Job tries again, keeping its place
 	// in the queue (0: waitingRequeue). Tests lengthen it to measure a

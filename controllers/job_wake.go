@@ -67,13 +67,14 @@ const (
 	wakeTimeout = 5 * time.Second
 )
 
-func newWakeQueue() workqueue.TypedInterface[wakeKey] {
-	return workqueue.NewTyped[wakeKey]()
+func newWakeQueue() workqueue.TypedDelayingInterface[wakeKey] {
+	return workqueue.NewTypedDelayingQueue[wakeKey]()
 }
 
 // wakeRunner works through the Job reconciler's wake-ups. The queue
 // coalesces: the releases of one key that arrive while it waits (or while
-// it is inspected) cost one more Inspect at most, not one each.
+// it is inspected) cost one more Inspect at most, not one each. The gate
+// (wakeGate) keeps one backend's wake-ups from taking the others'.
 type wakeRunner struct{ r *JobReconciler }
 
 // NeedLeaderElection makes the wake-ups run where the reconciles run: on the leader.
@@ -95,7 +96,14 @@ func (w wakeRunner) Start(ctx context.Context) error {
 				if shutdown {
 					return
 				}
+				leave, retry, ok := w.r.wakeGate.enter(k.backendID, time.Now())
+				if !ok {
+					q.Done(k)
+					q.AddAfter(k, retry)
+					continue
+				}
 				w.r.wakeTurn(ctx, k)
+				leave()
 				q.Done(k)
 			}
 		}()

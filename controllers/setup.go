@@ -199,5 +199,6 @@ func NewJobReconciler(d Deps, lockChanged func(types.NamespacedName)) *JobReconc
 		tracker:     newTracker(jobKind, func() client.Object { return &batchv1.Job{} }),
 		podWaits:    &podWaits{},
 		wakes:       newWakeQueue(),
+		wakeGate:    newWakeGate(),
 	}
 }
