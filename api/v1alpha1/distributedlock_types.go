@@ -146,11 +146,15 @@ type DistributedLockSpec struct {
 // ManualHolder names a holder that is not a Kubernetes workload.
 type ManualHolder struct {
 	// identity names the holder in status and in the backend, for example
-	// "maintenance-2026-12-01". 1 to 128 printable characters.
+	// "maintenance-2026-12-01". 1 to 128 printable characters, without '/':
+	// a workload holder shows as cluster/namespace/Kind/name/uid, and a
+	// manual holder cannot pose as one (status.holder.kind and namespace say
+	// whose it is).
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=128
 	// +kubebuilder:validation:Pattern=`^[[:graph:]]([[:print:]]*[[:graph:]])?$`
+	// +kubebuilder:validation:XValidation:rule="!self.contains('/')",message="must not contain '/': workload holders are shown as cluster/namespace/Kind/name/uid and a manual holder may not look like one; use for example maintenance-by-alice"
 	Identity string `json:"identity"`
 
 	// until ends the hold at this time (RFC 3339): the operator releases the

@@ -88,6 +88,9 @@ func TestInvalidSpecsAreRefusedNamingTheField(t *testing.T) {
 		"holder identity too long": {func(s *locksv1alpha1.DistributedLockSpec) {
 			s.Holder = &locksv1alpha1.ManualHolder{Identity: strings.Repeat("m", 129)}
 		}, []string{"spec.holder.identity", "128"}},
+		"holder identity posing as a Job": {func(s *locksv1alpha1.DistributedLockSpec) {
+			s.Holder = &locksv1alpha1.ManualHolder{Identity: "prod/payments/Job/nightly-settlement/3f2a1"}
+		}, []string{"spec.holder.identity", "must not contain '/'"}},
 		"no backend": {func(s *locksv1alpha1.DistributedLockSpec) { s.Backend.Redis = nil }, []string{"spec.backend", "exactly one of redis", "clusterBackendRef"}},
 		"two backends": {func(s *locksv1alpha1.DistributedLockSpec) {
 			s.Backend.ClusterBackendRef = &locksv1alpha1.ClusterBackendRef{Name: "shared"}
