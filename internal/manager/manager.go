@@ -146,8 +146,8 @@ func ParseFlags(args []string) (*Options, error) {
 		"How often leader election clients retry.")
 	fs.BoolVar(&o.enableHTTP2, "enable-http2", false,
 		"Serve the metrics and webhook endpoints over HTTP/2 as well (off by default: HTTP/2 Rapid Reset, CVE-2023-44487).")
-	fs.StringVar(&o.clusterName, "cluster-name", "default",
-		"Name of this cluster, recorded with every lease so that operators in other clusters sharing the Redis keys can show who holds them.")
+	fs.StringVar(&o.clusterName, "cluster-name", "",
+		"Name of this cluster, recorded with every lease so that operators in other clusters sharing a store can show who holds them, and tell their leases apart. Default: the name recorded in the owner-key Secret; a new installation records cluster- and the start of the kube-system namespace's UID (one installed before that record keeps \"default\").")
 	fs.BoolVar(&o.allowGlobalScope, "allow-global-scope", false,
 		"Allow DistributedLocks with scope Global (keys shared across namespaces) in every namespace.")
 	fs.StringVar(&o.globalScopeLabel, "global-scope-namespace-label", "lockwarden.io/allow-global-scope",
@@ -210,7 +210,7 @@ func ParseFlags(args []string) (*Options, error) {
 	}
 	// The name is a field of every lease's holder record (fields separated
 	// by '|') and of workload identities (separated by '/').
-	if errs := validation.IsDNS1123Subdomain(o.clusterName); len(errs) > 0 {
+	if errs := validation.IsDNS1123Subdomain(o.clusterName); o.clusterName != "" && len(errs) > 0 {
 		return nil, fmt.Errorf("--cluster-name %q must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', at most 253 characters): %s", o.clusterName, strings.Join(errs, "; "))
 	}
 	o.namespace = os.Getenv("POD_NAMESPACE")
@@ -409,11 +409,20 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backe
 		return nil, fmt.Errorf("create client: %w", err)
 	}
 	ns, name, _ := strings.Cut(o.ownerKeySecret, "/")
-	key, err := holder.LoadOrCreateKey(ctx, direct, types.NamespacedName{Namespace: ns, Name: name})
+	id, err := holder.LoadOrCreateIdentity(ctx, direct, types.NamespacedName{Namespace: ns, Name: name}, func(ctx context.Context) (string, error) {
+		if o.clusterName != "" {
+			return o.clusterName, nil
+		}
+		return clusterNameFromUID(ctx, direct)
+	})
 	if err != nil {
 		return nil, err
 	}
-	tokens, err := holder.NewTokens(key)
+	if o.clusterName == "" {
+		o.clusterName = id.Cluster
+	}
+	log.Info("Cluster name recorded with every lease", "name", o.clusterName)
+	tokens, err := holder.NewTokens(id.Key)
 	if err != nil {
 		return nil, err
 	}

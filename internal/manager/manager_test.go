@@ -187,7 +187,7 @@ func TestParseFlagsRejectsBadElectionTimings(t *testing.T) {
 		{[]string{"--max-concurrent-reconciles=0"}, "--max-concurrent-reconciles"},
 		{[]string{"--cluster-name=prod|eu"}, "--cluster-name"},
 		{[]string{"--cluster-name=prod/eu"}, "--cluster-name"},
-		{[]string{"--cluster-name="}, "--cluster-name"},
+		{[]string{"--cluster-name=Prod"}, "--cluster-name"},
 		{[]string{"--endpoint-deny-refresh=500ms"}, "--endpoint-deny-refresh"},
 	} {
 		if _, err := ParseFlags(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
