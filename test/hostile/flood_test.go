@@ -51,7 +51,7 @@ func redisOn(srv *rawserver.Server) locksv1alpha1.LockBackendSpec {
 
 func postgresOn(srv *rawserver.Server) locksv1alpha1.LockBackendSpec {
 	return locksv1alpha1.LockBackendSpec{Postgres: &locksv1alpha1.PostgresBackend{
-		Host: srv.Host, Port: int32(srv.Port), Database: "locks", User: "tenant"}} //nolint:gosec // G115: a port
+		Host: srv.Host, Port: int32(srv.Port), Database: "locks", User: "tenant"}}
 }
 
 func zookeeperOn(srv *rawserver.Server) locksv1alpha1.LockBackendSpec {
