@@ -127,6 +127,26 @@ var valueSets = map[string]valueSet{
 			}
 		},
 	},
+	"networkPolicy with webhook sources": {
+		set: []string{"networkPolicy.enabled=true", "networkPolicy.apiServerCIDRs={192.0.2.10/32}",
+			`--set-json=networkPolicy.webhookFrom=[{"ipBlock":{"cidr":"192.0.2.10/32"}}]`},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			in := find(t, objs, "NetworkPolicy", releasePrefix+"manager-ingress")
+			rules, _, _ := unstructured.NestedSlice(in.Object, "spec", "ingress")
+			for _, r := range rules {
+				rule := r.(map[string]any)
+				ports, _ := rule["ports"].([]any)
+				if len(ports) == 1 && fmt.Sprint(ports[0].(map[string]any)["port"]) == "9443" {
+					from, _ := rule["from"].([]any)
+					if len(from) != 1 || !strings.Contains(fmt.Sprint(from[0]), "192.0.2.10/32") {
+						t.Errorf("the webhook's ingress rule allows %v; want only networkPolicy.webhookFrom", from)
+					}
+					return
+				}
+			}
+			t.Errorf("no ingress rule for the webhook port 9443:\n%s", toYAML(t, in))
+		},
+	},
 }
 
 // renderArgs are the arguments of `helm template` for a value set.
