@@ -419,6 +419,9 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backe
 		return nil, err
 	}
 	if o.clusterName == "" {
+		if errs := validation.IsDNS1123Subdomain(id.Cluster); len(errs) > 0 {
+			return nil, fmt.Errorf("the owner-key Secret %s records the cluster name %q (key %s), which is not a DNS-1123 subdomain: %s; fix the key or set --cluster-name", o.ownerKeySecret, id.Cluster, holder.ClusterField, strings.Join(errs, "; "))
+		}
 		o.clusterName = id.Cluster
 	}
 	log.Info("Cluster name recorded with every lease", "name", o.clusterName)
