@@ -8,11 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	etcdlock "github.com/lockwarden/lockwarden/internal/lock/etcd"
+	pglock "github.com/lockwarden/lockwarden/internal/lock/postgres"
+	zklock "github.com/lockwarden/lockwarden/internal/lock/zookeeper"
 	"github.com/lockwarden/lockwarden/internal/netguard"
 )
 
@@ -220,6 +224,36 @@ func TestTenantStoresGetShortOperationTimeouts(t *testing.T) {
 		}
 		if cfg.OperationTimeout != 0 {
 			t.Errorf("ClusterLockBackend %s: operation timeout %v, want the store's default (0)", name, cfg.OperationTimeout)
+		}
+	}
+}
+
+// The engines get the timeout the registry resolved: NewLocker hands it to
+// each store's option, and without one the store keeps its default.
+func TestNewLockerHandsTheOperationTimeoutToTheEngine(t *testing.T) {
+	t.Parallel()
+	stores := map[string]Config{
+		"postgres":  {Postgres: &pglock.Config{Host: "127.0.0.1", Port: 1, Database: "locks", User: "locker"}},
+		"zookeeper": {ZooKeeper: &zklock.Config{Servers: []string{"127.0.0.1:1"}}},
+		"etcd":      {Etcd: &etcdlock.Config{Endpoints: []string{"127.0.0.1:1"}}},
+	}
+	defaults := map[string]time.Duration{"postgres": pglock.DefaultOperationTimeout, "zookeeper": zklock.DefaultOperationTimeout, "etcd": etcdlock.DefaultOpTimeout}
+	for name, cfg := range stores {
+		for _, timeout := range []time.Duration{TenantOperationTimeout, 0} {
+			cfg.OperationTimeout = timeout
+			l, err := NewLocker(logr.Discard())(cfg)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			got := l.(interface{ OperationTimeout() time.Duration }).OperationTimeout()
+			_ = l.Close()
+			want := timeout
+			if want == 0 {
+				want = defaults[name]
+			}
+			if got != want {
+				t.Errorf("%s with Config.OperationTimeout %v: the engine bounds operations at %v, want %v", name, timeout, got, want)
+			}
 		}
 	}
 }

@@ -493,3 +493,7 @@ func (l *Locker) keepAliveOnce(ctx context.Context, id clientv3.LeaseID) (*clien
 func tokenRejected(err error) bool {
 	return errors.Is(err, rpctypes.ErrInvalidAuthToken) || errors.Is(err, rpctypes.ErrAuthOldRevision) || errors.Is(err, rpctypes.ErrUserEmpty)
 }
+
+// OperationTimeout returns the bound of each operation the Locker was built
+// with (its option, or the default).
+func (l *Locker) OperationTimeout() time.Duration { return l.opts.opTimeout }

@@ -473,3 +473,7 @@ func validateLease(lease *lock.Lease) error {
 	}
 	return validateKeys("lease.keys", lease.Keys)
 }
+
+// OperationTimeout returns the bound of each operation the Locker was built
+// with (its option, or the default).
+func (l *Locker) OperationTimeout() time.Duration { return l.opts.opTimeout }

@@ -758,3 +758,7 @@ func (l *Locker) validity(ttl time.Duration) time.Duration {
 func (l *Locker) cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), 2*l.opts.opTimeout)
 }
+
+// OperationTimeout returns the bound of each operation the Locker was built
+// with (its option, or the default).
+func (l *Locker) OperationTimeout() time.Duration { return l.opts.opTimeout }
