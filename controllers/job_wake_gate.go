@@ -47,7 +47,7 @@ func newWakeGate() *wakeGate {
 // tenantBackend reports whether the backend ID names a backend that a
 // namespace chose: anything but a ClusterLockBackend.
 func tenantBackend(backendID string) bool {
-	return !strings.HasPrefix(backendID, "ClusterLockBackend/")
+	return !strings.HasPrefix(backendID, clusterBackendIDPrefix)
 }
 
 // enter admits a wake-up of backendID at now. When admitted, leave must be
