@@ -304,9 +304,9 @@ func TestManagerRestartKeepsTheLeaseWithTheSameOwner(t *testing.T) {
 	rdb := redistest.Start(t)
 	m1 := startManager(t, managerOptions{})
 	ns := newNamespace(t, nil)
-	create(t, makeLock("billing", ns, rdb.Addr).ttl(6).holder("maintenance").obj())
+	create(t, makeLock("billing", ns, rdb.Addr).ttl(restartTTL).holder("maintenance").obj())
 	held := waitCondition(t, 15*time.Second, ns, "billing", locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired)
-	create(t, makeLock("rival", ns, rdb.Addr).ttl(6).holder("rival").obj())
+	create(t, makeLock("rival", ns, rdb.Addr).ttl(restartTTL).holder("rival").obj())
 	waitCondition(t, 15*time.Second, ns, "rival", locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonWaiting)
 
 	c := rdb.Client()
@@ -338,10 +338,13 @@ func TestManagerRestartKeepsTheLeaseWithTheSameOwner(t *testing.T) {
 
 	m1.stop()
 	// Down until a renewal was missed, then a new manager takes over.
-	waitRenewalMissed(t, c, lockKey(ns, "billing/ledger"), 6*time.Second)
+	ttl := restartTTL * time.Second
+	waitRenewalMissed(t, c, lockKey(ns, "billing/ledger"), ttl)
 	startManager(t, managerOptions{})
-	// The new manager renews: the lease outlives several TTLs.
-	deadline := time.Now().Add(15 * time.Second)
+	// The new manager renews before the lease expires, and keeps renewing:
+	// the lease outlives the one it inherited.
+	waitRenewedAfterRestart(t, c, lockKey(ns, "billing/ledger"), ttl)
+	deadline := time.Now().Add(ttl / 2)
 	for time.Now().Before(deadline) {
 		dl := getLock(t, ns, "billing")
 		if c := meta.FindStatusCondition(dl.Status.Conditions, locksv1alpha1.ConditionHeld); c == nil || c.Status != metav1.ConditionTrue {
@@ -413,5 +416,25 @@ func waitRenewalMissed(t *testing.T, c *goredis.Client, key string, ttl time.Dur
 			return false, err.Error()
 		}
 		return left > 0 && left < 2*ttl/3-ttl/12, fmt.Sprintf("%v left", left)
+	})
+}
+
+// restartTTL is the TTL of the restart tests. The new manager must take the
+// lease over within what is left of it after a missed renewal (about half
+// of it): 15 s leaves a start on a loaded machine about 8 s, where 6 s left
+// it 3.5 s and a slow start lost the lease in CI.
+const restartTTL = 15
+
+// waitRenewedAfterRestart waits, no longer than the lease can live after a
+// missed renewal, until the lease on key was renewed again: the new
+// manager took it over before it expired.
+func waitRenewedAfterRestart(t *testing.T, c *goredis.Client, key string, ttl time.Duration) {
+	t.Helper()
+	eventually(t, 2*ttl/3, "the new manager to renew "+key+" before it expires", func() (bool, string) {
+		left, err := c.PTTL(context.Background(), key).Result()
+		if err != nil {
+			return false, err.Error()
+		}
+		return left > 2*ttl/3, fmt.Sprintf("%v left", left)
 	})
 }

@@ -373,7 +373,7 @@ func TestManagerRestartInTheMiddleOfAJobHold(t *testing.T) {
 	m1 := startManager(t, managerOptions{})
 	ns := newNamespace(t, nil)
 	c := env.Client
-	create(t, makeLock("billing", ns, rdb.Addr).ttl(6).obj())
+	create(t, makeLock("billing", ns, rdb.Addr).ttl(restartTTL).obj())
 	create(t, makeJob("long", ns).lock("billing").obj())
 	held := waitRunning(t, c, 10*time.Second, ns, "long")
 	create(t, makeJob("next", ns).lock("billing").obj())
@@ -381,18 +381,26 @@ func TestManagerRestartInTheMiddleOfAJobHold(t *testing.T) {
 
 	m1.stop()
 	// Down until a renewal was missed, then a new manager takes over.
-	waitRenewalMissed(t, rdb.Client(), lockKey(ns, "billing/ledger"), 6*time.Second)
+	ttl := restartTTL * time.Second
+	waitRenewalMissed(t, rdb.Client(), lockKey(ns, "billing/ledger"), ttl)
 	startManager(t, managerOptions{})
-	// Several TTLs later the first still holds with the same token, and the next waits.
-	deadline := time.Now().Add(15 * time.Second)
+	waitRenewedAfterRestart(t, rdb.Client(), lockKey(ns, "billing/ledger"), ttl)
+	// Past what the inherited lease had left, and past a fallback requeue of
+	// the waiting Job, the first still holds with the same token, and the
+	// next waits.
+	deadline := time.Now().Add(ttl / 2)
 	for time.Now().Before(deadline) {
 		if j := getJob(t, c, ns, "next"); running(j) {
 			t.Fatal("the waiting Job started while the holder still ran")
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(250 * time.Millisecond)
 	}
-	if got := fence(t, getJob(t, c, ns, "long")); got != fence(t, held) {
+	long := getJob(t, c, ns, "long")
+	if got := fence(t, long); got != fence(t, held) {
 		t.Fatalf("token changed across the restart: %d -> %d", fence(t, held), got)
+	}
+	if lost := long.Annotations[locksv1alpha1.AnnotationLost]; lost != "" {
+		t.Fatalf("the holder was marked lost across the restart: %s", lost)
 	}
 	complete(t, c, held)
 	waitRunning(t, c, 5*time.Second, ns, "next")
