@@ -4,8 +4,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/time/rate"
 )
 
 // Wake-ups are shared by every backend: a tenant's store that publishes
@@ -29,19 +27,16 @@ const (
 	// wakeRetry is how soon a wake-up that found its backend's share taken
 	// is tried again.
 	wakeRetry = 50 * time.Millisecond
-	// wakeGateSweep is how often the limiters of idle backends are dropped.
-	wakeGateSweep = time.Minute
 )
 
 type wakeGate struct {
-	mu        sync.Mutex
-	inFlight  map[string]int
-	limits    map[string]*rate.Limiter
-	lastSweep time.Time
+	mu       sync.Mutex
+	inFlight map[string]int
+	limits   *keyedLimiter
 }
 
 func newWakeGate() *wakeGate {
-	return &wakeGate{inFlight: map[string]int{}, limits: map[string]*rate.Limiter{}}
+	return &wakeGate{inFlight: map[string]int{}, limits: newKeyedLimiter(tenantWakeRate, tenantWakeBurst)}
 }
 
 // tenantBackend reports whether the backend ID names a backend that a
@@ -55,19 +50,11 @@ func tenantBackend(backendID string) bool {
 func (g *wakeGate) enter(backendID string, now time.Time) (leave func(), retry time.Duration, ok bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.sweep(now)
 	if g.inFlight[backendID] >= wakeShare {
 		return nil, wakeRetry, false
 	}
-	if tenantBackend(backendID) {
-		lim := g.limits[backendID]
-		if lim == nil {
-			lim = rate.NewLimiter(tenantWakeRate, tenantWakeBurst)
-			g.limits[backendID] = lim
-		}
-		if !lim.AllowN(now, 1) {
-			return nil, time.Second / tenantWakeRate, false
-		}
+	if tenantBackend(backendID) && !g.limits.allow(backendID, now) {
+		return nil, time.Second / tenantWakeRate, false
 	}
 	g.inFlight[backendID]++
 	var once sync.Once
@@ -82,24 +69,9 @@ func (g *wakeGate) enter(backendID string, now time.Time) (leave func(), retry t
 	}, 0, true
 }
 
-// sweep drops, at most every wakeGateSweep, the limiters of backends that
-// have been idle long enough to have their whole burst again: a backend
-// that is gone leaves nothing behind.
-func (g *wakeGate) sweep(now time.Time) {
-	if now.Sub(g.lastSweep) < wakeGateSweep {
-		return
-	}
-	g.lastSweep = now
-	for id, lim := range g.limits {
-		if g.inFlight[id] == 0 && lim.TokensAt(now) >= tenantWakeBurst {
-			delete(g.limits, id)
-		}
-	}
-}
-
 // size returns how many backends the gate keeps state for.
 func (g *wakeGate) size() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return max(len(g.limits), len(g.inFlight))
+	return max(g.limits.size(), len(g.inFlight))
 }

@@ -70,7 +70,7 @@ func TestWakeGateBoundsOneBackend(t *testing.T) {
 		leave, _, _ := g.enter(fmt.Sprintf("LockBackend/ns-%d/b", i), t0)
 		leave()
 	}
-	later := t0.Add(wakeGateSweep + time.Duration(tenantWakeBurst)*time.Second/tenantWakeRate)
+	later := t0.Add(keyedLimiterSweep + time.Duration(tenantWakeBurst)*time.Second/tenantWakeRate)
 	leave, _, _ = g.enter("LockBackend/new/b", later)
 	leave()
 	if n := g.size(); n != 1 {
