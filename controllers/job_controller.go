@@ -62,6 +62,9 @@ type JobReconciler struct {
 	wakes workqueue.TypedDelayingInterface[wakeKey]
 	// wakeGate bounds the wake-ups of one backend (see wakeGate).
 	wakeGate *wakeGate
+	// shows bounds, per namespace, the writes that show waiting Jobs their
+	// place in the queue (see showRate); nil bounds nothing.
+	shows *keyedLimiter
 
 	// waitRequeue is how soon a waiting Job tries again, keeping its place
 	// in the queue (0: waitingRequeue). Tests lengthen it to measure a
@@ -427,6 +430,18 @@ func (m *waitMemory) tampered(nn types.NamespacedName, seen, want waitShown) boo
 	defer m.mu.Unlock()
 	wrote, ok := m.shown[nn]
 	return ok && seen != wrote[0] && seen != wrote[1]
+}
+
+// positionDiffers reports whether position is not the one last reported
+// for nn, without remembering it.
+func (m *waitMemory) positionDiffers(nn types.NamespacedName, position string) bool {
+	if m == nil {
+		return true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	prev, ok := m.positions[nn]
+	return !ok || prev != position
 }
 
 // positionChanged records position as nn's and reports whether it differs

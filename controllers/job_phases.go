@@ -158,9 +158,23 @@ func untilDeadline(res ctrl.Result, limit time.Duration, deadline, now time.Time
 	return res
 }
 
+// Every handover moves each waiter of the lock one place up, and showing
+// that costs an API write (and an Event) per waiter: O(N) writes on the
+// manager's one API client, which every tenant shares. A namespace gets at
+// most showRate of these writes a second (burst showBurst, enough to show a
+// queue of that many at once); over it, its Jobs keep showing their old
+// place until their next periodic attempt. Only what is shown waits: the
+// order of the queue and every acquisition, release and renewal are not
+// held by it.
+const (
+	showRate  = 20
+	showBurst = 200
+)
+
 // wait shows a Job that waits in the queue where it is: the queue-position
 // and waiting-for annotations, updated when they change, and a Waiting
-// Event when its position changes.
+// Event when its position changes, within its namespace's share of these
+// writes (showRate).
 func (r *JobReconciler) wait(ctx context.Context, g *gatedJob, busy *lock.HeldError) (ctrl.Result, error) {
 	job := g.job
 	nn := client.ObjectKeyFromObject(job)
@@ -168,6 +182,13 @@ func (r *JobReconciler) wait(ctx context.Context, g *gatedJob, busy *lock.HeldEr
 		r.notifyLock(job)
 	}
 	position, waitingFor := describeWait(busy)
+	seen := waitShown{job.Annotations[locksv1alpha1.AnnotationQueuePosition], job.Annotations[locksv1alpha1.AnnotationWaitingFor]}
+	want := waitShown{position, waitingFor}
+	if (seen != want || r.waits.positionDiffers(nn, position)) && r.shows != nil && !r.shows.allow(job.Namespace, r.Clock.Now()) {
+		metrics.ShowsDeferred.Inc()
+		logf.FromContext(ctx).V(1).Info("Waiting for lock; the namespace used its share of queue-position writes, shown later", "lock", g.dl.Name, "position", position)
+		return ctrl.Result{RequeueAfter: r.requeueWaiting()}, nil
+	}
 	if r.waits.positionChanged(nn, position) {
 		hd := holder.Decode(busy.Holder)
 		where := ""
@@ -177,8 +198,6 @@ func (r *JobReconciler) wait(ctx context.Context, g *gatedJob, busy *lock.HeldEr
 		r.eventf(job, corev1.EventTypeNormal, locksv1alpha1.EventWaiting, "Acquire", "Waiting for lock %s: %sbehind %s", g.dl.Name, where, describeHolder(hd.Identity, busy.Fence))
 	}
 	logf.FromContext(ctx).V(1).Info("Waiting for lock", "lock", g.dl.Name, "position", position)
-	seen := waitShown{job.Annotations[locksv1alpha1.AnnotationQueuePosition], job.Annotations[locksv1alpha1.AnnotationWaitingFor]}
-	want := waitShown{position, waitingFor}
 	if seen != want {
 		tampered := r.waits.tampered(nn, seen, want)
 		// Only these two keys: no optimistic lock needed, and a Job that

@@ -200,5 +200,6 @@ func NewJobReconciler(d Deps, lockChanged func(types.NamespacedName)) *JobReconc
 		podWaits:    &podWaits{},
 		wakes:       newWakeQueue(),
 		wakeGate:    newWakeGate(),
+		shows:       newKeyedLimiter(showRate, showBurst),
 	}
 }

@@ -94,6 +94,9 @@ type managerOptions struct {
 	wrapLocker func(backend.Config, backend.Locker) backend.Locker
 	// waitRequeue is how soon a waiting Job tries again (default waitingRequeue).
 	waitRequeue time.Duration
+	// shows, when set, replaces the per-namespace bound on queue-position
+	// writes (a nil *keyedLimiter in it lifts the bound).
+	shows **keyedLimiter
 }
 
 // eventLog is an events.EventRecorder that remembers the namespace and
@@ -205,6 +208,9 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 		t.Fatal(err)
 	}
 	rs.Jobs.waitRequeue = o.waitRequeue
+	if o.shows != nil {
+		rs.Jobs.shows = *o.shows
+	}
 	if err := (&webhook.JobGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check}).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,13 @@ var (
 		Help: "Lease renewals by result (ok, lost, error: the backend did not answer and the renewal will be retried).",
 	}, []string{"result"})
 
+	// ShowsDeferred counts queue-position updates of waiting Jobs deferred
+	// because their namespace used its share of these writes.
+	ShowsDeferred = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "lockwarden_queue_position_writes_deferred_total",
+		Help: "Queue-position updates of waiting Jobs deferred to their next attempt because their namespace used its share of these API writes.",
+	})
+
 	// RenewalBatches counts renewal round trips (one per backend per batch).
 	RenewalBatches = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "lockwarden_renewal_batches_total",
@@ -121,7 +128,7 @@ var (
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(Acquisitions, WaitSeconds, HoldSeconds, Renewals, RenewalBatches,
+	ctrlmetrics.Registry.MustRegister(Acquisitions, WaitSeconds, HoldSeconds, Renewals, RenewalBatches, ShowsDeferred,
 		StatusResyncBatches, StatusResyncLocks, StatusResyncChanged, LeasesLost, OrphansReleased, ForceReleases, LeasesHeld, QueueDepth, OldestWaiter, LockHolders, BackendUp)
 }
 

@@ -1,0 +1,140 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
+)
+
+// positionWrites counts, from a watch of one namespace's Jobs, the writes
+// that changed a Job's queue-position annotation to a new place (not its
+// removal when the Job starts).
+type positionWrites struct {
+	stop func()
+	mu   sync.Mutex
+	n    int
+}
+
+func countPositionWrites(t *testing.T, c client.WithWatch, namespace string) *positionWrites {
+	t.Helper()
+	w, err := c.Watch(context.Background(), &batchv1.JobList{}, client.InNamespace(namespace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &positionWrites{stop: w.Stop}
+	t.Cleanup(w.Stop)
+	go func() {
+		last := map[string]string{}
+		for ev := range w.ResultChan() {
+			j, ok := ev.Object.(*batchv1.Job)
+			if !ok || ev.Type == watch.Deleted {
+				continue
+			}
+			pos := j.Annotations[locksv1alpha1.AnnotationQueuePosition]
+			prev, seen := last[j.Name]
+			last[j.Name] = pos
+			if seen && pos != "" && pos != prev {
+				p.mu.Lock()
+				p.n++
+				p.mu.Unlock()
+			}
+		}
+	}()
+	return p
+}
+
+func (p *positionWrites) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n
+}
+
+// Every handover moves each waiter one place up, an API write per waiter on
+// the client all tenants share. One namespace with a deep queue and quick
+// handovers gets only its share of these writes: counted from the API
+// server, its queue-position writes stay within the bound's burst and rate,
+// another namespace's waiter is shown its place meanwhile, and once the
+// handovers stop every waiter shows its right place (deferred, not lost).
+func TestOneNamespaceGetsOnlyItsShareOfQueuePositionWrites(t *testing.T) {
+	const rate, burst = 2, 5
+	shows := newKeyedLimiter(rate, burst)
+	rdb := redistest.Start(t)
+	startManager(t, managerOptions{shows: &shows})
+	c := env.Client
+	busy, quiet := newNamespace(t, nil), newNamespace(t, nil)
+
+	create(t, makeLock("billing", busy, rdb.Addr).ttl(600).obj())
+	holder := waitRunningAfterCreate(t, busy, "h0")
+	const waiters = 10 // all of them listed in the lock's status
+	for i := 1; i <= waiters; i++ {
+		create(t, makeJob(fmt.Sprintf("w%02d", i), busy).lock("billing").obj())
+	}
+	waitQueued(t, busy, "billing", waiters)
+	waitPlacesShown(t, busy, 1, waiters)
+
+	writes := countPositionWrites(t, watchClient(t, env), busy)
+	start := time.Now()
+	// Three quick handovers: each moves every waiter one place up.
+	for i := 1; i <= 3; i++ {
+		complete(t, c, holder)
+		holder = waitRunning(t, c, 20*time.Second, busy, fmt.Sprintf("w%02d", i))
+	}
+	// Meanwhile another namespace's waiter is shown its place.
+	create(t, makeLock("billing", quiet, rdb.Addr).ttl(600).obj())
+	waitRunningAfterCreate(t, quiet, "q0")
+	create(t, makeJob("q1", quiet).lock("billing").obj())
+	eventually(t, 20*time.Second, "the quiet namespace's waiter to show its place", func() (bool, string) {
+		j := getJob(t, c, quiet, "q1")
+		return j.Annotations[locksv1alpha1.AnnotationQueuePosition] == "1/1", fmt.Sprint(j.Annotations)
+	})
+	elapsed := time.Since(start)
+	// The tokens the bucket can have given in elapsed, plus one for the
+	// write in flight when the window closed.
+	bound := burst + int(elapsed.Seconds()*rate) + 1
+	if n := writes.count(); n > bound {
+		t.Fatalf("namespace %s got %d queue-position writes in %v; its share is at most %d (burst %d, %d/s)", busy, n, elapsed.Round(time.Millisecond), bound, burst, rate)
+	} else {
+		t.Logf("busy namespace: %d queue-position writes in %v (bound %d)", n, elapsed.Round(time.Millisecond), bound)
+	}
+
+	// Deferred, not lost: every waiter left shows its place.
+	waitPlacesShown(t, busy, 4, waiters)
+}
+
+// waitPlacesShown waits until the waiting Jobs w<from>..w<to> of namespace
+// show the places 1..n of a queue of n, in some order.
+func waitPlacesShown(t *testing.T, namespace string, from, to int) {
+	t.Helper()
+	n := to - from + 1
+	var want []string
+	for p := 1; p <= n; p++ {
+		want = append(want, fmt.Sprintf("%d/%d", p, n))
+	}
+	slices.Sort(want)
+	eventually(t, 60*time.Second, fmt.Sprintf("waiters w%02d..w%02d to show their places", from, to), func() (bool, string) {
+		var got []string
+		for i := from; i <= to; i++ {
+			got = append(got, getJob(t, env.Client, namespace, fmt.Sprintf("w%02d", i)).Annotations[locksv1alpha1.AnnotationQueuePosition])
+		}
+		sorted := slices.Clone(got)
+		slices.Sort(sorted)
+		return slices.Equal(sorted, want), fmt.Sprint(got)
+	})
+}
+
+// waitRunningAfterCreate creates a Job of lock billing and waits until it runs.
+func waitRunningAfterCreate(t *testing.T, namespace, name string) *batchv1.Job {
+	t.Helper()
+	create(t, makeJob(name, namespace).lock("billing").obj())
+	return waitRunning(t, env.Client, 20*time.Second, namespace, name)
+}
