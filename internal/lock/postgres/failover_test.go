@@ -89,9 +89,7 @@ func failoverFaults(t *testing.T, sync bool) locktest.Faults {
 		t.Fatal(err)
 	}
 	// Create the schema on the primary (replicated) before the run.
-	if err := newTestLocker(t, cfg).Ping(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	createSchema(t, cfg)
 	return locktest.Faults{
 		NewLocker: func(t *testing.T) lock.Locker {
 			return newTestLocker(t, cfg, WithOperationTimeout(faultOpTimeout))

@@ -39,10 +39,9 @@ func TestFaultsFencedRegister(t *testing.T) {
 	newLocker := func(t *testing.T) lock.Locker {
 		return newTestLocker(t, cfg, WithOperationTimeout(faultOpTimeout))
 	}
-	// Create the schema before the faults start.
-	if err := newTestLocker(t, configFor(s)).Ping(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	// Create the schema before the faults start: the external-row-lock
+	// nemesis locks the rows of its table.
+	createSchema(t, configFor(s))
 	nemeses := append([]locktest.Nemesis{
 		locktest.KillRestart(t, func(*rand.Rand) (func(), func() error) {
 			return s.Kill, func() error {

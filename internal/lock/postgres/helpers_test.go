@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -32,6 +33,19 @@ func newTestLocker(t testing.TB, cfg Config, opts ...Option) *Locker {
 	}
 	t.Cleanup(func() { _ = l.Close() })
 	return l
+}
+
+// createSchema migrates the lock schema on the database cfg reaches, so
+// that a fault run (an administrator locking the rows of its table, a
+// failover right after the start) begins with the schema in place. Ping
+// would not do: it checks the connection and nothing else.
+func createSchema(t testing.TB, cfg Config) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := newTestLocker(t, cfg).ensureSchema(ctx); err != nil {
+		t.Fatalf("create the lock schema: %v", err)
+	}
 }
 
 func lockerFactory(cfg Config, opts ...Option) func(t *testing.T) lock.Locker {
