@@ -57,7 +57,7 @@ var valueSets = map[string]valueSet{
 			}
 			// The built-in certificate's Secret, whose name the manager's code fixes.
 			find(t, objs, "Secret", "lockwarden-webhook-server-cert")
-			for _, kind := range []string{"Certificate", "Issuer", "ServiceMonitor", "NetworkPolicy"} {
+			for _, kind := range []string{"Certificate", "Issuer", "ServiceMonitor", "NetworkPolicy", "ResourceQuota"} {
 				if n := count(objs, kind); n != 0 {
 					t.Errorf("defaults render %d %s objects, want none", n, kind)
 				}
@@ -124,6 +124,28 @@ var valueSets = map[string]valueSet{
 			eg := find(t, objs, "NetworkPolicy", releasePrefix+"manager-egress")
 			if !strings.Contains(toYAML(t, eg), "cidr: 192.0.2.10/32") {
 				t.Errorf("egress NetworkPolicy does not allow networkPolicy.apiServerCIDRs:\n%s", toYAML(t, eg))
+			}
+		},
+	},
+	"tenantQuota": {
+		set: []string{"tenantQuota.namespaces={default,kube-public}"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			var namespaces []string
+			for _, o := range objs {
+				if o.GetKind() != "ResourceQuota" {
+					continue
+				}
+				namespaces = append(namespaces, o.GetNamespace())
+				hard, _, _ := unstructured.NestedStringMap(o.Object, "spec", "hard")
+				for _, r := range []string{"count/distributedlocks.locks.lockwarden.io", "count/lockbackends.locks.lockwarden.io", "count/jobs.batch", "count/cronjobs.batch", "pods"} {
+					if hard[r] == "" {
+						t.Errorf("ResourceQuota %s/%s does not bound %s: %v", o.GetNamespace(), o.GetName(), r, hard)
+					}
+				}
+			}
+			slices.Sort(namespaces)
+			if !slices.Equal(namespaces, []string{"default", "kube-public"}) {
+				t.Errorf("ResourceQuotas in %q, want one in each of tenantQuota.namespaces", namespaces)
 			}
 		},
 	},
@@ -215,6 +237,10 @@ func TestRenderRefusesBadValues(t *testing.T) {
 		"a cluster lock backend without a spec": {
 			set:  []string{`--set-json=clusterLockBackends=[{"name":"shared-redis"}]`},
 			want: []string{"clusterLockBackends[0].spec"},
+		},
+		"an empty tenant namespace": {
+			set:  []string{`--set-json=tenantQuota.namespaces=["team-a",""]`},
+			want: []string{"tenantQuota.namespaces[1]"},
 		},
 		"replicas without leader election": {
 			set:  []string{"leaderElection.enabled=false"},
