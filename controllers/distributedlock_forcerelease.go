@@ -22,9 +22,9 @@ import (
 // forceRelease carries out a lockwarden.io/force-release request: it takes
 // the lease with that fencing token away from its holder, if a holder of
 // this lock in this cluster holds it, records who asked (from the admission
-// webhook's lockwarden.io/force-release-by) in Events on the lock and the
-// holding Job, and removes the request. The holder finds its lease lost at
-// its next renewal (onLost applies). It returns an error only when the
+// webhook's lockwarden.io/force-release-by, which its seal must match) in
+// Events on the lock and the holding Job, and removes the request. The
+// holder finds its lease lost at its next renewal (onLost applies). It returns an error only when the
 // request could not be removed; a request it refuses is removed with a
 // Warning Event that says why.
 func (r *DistributedLockReconciler) forceRelease(ctx context.Context, dl *locksv1alpha1.DistributedLock, obs *observation) error {
@@ -34,6 +34,7 @@ func (r *DistributedLockReconciler) forceRelease(ctx context.Context, dl *locksv
 	}
 	log := logf.FromContext(ctx)
 	by := dl.Annotations[locksv1alpha1.AnnotationForceReleaseBy]
+	seal := dl.Annotations[locksv1alpha1.AnnotationForceReleaseSeal]
 	refuse := func(format string, args ...any) {
 		msg := fmt.Sprintf(format, args...)
 		r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventForceReleaseRefused, "ForceRelease", "%s", msg)
@@ -44,6 +45,12 @@ func (r *DistributedLockReconciler) forceRelease(ctx context.Context, dl *locksv
 	case by == "":
 		refuse("%s=%s was not recorded by the admission webhook (%s is missing), so who asked is unknown: nothing was released",
 			locksv1alpha1.AnnotationForceRelease, token, locksv1alpha1.AnnotationForceReleaseBy)
+	case !r.Tokens.VerifyForceReleaseSeal(dl.Namespace, dl.Name, token, by, seal):
+		// Written by hand where the webhook does not run (a namespace it
+		// skips, or while it was not installed), or copied from another
+		// request: who asked is unknown, whatever the record says.
+		refuse("%s=%s was not recorded by the admission webhook (%s is missing or does not match the request), so who asked is unknown: nothing was released",
+			locksv1alpha1.AnnotationForceRelease, token, locksv1alpha1.AnnotationForceReleaseSeal)
 	case err != nil || fence <= 0:
 		refuse("%s=%q is not a fencing token: nothing was released", locksv1alpha1.AnnotationForceRelease, token)
 	case !obs.ready():
@@ -55,6 +62,7 @@ func (r *DistributedLockReconciler) forceRelease(ctx context.Context, dl *locksv
 	before := dl.DeepCopy()
 	delete(dl.Annotations, locksv1alpha1.AnnotationForceRelease)
 	delete(dl.Annotations, locksv1alpha1.AnnotationForceReleaseBy)
+	delete(dl.Annotations, locksv1alpha1.AnnotationForceReleaseSeal)
 	if err := r.Client.Patch(ctx, dl, client.MergeFrom(before)); err != nil {
 		return fmt.Errorf("remove the force-release request of %s: %w", client.ObjectKeyFromObject(dl), err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -139,5 +140,52 @@ func TestForceReleaseStaysInItsLock(t *testing.T) {
 	}
 	if _, ok := getLock(t, ns, "second").Annotations[locksv1alpha1.AnnotationForceReleaseBy]; ok {
 		t.Fatalf("a hand-written %s was kept", locksv1alpha1.AnnotationForceReleaseBy)
+	}
+}
+
+// TestForceReleaseRecordWrittenPastTheWebhookIsRefused: where the webhook
+// does not run (kube-system, which it skips, stands for any namespace or
+// cluster it does not cover), a user who may update a lock writes a request
+// with a record naming an administrator and a seal of their own making. The
+// operator refuses it, naming the seal, and the holder keeps its lease.
+func TestForceReleaseRecordWrittenPastTheWebhookIsRefused(t *testing.T) {
+	rdb := redistest.Start(t)
+	startManager(t, managerOptions{})
+	const ns = "kube-system"
+	name := "forged-" + strings.ToLower(strconv.FormatInt(time.Now().UnixNano(), 36))
+	create(t, makeLock(name, ns, rdb.Addr).holder("alice").obj())
+	t.Cleanup(func() {
+		dl := getLock(t, ns, name)
+		if err := env.Client.Delete(context.Background(), dl); err != nil {
+			t.Errorf("delete %s/%s: %v", ns, name, err)
+		}
+		eventually(t, 20*time.Second, "the lock to be gone", func() (bool, string) {
+			var dl locksv1alpha1.DistributedLock
+			err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &dl)
+			return apierrors.IsNotFound(err), fmt.Sprint(err)
+		})
+	})
+	held := waitCondition(t, 15*time.Second, ns, name, locksv1alpha1.ConditionManualHolderHeld, "True", locksv1alpha1.ReasonAcquired)
+	token := strconv.FormatInt(held.Status.FencingToken, 10)
+
+	if err := annotateLock(t, userClient(t, "mallory@example.com"), ns, name, map[string]string{
+		locksv1alpha1.AnnotationForceRelease:     token,
+		locksv1alpha1.AnnotationForceReleaseBy:   "oncall@example.com",
+		locksv1alpha1.AnnotationForceReleaseSeal: strings.Repeat("ab", 32),
+	}); err != nil {
+		t.Fatalf("force-release request: %v", err)
+	}
+	eventually(t, 20*time.Second, "a ForceReleaseRefused event naming the seal", eventWith(t, ns, name, locksv1alpha1.EventForceReleaseRefused, locksv1alpha1.AnnotationForceReleaseSeal, "nothing was released"))
+	eventually(t, 20*time.Second, "the request to be removed", func() (bool, string) {
+		dl := getLock(t, ns, name)
+		_, a := dl.Annotations[locksv1alpha1.AnnotationForceRelease]
+		_, b := dl.Annotations[locksv1alpha1.AnnotationForceReleaseSeal]
+		return !a && !b, fmt.Sprintf("%v", dl.Annotations)
+	})
+	if ok, e := eventWith(t, ns, name, locksv1alpha1.EventForceReleased)(); ok {
+		t.Fatalf("the forged request was carried out: %s", e)
+	}
+	if dl := getLock(t, ns, name); dl.Status.FencingToken != held.Status.FencingToken || findCond(dl, locksv1alpha1.ConditionManualHolderHeld).Status != "True" {
+		t.Fatalf("alice lost her lease to a forged request: %+v", dl.Status)
 	}
 }

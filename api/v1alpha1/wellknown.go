@@ -46,9 +46,10 @@ const (
 	// AnnotationForceRelease asks the operator to take a lease away from a
 	// holder of this lock: its value is the holder's fencing token (as
 	// status.holders shows it). Anyone who may update the lock may ask; the
-	// admission webhook records who in AnnotationForceReleaseBy, the
-	// operator releases the lease, records Event ForceReleased (who, which
-	// holder, which token) and removes both annotations. The holder is
+	// admission webhook records who in AnnotationForceReleaseBy (sealed by
+	// AnnotationForceReleaseSeal), the operator releases the lease, records
+	// Event ForceReleased (who, which holder, which token) and removes the
+	// annotations. The holder is
 	// treated as having lost its lease (the lock's onLost applies). Only
 	// holders that acquired through this lock, in this cluster, can be
 	// released this way.
@@ -57,6 +58,12 @@ const (
 	// who set AnnotationForceRelease; a value set by anyone else is replaced
 	// or removed.
 	AnnotationForceReleaseBy = "lockwarden.io/force-release-by"
+	// AnnotationForceReleaseSeal is set by the admission webhook beside
+	// AnnotationForceReleaseBy: an HMAC of the lock, the token and the user
+	// under a key only the operator holds. The operator carries out a
+	// request only when the seal matches, so a record written where the
+	// webhook does not run names nobody.
+	AnnotationForceReleaseSeal = "lockwarden.io/force-release-seal"
 )
 
 // Finalizer keeps every DistributedLock until its manual holder's lease (if

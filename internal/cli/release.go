@@ -30,9 +30,10 @@ fencing token (the current one from status.fencingToken, or --token for one of
 the holders in status.holders). Nothing else is changed.
 
 The request is audited: the admission webhook records who set it in
-lockwarden.io/force-release-by (any value you set there is replaced), the
+lockwarden.io/force-release-by and seals that record (any value you set
+there is replaced, and a record the webhook did not seal is refused), the
 operator releases the lease, records the Event ForceReleased naming who asked,
-which holder and which token, and removes both annotations. The holder is
+which holder and which token, and removes the annotations. The holder is
 treated as having lost its lease (the lock's onLost applies). The operator
 refuses, with a ForceReleaseRefused Event, a token no holder of this lock has.
 

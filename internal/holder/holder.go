@@ -12,6 +12,7 @@ package holder
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"strings"
@@ -121,7 +122,8 @@ func WorkloadIdentity(cluster, namespace, kind, name, uid string) string {
 
 // Tokens derives owner tokens from a secret key.
 type Tokens struct {
-	key []byte
+	key     []byte
+	sealKey []byte
 }
 
 // MinKeyLen is the shortest key NewTokens accepts, in bytes.
@@ -132,7 +134,39 @@ func NewTokens(key []byte) (*Tokens, error) {
 	if len(key) < MinKeyLen {
 		return nil, fmt.Errorf("owner key has %d bytes, at least %d are required", len(key), MinKeyLen)
 	}
-	return &Tokens{key: append([]byte(nil), key...)}, nil
+	seal := hmac.New(sha256.New, key)
+	seal.Write([]byte(sealKeyLabel))
+	return &Tokens{key: append([]byte(nil), key...), sealKey: seal.Sum(nil)}, nil
+}
+
+// sealKeyLabel derives the key of request seals from the owner key, so that
+// no seal is ever an owner token and no owner token a seal.
+const sealKeyLabel = "lockwarden.io/force-release-seal/v1"
+
+// ForceReleaseSeal returns the seal of a force-release request: an HMAC,
+// under a key derived from the owner key, of the lock (namespace and name),
+// the fencing token asked for and the user who asked. The admission webhook
+// stamps it beside the user's name; the operator carries out only a request
+// whose seal matches (VerifyForceReleaseSeal). A record written anywhere
+// else (a namespace the webhook skips, a cluster where it does not run)
+// cannot name anyone, because nobody without the owner key can seal one.
+// A seal can be copied only onto the same request: the same user asking
+// for the same lease of the same lock again.
+func (t *Tokens) ForceReleaseSeal(namespace, lock, token, user string) string {
+	m := hmac.New(sha256.New, t.sealKey)
+	for _, f := range []string{namespace, lock, token, user} {
+		// Length-prefixed, so that no two field lists read the same.
+		m.Write(binary.BigEndian.AppendUint64(nil, uint64(len(f))))
+		m.Write([]byte(f))
+	}
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// VerifyForceReleaseSeal reports whether seal is ForceReleaseSeal of the
+// same request, in constant time.
+func (t *Tokens) VerifyForceReleaseSeal(namespace, lock, token, user, seal string) bool {
+	want := t.ForceReleaseSeal(namespace, lock, token, user)
+	return hmac.Equal([]byte(want), []byte(seal))
 }
 
 // Owner returns the 128-bit owner token of h, hex encoded: the same for the

@@ -56,3 +56,42 @@ func TestOwnerTokens(t *testing.T) {
 		t.Error("NewTokens accepted a 5-byte key")
 	}
 }
+
+// TestForceReleaseSeals: a seal verifies only for the request it was made
+// for, under the key it was made with; moving any field (or a byte between
+// two fields) breaks it.
+func TestForceReleaseSeals(t *testing.T) {
+	tk, err := NewTokens(bytes.Repeat([]byte{7}, MinKeyLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := NewTokens(bytes.Repeat([]byte{8}, MinKeyLen))
+	seal := tk.ForceReleaseSeal("team-a", "billing", "42", "oncall@example.com")
+	if !tk.VerifyForceReleaseSeal("team-a", "billing", "42", "oncall@example.com", seal) {
+		t.Fatal("the seal does not verify for its own request")
+	}
+	if seal == tk.Owner(Holder{Identity: "team-a/billing/42/oncall@example.com"}) {
+		t.Fatal("a seal equals an owner token")
+	}
+	type req struct{ ns, lock, token, user string }
+	for name, r := range map[string]req{
+		"another namespace":             {"team-b", "billing", "42", "oncall@example.com"},
+		"another lock":                  {"team-a", "ledger", "42", "oncall@example.com"},
+		"another token":                 {"team-a", "billing", "43", "oncall@example.com"},
+		"another user":                  {"team-a", "billing", "42", "mallory@example.com"},
+		"a byte moved between fields":   {"team-a", "billin", "g42", "oncall@example.com"},
+		"the user moved into the token": {"team-a", "billing", "42oncall@example.com", ""},
+	} {
+		if tk.VerifyForceReleaseSeal(r.ns, r.lock, r.token, r.user, seal) {
+			t.Errorf("%s: the seal verifies", name)
+		}
+	}
+	if other.VerifyForceReleaseSeal("team-a", "billing", "42", "oncall@example.com", seal) {
+		t.Error("a seal made with another key verifies")
+	}
+	for _, forged := range []string{"", "00", seal[:len(seal)-1]} {
+		if tk.VerifyForceReleaseSeal("team-a", "billing", "42", "oncall@example.com", forged) {
+			t.Errorf("the forged seal %q verifies", forged)
+		}
+	}
+}

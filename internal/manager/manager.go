@@ -324,7 +324,7 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
-	registry, err := setupControllers(ctx, mgr, o)
+	registry, tokens, err := setupControllers(ctx, mgr, o)
 	if err != nil {
 		return nil, err
 	}
@@ -335,7 +335,7 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 		return nil, fmt.Errorf("add ready check: %w", err)
 	}
 	if o.enableWebhook {
-		if err := setupWebhook(mgr, o, registry); err != nil {
+		if err := setupWebhook(mgr, o, registry, tokens); err != nil {
 			return nil, err
 		}
 	}
@@ -356,13 +356,14 @@ func withRateLimit(cfg *rest.Config, o *Options) *rest.Config {
 // setupWebhook serves the admission webhooks (the Job gate and the
 // force-release audit); with self-signed
 // certificates it first waits for the rotator to write them.
-func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry) error {
+func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, tokens *holder.Tokens) error {
 	gate := &webhook.JobGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check}
+	audit := &webhook.ForceReleaseAudit{Seal: tokens.ForceReleaseSeal}
 	if o.webhookCertMode == certModeExternal {
 		if err := gate.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("set up the Job webhook: %w", err)
 		}
-		(&webhook.ForceReleaseAudit{}).SetupWithManager(mgr)
+		audit.SetupWithManager(mgr)
 		return mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker())
 	}
 	ns, name, _ := strings.Cut(o.webhookService, "/")
@@ -387,7 +388,7 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry) erro
 		if err := gate.SetupWithManager(mgr); err != nil {
 			ctrl.Log.WithName("setup").Error(err, "Setting up the Job webhook failed")
 		}
-		(&webhook.ForceReleaseAudit{}).SetupWithManager(mgr)
+		audit.SetupWithManager(mgr)
 	}()
 	return mgr.AddReadyzCheck("webhook-certificate", func(*http.Request) error {
 		select {
@@ -400,13 +401,14 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry) erro
 }
 
 // setupControllers wires the lock backends, the renewal watchdog and the
-// controllers; the webhook shares the returned registry's policy.
-func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backend.Registry, error) {
+// controllers; the webhook shares the returned registry's policy and seals
+// force-release requests with the returned tokens' key.
+func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backend.Registry, *holder.Tokens, error) {
 	log := ctrl.Log.WithName("lockwarden")
 	backend.RouteRedisLogs(log.WithName("go-redis"))
 	direct, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
 	if err != nil {
-		return nil, fmt.Errorf("create client: %w", err)
+		return nil, nil, fmt.Errorf("create client: %w", err)
 	}
 	ns, name, _ := strings.Cut(o.ownerKeySecret, "/")
 	id, err := holder.LoadOrCreateIdentity(ctx, direct, types.NamespacedName{Namespace: ns, Name: name}, func(ctx context.Context) (string, error) {
@@ -416,28 +418,28 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backe
 		return clusterNameFromUID(ctx, direct)
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if o.clusterName == "" {
 		if errs := validation.IsDNS1123Subdomain(id.Cluster); len(errs) > 0 {
-			return nil, fmt.Errorf("the owner-key Secret %s records the cluster name %q (key %s), which is not a DNS-1123 subdomain: %s; fix the key or set --cluster-name", o.ownerKeySecret, id.Cluster, holder.ClusterField, strings.Join(errs, "; "))
+			return nil, nil, fmt.Errorf("the owner-key Secret %s records the cluster name %q (key %s), which is not a DNS-1123 subdomain: %s; fix the key or set --cluster-name", o.ownerKeySecret, id.Cluster, holder.ClusterField, strings.Join(errs, "; "))
 		}
 		o.clusterName = id.Cluster
 	}
 	log.Info("Cluster name recorded with every lease", "name", o.clusterName)
 	tokens, err := holder.NewTokens(id.Key)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	registry := backend.NewRegistry(ctx, mgr.GetAPIReader(), backend.NewLocker(log), log.WithName("backend"))
 	policy, err := endpointPolicy(ctx, direct, mgr, o, log.WithName("endpoint-policy"))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	registry.SetPolicy(o.BackendPolicy(policy), mgr.GetClient())
 	dog := watchdog.New(nil, watchdog.WithLogger(log.WithName("watchdog")))
 	if err := mgr.Add(dog); err != nil {
-		return nil, fmt.Errorf("add the renewal watchdog: %w", err)
+		return nil, nil, fmt.Errorf("add the renewal watchdog: %w", err)
 	}
 	_, err = controllers.SetupWithManager(ctx, mgr, controllers.Deps{
 		Client:      mgr.GetClient(),
@@ -453,7 +455,7 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backe
 		Workers:              o.workers,
 		SyncCronJobTemplates: o.syncCronJobTemplates,
 	})
-	return registry, err
+	return registry, tokens, err
 }
 
 // BackendPolicy is the policy the flags give the backend registry, with

@@ -21,12 +21,18 @@ const ForceReleasePath = "/mutate-locks-lockwarden-io-v1alpha1-distributedlock-f
 
 // ForceReleaseAudit records who asks for a force release: when a request
 // sets or changes a DistributedLock's lockwarden.io/force-release, it sets
-// lockwarden.io/force-release-by to the requesting user; a
-// force-release-by that nobody asked for with a force-release is removed.
-// It refuses a force-release that is not a fencing token. The webhook
-// configuration sends it only requests whose object carries either
-// annotation, so it never stands in the way of other lock updates.
-type ForceReleaseAudit struct{}
+// lockwarden.io/force-release-by to the requesting user and
+// lockwarden.io/force-release-seal to the request's seal (Seal), without
+// which the operator refuses the request; a record that nobody asked for
+// with a force-release is removed. It refuses a force-release that is not a
+// fencing token. The webhook configuration sends it only requests whose
+// object carries one of the annotations, so it never stands in the way of
+// other lock updates.
+type ForceReleaseAudit struct {
+	// Seal seals a request (holder.Tokens.ForceReleaseSeal): the lock's
+	// namespace and name, the token and the user.
+	Seal func(namespace, lock, token, user string) string
+}
 
 // SetupWithManager registers the webhook at ForceReleasePath.
 func (a *ForceReleaseAudit) SetupWithManager(mgr ctrl.Manager) {
@@ -50,42 +56,47 @@ func (a *ForceReleaseAudit) Handle(_ context.Context, req admission.Request) adm
 	ann := obj.GetAnnotations()
 	token, asked := ann[locksv1alpha1.AnnotationForceRelease]
 	by, stamped := ann[locksv1alpha1.AnnotationForceReleaseBy]
+	seal, sealed := ann[locksv1alpha1.AnnotationForceReleaseSeal]
 	oldAnn := old.GetAnnotations()
 	switch {
-	case !asked && !stamped:
+	case !asked && !stamped && !sealed:
 		return admission.Allowed("")
 	case !asked:
 		// A record without a request: nobody may write one by hand.
-		return patchAnnotations(req, ann, locksv1alpha1.AnnotationForceReleaseBy, nil)
+		return patchAnnotations(req, ann, map[string]*string{locksv1alpha1.AnnotationForceReleaseBy: nil, locksv1alpha1.AnnotationForceReleaseSeal: nil})
 	}
 	if f, err := strconv.ParseInt(token, 10, 64); err != nil || f <= 0 || f >= lock.MaxFence || strconv.FormatInt(f, 10) != token {
 		return admission.Denied(fmt.Sprintf("metadata.annotations[%s]: %q is not a fencing token: give the token of the holder to release, a positive integer as status.holders[].fencingToken shows it", locksv1alpha1.AnnotationForceRelease, token))
 	}
-	if token == oldAnn[locksv1alpha1.AnnotationForceRelease] && by == oldAnn[locksv1alpha1.AnnotationForceReleaseBy] && stamped {
+	if stamped && sealed && token == oldAnn[locksv1alpha1.AnnotationForceRelease] &&
+		by == oldAnn[locksv1alpha1.AnnotationForceReleaseBy] && seal == oldAnn[locksv1alpha1.AnnotationForceReleaseSeal] {
 		return admission.Allowed("") // unchanged request, already recorded
 	}
 	user := req.UserInfo.Username
 	if user == "" {
 		user = "(unknown user)"
 	}
-	return patchAnnotations(req, ann, locksv1alpha1.AnnotationForceReleaseBy, &user)
+	seal = a.Seal(req.Namespace, req.Name, token, user)
+	return patchAnnotations(req, ann, map[string]*string{locksv1alpha1.AnnotationForceReleaseBy: &user, locksv1alpha1.AnnotationForceReleaseSeal: &seal})
 }
 
-// patchAnnotations answers with the object's annotations with key set to
-// value (removed when value is nil).
-func patchAnnotations(req admission.Request, ann map[string]string, key string, value *string) admission.Response {
+// patchAnnotations answers with the object's annotations with each key of
+// set set to its value (removed where the value is nil).
+func patchAnnotations(req admission.Request, ann map[string]string, set map[string]*string) admission.Response {
 	var obj map[string]any
 	if err := json.Unmarshal(req.Object.Raw, &obj); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	out := make(map[string]any, len(ann)+1)
+	out := make(map[string]any, len(ann)+len(set))
 	for k, v := range ann {
 		out[k] = v
 	}
-	if value == nil {
-		delete(out, key)
-	} else {
-		out[key] = *value
+	for k, v := range set {
+		if v == nil {
+			delete(out, k)
+		} else {
+			out[k] = *v
+		}
 	}
 	md, _ := obj["metadata"].(map[string]any)
 	if md == nil {
