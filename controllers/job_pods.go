@@ -11,6 +11,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -29,8 +30,22 @@ import (
 // beside the old one's pods.
 //
 // The pods are listed, not watched: only Jobs being released are looked at,
-// and the operator needs no cache of every pod in the cluster.
+// and the operator needs no cache of every pod in the cluster. The list asks
+// the API server for the metadata of at most runningPodsShown+1 pods that
+// have not ended (a field selector on status.phase), so what a tenant puts
+// in its pods' specs and statuses, or how many pods a Job has, never reaches
+// the operator.
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list
+
+// runningPodsShown is how many running pods an Event names; a Job with more
+// is said to have more.
+const runningPodsShown = 5
+
+// runningPodsSelector selects the pods that may still run.
+var runningPodsSelector = fields.AndSelectors(
+	fields.OneTermNotEqualSelector("status.phase", string(corev1.PodSucceeded)),
+	fields.OneTermNotEqualSelector("status.phase", string(corev1.PodFailed)),
+)
 
 // Pod listing while a released Job's pods run: soon at first (a pod usually
 // stops within its grace period), then less often for pods that run on.
@@ -99,21 +114,20 @@ func (r *JobReconciler) holdWhilePodsRun(ctx context.Context, g *gatedJob) (ctrl
 		return ctrl.Result{}, false, nil // never ran with the lock, or no longer holds it
 	}
 	lockName := job.Labels[locksv1alpha1.LabelLock]
-	var pods corev1.PodList
-	if err := r.pods.List(ctx, &pods, client.InNamespace(job.Namespace), client.MatchingLabels{batchv1.ControllerUidLabel: string(job.UID)}); err != nil {
+	pods := &metav1.PartialObjectMetadataList{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PodList"}}
+	if err := r.pods.List(ctx, pods, client.InNamespace(job.Namespace), client.MatchingLabels{batchv1.ControllerUidLabel: string(job.UID)},
+		client.MatchingFieldsSelector{Selector: runningPodsSelector}, client.Limit(runningPodsShown+1)); err != nil {
 		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventReleaseWaitsForPods, "Release",
 			"Lock %s stays held: cannot list the Job's pods to see whether they stopped: %v", lockName, err)
 		return ctrl.Result{}, true, fmt.Errorf("list the pods of the Job: %w", err)
 	}
-	var running []string
-	for i := range pods.Items {
-		if p := &pods.Items[i]; p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-			running = append(running, p.Name)
-		}
-	}
-	if len(running) == 0 {
+	if len(pods.Items) == 0 {
 		r.podWaits.forget(nn)
 		return ctrl.Result{}, false, nil
+	}
+	running := make([]string, 0, len(pods.Items))
+	for i := range pods.Items {
+		running = append(running, pods.Items[i].Name)
 	}
 	sort.Strings(running)
 
@@ -142,8 +156,8 @@ func (r *JobReconciler) holdWhilePodsRun(ctx context.Context, g *gatedJob) (ctrl
 		}
 	}
 	shown := strings.Join(running, ", ")
-	if len(running) > 5 {
-		shown = strings.Join(running[:5], ", ") + fmt.Sprintf(" and %d more", len(running)-5)
+	if len(running) > runningPodsShown || pods.Continue != "" {
+		shown = strings.Join(running[:min(len(running), runningPodsShown)], ", ") + " and more"
 	}
 	since, changed := r.podWaits.note(job, r.Clock.Now(), shown)
 	if changed {
