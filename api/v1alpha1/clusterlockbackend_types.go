@@ -44,6 +44,21 @@ type ClusterLockBackendSpec struct {
 	// backend, sharing keys across namespaces. Default: none.
 	// +optional
 	GlobalScopeNamespaceSelector *metav1.LabelSelector `json:"globalScopeNamespaceSelector,omitempty"`
+
+	// globalKeyPrefixes lists the prefixes that every key of a Global lock on
+	// this backend must start with (for example billing/); a lock with
+	// another key is refused with reason ScopeNotAllowed. Empty (default):
+	// any key. Up to 16 unique prefixes of 1 to 200 characters (a lock
+	// key's length). Several ClusterLockBackends may point at the
+	// same store, each selecting other namespaces for Global and allowing
+	// other prefixes: that gives each team its own Global keys. Locks with
+	// scope Namespace are not affected.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=200
+	GlobalKeyPrefixes []string `json:"globalKeyPrefixes,omitempty"`
 }
 
 // BackendStatus is how a ClusterLockBackend or LockBackend is used and

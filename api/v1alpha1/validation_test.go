@@ -245,6 +245,14 @@ func TestClusterLockBackendValidation(t *testing.T) {
 			Redis: redis, NamespaceSelector: &metav1.LabelSelector{},
 			GlobalScopeNamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "billing"}},
 		}, nil},
+		"Global key prefixes": {locksv1alpha1.ClusterLockBackendSpec{
+			Redis: redis, NamespaceSelector: &metav1.LabelSelector{},
+			GlobalScopeNamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "billing"}},
+			GlobalKeyPrefixes:            []string{"billing/", "shared/billing-"},
+		}, nil},
+		"an empty Global key prefix": {locksv1alpha1.ClusterLockBackendSpec{
+			Redis: redis, NamespaceSelector: &metav1.LabelSelector{}, GlobalKeyPrefixes: []string{"billing/", ""},
+		}, []string{"spec.globalKeyPrefixes[1]", "at least 1 chars long"}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -161,7 +161,9 @@ const (
 	// ReasonLost: this lock's holder lost its lease (it expired during a
 	// backend outage, or was taken over).
 	ReasonLost = "Lost"
-	// ReasonScopeNotAllowed: scope Global is not allowed in this namespace.
+	// ReasonScopeNotAllowed: scope Global is not allowed in this namespace,
+	// or not for one of the lock's keys (a ClusterLockBackend's
+	// globalKeyPrefixes).
 	ReasonScopeNotAllowed = "ScopeNotAllowed"
 	// ReasonBackendUnavailable: the backend did not answer, so who holds the keys is unknown.
 	ReasonBackendUnavailable = "BackendUnavailable"

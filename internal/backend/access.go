@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -33,7 +35,8 @@ type Policy struct {
 	// the addresses the names resolve to.
 	Endpoints *netguard.EndpointPolicy
 	// GlobalScope says where scope Global is allowed with inline endpoints.
-	// A ClusterLockBackend decides that itself (globalScopeNamespaceSelector).
+	// A ClusterLockBackend decides that itself (globalScopeNamespaceSelector,
+	// globalKeyPrefixes).
 	GlobalScope GlobalScopePolicy
 	// ClusterResourceNamespace is the namespace ClusterLockBackends' Secrets
 	// are read from (the operator's own).
@@ -190,6 +193,9 @@ func (r *Registry) checkClusterBackend(ctx context.Context, dl *locksv1alpha1.Di
 		return nil, &PolicyError{Field: "spec.scope", Reason: locksv1alpha1.ReasonScopeNotAllowed,
 			Message: fmt.Sprintf("Global is not allowed in namespace %q on ClusterLockBackend %q (its spec.globalScopeNamespaceSelector does not select the namespace): use scope Namespace", dl.Namespace, name)}
 	}
+	if err := checkGlobalKeyPrefixes(dl, &b); err != nil {
+		return nil, err
+	}
 	spec := ClusterSpec(&b)
 	if err := spec.Validate(); err != nil {
 		return nil, &PolicyError{Field: "spec.backend.clusterBackendRef.name", Reason: locksv1alpha1.ReasonInvalidBackend,
@@ -199,6 +205,28 @@ func (r *Registry) checkClusterBackend(ctx context.Context, dl *locksv1alpha1.Di
 		id: "ClusterLockBackend/" + name, spec: spec, secretNamespace: r.policy.ClusterResourceNamespace,
 		field: fmt.Sprintf("ClusterLockBackend %s: spec.%s", name, spec.Field()),
 	}, nil
+}
+
+// checkGlobalKeyPrefixes refuses a Global lock with a key that starts with
+// none of the ClusterLockBackend's spec.globalKeyPrefixes (empty: any key).
+func checkGlobalKeyPrefixes(dl *locksv1alpha1.DistributedLock, b *locksv1alpha1.ClusterLockBackend) error {
+	prefixes := b.Spec.GlobalKeyPrefixes
+	if dl.Spec.Scope != locksv1alpha1.ScopeGlobal || len(prefixes) == 0 {
+		return nil
+	}
+	for i, key := range dl.Spec.Keys {
+		if slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(key, p) }) {
+			continue
+		}
+		quoted := make([]string, len(prefixes))
+		for j, p := range prefixes {
+			quoted[j] = strconv.Quote(p)
+		}
+		return &PolicyError{Field: fmt.Sprintf("spec.keys[%d]", i), Reason: locksv1alpha1.ReasonScopeNotAllowed,
+			Message: fmt.Sprintf("Global key %q is not allowed on ClusterLockBackend %q: its spec.globalKeyPrefixes allow only keys starting with %s; use such a key, or scope Namespace",
+				key, b.Name, strings.Join(quoted, " or "))}
+	}
+	return nil
 }
 
 // ValidateSelectors checks a ClusterLockBackend's namespace selectors; the

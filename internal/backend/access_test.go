@@ -21,7 +21,9 @@ func namespace(name string, labels map[string]string) *corev1.Namespace {
 	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
 }
 
-func clusterBackend(name string, nsSel, globalSel *metav1.LabelSelector) *locksv1alpha1.ClusterLockBackend {
+// clusterBackend returns a Redis ClusterLockBackend; globalKeyPrefixes, when
+// given, restrict the keys of its Global locks.
+func clusterBackend(name string, nsSel, globalSel *metav1.LabelSelector, globalKeyPrefixes ...string) *locksv1alpha1.ClusterLockBackend {
 	return &locksv1alpha1.ClusterLockBackend{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: locksv1alpha1.ClusterLockBackendSpec{
@@ -31,6 +33,7 @@ func clusterBackend(name string, nsSel, globalSel *metav1.LabelSelector) *locksv
 			},
 			NamespaceSelector:            nsSel,
 			GlobalScopeNamespaceSelector: globalSel,
+			GlobalKeyPrefixes:            globalKeyPrefixes,
 		},
 	}
 }
@@ -43,6 +46,12 @@ func lockOn(namespace, backendName string, scope locksv1alpha1.Scope) *locksv1al
 	}
 }
 
+// withKeys sets the keys of dl.
+func withKeys(dl *locksv1alpha1.DistributedLock, keys ...string) *locksv1alpha1.DistributedLock {
+	dl.Spec.Keys = keys
+	return dl
+}
+
 func TestClusterBackendPolicy(t *testing.T) {
 	t.Parallel()
 	team := &metav1.LabelSelector{MatchLabels: map[string]string{"team": "billing"}}
@@ -51,6 +60,7 @@ func TestClusterBackendPolicy(t *testing.T) {
 		namespace("web", map[string]string{"team": "web"}),
 		clusterBackend("everyone", &metav1.LabelSelector{}, team),
 		clusterBackend("billing-only", team, nil),
+		clusterBackend("billing-global", &metav1.LabelSelector{}, team, "billing/", "shared/billing-"),
 		clusterBackend("not-web", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"web"}}}}, nil),
 		clusterBackend("typo", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "team", Operator: "Equals", Values: []string{"web"}}}}, nil),
 		// The admin's Secret, in the operator's namespace; a tenant's
@@ -61,6 +71,7 @@ func TestClusterBackendPolicy(t *testing.T) {
 	cases := map[string]struct {
 		lock       *locksv1alpha1.DistributedLock
 		wantReason string // "" = allowed
+		wantField  string // "" = any
 		wantText   []string
 	}{
 		"a selected namespace":                    {lock: lockOn("web", "everyone", "")},
@@ -77,6 +88,13 @@ func TestClusterBackendPolicy(t *testing.T) {
 			wantText: []string{`namespace "ghost" was not found`}},
 		"a backend that does not exist": {lock: lockOn("billing", "nope", ""), wantReason: locksv1alpha1.ReasonBackendNotFound,
 			wantText: []string{`ClusterLockBackend "nope" does not exist`, "kubectl get clusterlockbackends"}},
+		// spec.globalKeyPrefixes: which Global keys a backend allows.
+		"Global keys that each start with an allowed prefix": {lock: withKeys(lockOn("billing", "billing-global", locksv1alpha1.ScopeGlobal), "billing/ledger", "shared/billing-export")},
+		"a Global key outside the allowed prefixes": {lock: withKeys(lockOn("billing", "billing-global", locksv1alpha1.ScopeGlobal), "billing/ledger", "ledger/compaction"),
+			wantReason: locksv1alpha1.ReasonScopeNotAllowed, wantField: "spec.keys[1]",
+			wantText: []string{`Global key "ledger/compaction" is not allowed on ClusterLockBackend "billing-global"`, `starting with "billing/" or "shared/billing-"`, "scope Namespace"}},
+		"any Global key without globalKeyPrefixes":            {lock: withKeys(lockOn("billing", "everyone", locksv1alpha1.ScopeGlobal), "ledger/compaction")},
+		"scope Namespace on a backend with globalKeyPrefixes": {lock: withKeys(lockOn("billing", "billing-global", locksv1alpha1.ScopeNamespace), "ledger/compaction")},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -102,6 +120,9 @@ func TestClusterBackendPolicy(t *testing.T) {
 			var pe *PolicyError
 			if !errors.As(err, &pe) || pe.Reason != tc.wantReason {
 				t.Fatalf("resolve = %v, want a refusal with reason %s", err, tc.wantReason)
+			}
+			if tc.wantField != "" && pe.Field != tc.wantField {
+				t.Errorf("refusal names %s, want %s", pe.Field, tc.wantField)
 			}
 			for _, w := range tc.wantText {
 				if !strings.Contains(pe.Error(), w) {
