@@ -181,6 +181,36 @@ func TestGlobalScopeIsRefusedOnEveryPath(t *testing.T) {
 		}
 	})
 
+	t.Run("a Global key outside the backend's globalKeyPrefixes", func(t *testing.T) {
+		// The billing team may use Global, but only its own keys: it names
+		// the ledger team's key through the billing backend.
+		const billingBackend = "billing-global"
+		create(t, env.Client, &locksv1alpha1.ClusterLockBackend{
+			ObjectMeta: metav1.ObjectMeta{Name: billingBackend},
+			Spec: locksv1alpha1.ClusterLockBackendSpec{
+				Redis:                        &locksv1alpha1.RedisBackend{Endpoints: []string{rdb.Addr}},
+				NamespaceSelector:            &metav1.LabelSelector{},
+				GlobalScopeNamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"global-locks": "yes"}},
+				GlobalKeyPrefixes:            []string{"billing/"},
+			},
+		})
+		ns := tenantNamespace(t, map[string]string{"global-locks": "yes"})
+		dl := onBackend(ns, "ledger-grab", "maintenance")
+		dl.Spec.Keys = []string{"billing/close", "ledger/compaction"}
+		dl.Spec.Backend.ClusterBackendRef.Name = billingBackend
+		create(t, asTenant, dl)
+		waitCondition(t, dl, locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonScopeNotAllowed)
+		err := asTenant.Create(ctx, newJob(ns, "sneak", dl.Name))
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.keys[1]") || !strings.Contains(err.Error(), "globalKeyPrefixes") {
+			t.Fatalf("creating a Job of a lock on another team's Global key = %v; want it refused naming spec.keys[1] and the backend's globalKeyPrefixes", err)
+		}
+		for _, key := range []string{"lockwarden:{global/ledger/compaction}:lock", "lockwarden:{global/billing/close}:lock"} {
+			if n, err := rdb.Client().Exists(ctx, key).Result(); err != nil || n != 0 {
+				t.Errorf("%s exists (%d, %v): the refused lock reached the store", key, n, err)
+			}
+		}
+	})
+
 	t.Run("a Job admitted while allowed never acquires once the namespace is not", func(t *testing.T) {
 		ns := tenantNamespace(t, map[string]string{"global-locks": "yes"})
 		dl := onBackend(ns, "global-window", "maintenance")
