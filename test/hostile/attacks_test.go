@@ -137,15 +137,22 @@ func waitResyncs(t testing.TB, n int) {
 func TestGlobalScopeIsRefusedOnEveryPath(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t)
+	// globalBackend creates a ClusterLockBackend on rdb that every namespace
+	// may use and those labelled global-locks=yes may use with scope Global,
+	// for keys with the given prefixes (none: any key).
+	globalBackend := func(name string, prefixes ...string) {
+		create(t, env.Client, &locksv1alpha1.ClusterLockBackend{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: locksv1alpha1.ClusterLockBackendSpec{
+				Redis:                        &locksv1alpha1.RedisBackend{Endpoints: []string{rdb.Addr}},
+				NamespaceSelector:            &metav1.LabelSelector{},
+				GlobalScopeNamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"global-locks": "yes"}},
+				GlobalKeyPrefixes:            prefixes,
+			},
+		})
+	}
 	const backendName = "shared-global"
-	create(t, env.Client, &locksv1alpha1.ClusterLockBackend{
-		ObjectMeta: metav1.ObjectMeta{Name: backendName},
-		Spec: locksv1alpha1.ClusterLockBackendSpec{
-			Redis:                        &locksv1alpha1.RedisBackend{Endpoints: []string{rdb.Addr}},
-			NamespaceSelector:            &metav1.LabelSelector{},
-			GlobalScopeNamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"global-locks": "yes"}},
-		},
-	})
+	globalBackend(backendName)
 	onBackend := func(ns, name string, holder string) *locksv1alpha1.DistributedLock {
 		dl := &locksv1alpha1.DistributedLock{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
@@ -185,15 +192,7 @@ func TestGlobalScopeIsRefusedOnEveryPath(t *testing.T) {
 		// The billing team may use Global, but only its own keys: it names
 		// the ledger team's key through the billing backend.
 		const billingBackend = "billing-global"
-		create(t, env.Client, &locksv1alpha1.ClusterLockBackend{
-			ObjectMeta: metav1.ObjectMeta{Name: billingBackend},
-			Spec: locksv1alpha1.ClusterLockBackendSpec{
-				Redis:                        &locksv1alpha1.RedisBackend{Endpoints: []string{rdb.Addr}},
-				NamespaceSelector:            &metav1.LabelSelector{},
-				GlobalScopeNamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"global-locks": "yes"}},
-				GlobalKeyPrefixes:            []string{"billing/"},
-			},
-		})
+		globalBackend(billingBackend, "billing/")
 		ns := tenantNamespace(t, map[string]string{"global-locks": "yes"})
 		dl := onBackend(ns, "ledger-grab", "maintenance")
 		dl.Spec.Keys = []string{"billing/close", "ledger/compaction"}
