@@ -24,9 +24,9 @@ import (
 // this lock in this cluster holds it, records who asked (from the admission
 // webhook's lockwarden.io/force-release-by, which its seal must match) in
 // Events on the lock and the holding Job, and removes the request. The
-// holder finds its lease lost at its next renewal (onLost applies). It returns an error only when the
-// request could not be removed; a request it refuses is removed with a
-// Warning Event that says why.
+// holder finds its lease lost at its next renewal (onLost applies). It
+// returns an error only when the request could not be removed; a request it
+// refuses is removed with a Warning Event that says why.
 func (r *DistributedLockReconciler) forceRelease(ctx context.Context, dl *locksv1alpha1.DistributedLock, obs *observation) error {
 	token, asked := dl.Annotations[locksv1alpha1.AnnotationForceRelease]
 	if !asked {
