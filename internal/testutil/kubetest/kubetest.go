@@ -77,11 +77,25 @@ func WithWebhooks() Option {
 	}
 }
 
+// WithAPIServerFlag adds a kube-apiserver flag to envtest's own, for
+// example --admission-control-config-file.
+func WithAPIServerFlag(name, value string) Option {
+	return func(e *envtest.Environment, _ string) {
+		e.ControlPlane.GetAPIServer().Configure().Append(name, value)
+	}
+}
+
 // Webhook returns where the manager's webhook server must listen and the
 // directory with its serving certificate (WithWebhooks only).
 func (e *Env) Webhook() (host string, port int, certDir string) {
 	o := e.env.WebhookInstallOptions
 	return o.LocalServingHost, o.LocalServingPort, o.LocalServingCertDir
+}
+
+// WebhookCA returns the PEM certificate of the CA that signed the webhook
+// serving certificate in Webhook's directory (WithWebhooks only).
+func (e *Env) WebhookCA() []byte {
+	return e.env.WebhookInstallOptions.LocalServingCAData
 }
 
 // Start starts a control plane for one test and stops it when the test ends.
