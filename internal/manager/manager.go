@@ -7,9 +7,11 @@ package manager
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -72,6 +74,11 @@ type Options struct {
 	webhookCertMode      string
 	webhookService       string
 	webhookConfigName    string
+	webhookClientCAFile  string
+	webhookClientNames   []string
+	// webhookClientCAs are the certificates of --webhook-client-ca-file,
+	// read by ParseFlags; nil when it is unset.
+	webhookClientCAs     *x509.CertPool
 	namespace            string
 	kubeconfig           string
 	inlineEndpoints      bool
@@ -170,6 +177,11 @@ func ParseFlags(args []string) (*Options, error) {
 		"namespace/name of the webhook's Service, for the self-signed certificate's name. Default: lockwarden-webhook-service in the manager's namespace.")
 	fs.StringVar(&o.webhookConfigName, "webhook-configuration", "lockwarden-mutating-webhook-configuration",
 		"Name of the MutatingWebhookConfiguration the self-signed CA is injected into.")
+	fs.StringVar(&o.webhookClientCAFile, "webhook-client-ca-file", "",
+		"PEM file of the CA certificates that sign the client certificate the API server presents to the admission webhook (configured on the API server with an AdmissionConfiguration's kubeConfigFile). Set: a caller without a certificate from one of these CAs is refused in the TLS handshake. Read once at start. Empty (default): any caller that reaches the webhook port is served.")
+	fs.Func("webhook-client-name",
+		"Comma-separated names, one of which the webhook caller's verified client certificate must carry as its common name or as a DNS name (needs --webhook-client-ca-file). Empty (default): any certificate from those CAs.",
+		func(v string) error { o.webhookClientNames = append(o.webhookClientNames, splitList(v)...); return nil })
 	fs.BoolVar(&o.inlineEndpoints, "inline-endpoints", true,
 		"Allow DistributedLocks to name Redis endpoints themselves (spec.backend.redis), within --endpoint-allow and --endpoint-deny. false: locks must name a ClusterLockBackend.")
 	fs.Func("endpoint-allow",
@@ -255,7 +267,77 @@ func ParseFlags(args []string) (*Options, error) {
 	if o.retryPeriod >= o.renewDeadline {
 		return nil, fmt.Errorf("--leader-election-retry-period (%v) must be shorter than --leader-election-renew-deadline (%v)", o.retryPeriod, o.renewDeadline)
 	}
+	if len(o.webhookClientNames) > 0 && o.webhookClientCAFile == "" {
+		return nil, fmt.Errorf("--webhook-client-name %q needs --webhook-client-ca-file: names are checked only in client certificates verified against those CAs", o.webhookClientNames)
+	}
+	if o.webhookClientCAFile != "" {
+		pool, err := loadClientCAs(o.webhookClientCAFile)
+		if err != nil {
+			return nil, err
+		}
+		o.webhookClientCAs = pool
+	}
 	return o, nil
+}
+
+// newWebhookServer is the admission webhook's server, with tlsOpts and the
+// client authentication of --webhook-client-ca-file.
+func newWebhookServer(o *Options, tlsOpts []func(*tls.Config)) ctrlwebhook.Server {
+	opts := slices.Clone(tlsOpts)
+	if auth := o.webhookClientAuth(); auth != nil {
+		opts = append(opts, auth)
+	}
+	return ctrlwebhook.NewServer(ctrlwebhook.Options{
+		Host:    o.webhookHost,
+		Port:    o.webhookPort,
+		CertDir: o.webhookCertDir,
+		TLSOpts: opts,
+	})
+}
+
+// loadClientCAs reads the CA certificates of --webhook-client-ca-file.
+func loadClientCAs(path string) (*x509.CertPool, error) {
+	const want = "a PEM file of the CA certificates (-----BEGIN CERTIFICATE-----) that sign the API server's client certificate for the webhook"
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--webhook-client-ca-file %q cannot be read (%w): it must be %s", path, err, want)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("--webhook-client-ca-file %q holds no PEM certificate: it must be %s", path, want)
+	}
+	return pool, nil
+}
+
+// webhookClientAuth returns the TLS option that makes the webhook server
+// require a client certificate signed by --webhook-client-ca-file's CAs
+// and, with --webhook-client-name, naming one of those names; nil when
+// --webhook-client-ca-file is unset. (controller-runtime's own
+// Options.ClientCAName would read the CAs from the serving certificate's
+// directory, which the certificate rotator or cert-manager owns.)
+func (o *Options) webhookClientAuth() func(*tls.Config) {
+	if o.webhookClientCAs == nil {
+		return nil
+	}
+	pool, names := o.webhookClientCAs, slices.Clone(o.webhookClientNames)
+	return func(c *tls.Config) {
+		c.ClientAuth = tls.RequireAndVerifyClientCert
+		c.ClientCAs = pool
+		if len(names) == 0 {
+			return
+		}
+		// Runs after the chain was verified against pool.
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+				return errors.New("no verified client certificate")
+			}
+			leaf := cs.VerifiedChains[0][0]
+			if slices.Contains(names, leaf.Subject.CommonName) || slices.ContainsFunc(leaf.DNSNames, func(n string) bool { return slices.Contains(names, n) }) {
+				return nil
+			}
+			return fmt.Errorf("client certificate %q (DNS names %q) names none of --webhook-client-name %q", leaf.Subject.CommonName, leaf.DNSNames, names)
+		}
+	}
 }
 
 // minSafeTTL is the shortest lease TTL that outlives a failover of the
@@ -305,12 +387,7 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 				// cached; locks' Secrets are read on demand from their namespace.
 				&corev1.Secret{}: {Namespaces: map[string]cache.Config{certNS: {}}},
 			}},
-		WebhookServer: ctrlwebhook.NewServer(ctrlwebhook.Options{
-			Host:    o.webhookHost,
-			Port:    o.webhookPort,
-			CertDir: o.webhookCertDir,
-			TLSOpts: tlsOpts,
-		}),
+		WebhookServer:                 newWebhookServer(o, tlsOpts),
 		HealthProbeBindAddress:        o.probeAddr,
 		PprofBindAddress:              o.pprofAddr,
 		LeaderElection:                o.enableLeaderElection,
@@ -364,7 +441,7 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, toke
 			return fmt.Errorf("set up the Job webhook: %w", err)
 		}
 		audit.SetupWithManager(mgr)
-		return mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker())
+		return mgr.AddReadyzCheck("webhook", webhookStarted(mgr.GetWebhookServer(), o))
 	}
 	ns, name, _ := strings.Cut(o.webhookService, "/")
 	ready := make(chan struct{})
@@ -393,11 +470,39 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, toke
 	return mgr.AddReadyzCheck("webhook-certificate", func(*http.Request) error {
 		select {
 		case <-ready:
-			return mgr.GetWebhookServer().StartedChecker()(nil)
+			return webhookStarted(mgr.GetWebhookServer(), o)(nil)
 		default:
 			return errors.New("the webhook certificate is not ready yet")
 		}
 	})
+}
+
+// webhookStarted is the readiness check of the webhook server srv: it is
+// listening. Without client authentication that is controller-runtime's
+// StartedChecker, a TLS handshake with the server. That handshake has no
+// client certificate to present: with client authentication it passes only
+// because under TLS 1.3 the client completes its side of the handshake
+// before the server refuses it, racing the server's refusal when it closes
+// the connection, and it would fail under TLS 1.2. So with client
+// authentication the check is a TCP connection to the webhook port instead;
+// the server loads its certificate before it listens.
+func webhookStarted(srv ctrlwebhook.Server, o *Options) healthz.Checker {
+	if o.webhookClientCAs == nil {
+		return srv.StartedChecker()
+	}
+	addr := net.JoinHostPort(o.webhookHost, fmt.Sprint(o.webhookPort))
+	return func(req *http.Request) error {
+		ctx := context.Background()
+		if req != nil {
+			ctx = req.Context()
+		}
+		d := net.Dialer{Timeout: 10 * time.Second}
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return fmt.Errorf("webhook server is not reachable: %w", err)
+		}
+		return conn.Close()
+	}
 }
 
 // setupControllers wires the lock backends, the renewal watchdog and the
