@@ -149,6 +149,22 @@ var valueSets = map[string]valueSet{
 			}
 		},
 	},
+	"webhook client CA from a Secret": {
+		set: []string{"webhook.clientCA.secretName=apiserver-webhook-ca", "webhook.clientNames={kube-apiserver,apiserver.example}"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			checkClientCA(t, objs, "secret", "secretName", "apiserver-webhook-ca", "ca.crt")
+			dep := find(t, objs, "Deployment", releasePrefix+"controller-manager")
+			if args := managerArgs(t, dep); !slices.Contains(args, "--webhook-client-name=kube-apiserver,apiserver.example") {
+				t.Errorf("manager args %q lack --webhook-client-name=kube-apiserver,apiserver.example", args)
+			}
+		},
+	},
+	"webhook client CA from a ConfigMap": {
+		set: []string{"webhook.clientCA.configMapName=apiserver-webhook-ca", "webhook.clientCA.key=bundle.pem"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			checkClientCA(t, objs, "configMap", "name", "apiserver-webhook-ca", "bundle.pem")
+		},
+	},
 	"networkPolicy with webhook sources": {
 		set: []string{"networkPolicy.enabled=true", "networkPolicy.apiServerCIDRs={192.0.2.10/32}",
 			`--set-json=networkPolicy.webhookFrom=[{"ipBlock":{"cidr":"192.0.2.10/32"}}]`},
@@ -169,6 +185,44 @@ var valueSets = map[string]valueSet{
 			t.Errorf("no ingress rule for the webhook port 9443:\n%s", toYAML(t, in))
 		},
 	},
+}
+
+// checkClientCA asserts that the manager reads the webhook's client CAs
+// from key of the volume source kind (secret, configMap) named name, mounted
+// read-only.
+func checkClientCA(t *testing.T, objs []*unstructured.Unstructured, kind, nameField, name, key string) {
+	t.Helper()
+	const dir = "/etc/lockwarden/webhook-client-ca"
+	dep := find(t, objs, "Deployment", releasePrefix+"controller-manager")
+	if args := managerArgs(t, dep); !slices.Contains(args, "--webhook-client-ca-file="+dir+"/"+key) {
+		t.Errorf("manager args %q lack --webhook-client-ca-file=%s/%s", args, dir, key)
+	}
+	mounts, _, _ := unstructured.NestedSlice(managerContainer(t, dep), "volumeMounts")
+	var mounted bool
+	for _, m := range mounts {
+		m := m.(map[string]any)
+		if m["name"] == "webhook-client-ca" {
+			mounted = m["mountPath"] == dir && m["readOnly"] == true
+		}
+	}
+	if !mounted {
+		t.Errorf("the manager does not mount the volume webhook-client-ca read-only at %s: %v", dir, mounts)
+	}
+	vols, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "volumes")
+	for _, v := range vols {
+		v := v.(map[string]any)
+		if v["name"] != "webhook-client-ca" {
+			continue
+		}
+		if got, _, _ := unstructured.NestedString(v, kind, nameField); got != name {
+			t.Errorf("volume webhook-client-ca is %v, want %s %s", v, kind, name)
+		}
+		if items, _, _ := unstructured.NestedSlice(v, kind, "items"); len(items) != 1 || items[0].(map[string]any)["key"] != key {
+			t.Errorf("volume webhook-client-ca projects %v, want the key %s", items, key)
+		}
+		return
+	}
+	t.Errorf("no volume webhook-client-ca: %v", vols)
 }
 
 // renderArgs are the arguments of `helm template` for a value set.
@@ -241,6 +295,14 @@ func TestRenderRefusesBadValues(t *testing.T) {
 		"an empty tenant namespace": {
 			set:  []string{`--set-json=tenantQuota.namespaces=["team-a",""]`},
 			want: []string{"tenantQuota.namespaces[1]"},
+		},
+		"a webhook client CA from both a Secret and a ConfigMap": {
+			set:  []string{"webhook.clientCA.secretName=ca", "webhook.clientCA.configMapName=ca"},
+			want: []string{"webhook.clientCA", "secretName", "configMapName"},
+		},
+		"webhook client names without a client CA": {
+			set:  []string{"webhook.clientNames={kube-apiserver}"},
+			want: []string{"webhook.clientNames", "webhook.clientCA.secretName"},
 		},
 		"replicas without leader election": {
 			set:  []string{"leaderElection.enabled=false"},
