@@ -2,8 +2,6 @@ package manager
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,64 +14,6 @@ import (
 	"github.com/lockwarden/lockwarden/internal/testutil/testpki"
 )
 
-// clientPKI is a CA the webhook trusts for its callers, one it does not,
-// and client certificates from each.
-type clientPKI struct {
-	caFile string
-	// apiServer is from the trusted CA, named kube-apiserver.
-	apiServer *testpki.KeyPair
-	// otherName is from the trusted CA, named someone-else.
-	otherName *testpki.KeyPair
-	// stranger is from the other CA, named kube-apiserver.
-	stranger *testpki.KeyPair
-}
-
-func newClientPKI(t *testing.T, dir string) *clientPKI {
-	t.Helper()
-	trusted, err := testpki.NewCA("webhook-clients", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := testpki.NewCA("webhook-clients", time.Hour) // same name, another key
-	if err != nil {
-		t.Fatal(err)
-	}
-	clientUsage := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-	p := &clientPKI{caFile: filepath.Join(dir, "client-ca.crt")}
-	if p.apiServer, err = trusted.Issue(testpki.Leaf{CommonName: "kube-apiserver", Usage: clientUsage}); err != nil {
-		t.Fatal(err)
-	}
-	if p.otherName, err = trusted.Issue(testpki.Leaf{CommonName: "someone-else", Usage: clientUsage}); err != nil {
-		t.Fatal(err)
-	}
-	if p.stranger, err = other.Issue(testpki.Leaf{CommonName: "kube-apiserver", Usage: clientUsage}); err != nil {
-		t.Fatal(err)
-	}
-	if err := testpki.WriteFiles(map[string][]byte{p.caFile: trusted.PEM}); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// webhookClient is an HTTPS client that trusts serverCA and presents
-// cert, if any.
-func webhookClient(t *testing.T, serverCA []byte, cert *testpki.KeyPair) *http.Client {
-	t.Helper()
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(serverCA) {
-		t.Fatal("no serving CA certificate")
-	}
-	cfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
-	if cert != nil {
-		kp, err := tls.X509KeyPair(cert.CertPEM, cert.KeyPEM)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Certificates = []tls.Certificate{kp}
-	}
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}}
-}
-
 // TestWebhookClientAuthReadiness: with --webhook-client-ca-file and
 // --webhook-client-name, the webhook server answers a caller with a
 // certificate of the CA and the name, refuses one without a certificate,
@@ -84,7 +24,7 @@ func webhookClient(t *testing.T, serverCA []byte, cert *testpki.KeyPair) *http.C
 // (test/webhookauth) runs the same against a kube-apiserver.
 func TestWebhookClientAuthReadiness(t *testing.T) {
 	dir := t.TempDir()
-	pki := newClientPKI(t, dir)
+	pki := testpki.NewCallers(t, dir)
 	serverCA, err := testpki.NewCA("webhook-serving", time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +39,7 @@ func TestWebhookClientAuthReadiness(t *testing.T) {
 	port := freePort(t)
 	o, err := ParseFlags([]string{
 		"--webhook-host=127.0.0.1", fmt.Sprintf("--webhook-port=%d", port), "--webhook-cert-dir=" + dir,
-		"--webhook-client-ca-file=" + pki.caFile, "--webhook-client-name=kube-apiserver",
+		"--webhook-client-ca-file=" + pki.CAFile, "--webhook-client-name=kube-apiserver",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +60,7 @@ func TestWebhookClientAuthReadiness(t *testing.T) {
 	t.Logf("controller-runtime's StartedChecker against a server that requires client certificates: %v", srv.StartedChecker()(nil))
 
 	url := fmt.Sprintf("https://127.0.0.1:%d/ping", port)
-	resp, err := webhookClient(t, serverCA.PEM, pki.apiServer).Get(url)
+	resp, err := testpki.HTTPSClient(t, serverCA.PEM, pki.Trusted).Get(url)
 	if err != nil {
 		t.Fatalf("a caller with a certificate from the CA: %v", err)
 	}
@@ -131,10 +71,10 @@ func TestWebhookClientAuthReadiness(t *testing.T) {
 		want string
 	}{
 		{"without a certificate", nil, "certificate required"},
-		{"with a certificate from another CA", pki.stranger, "unknown certificate authority"},
-		{"with the CA's certificate for someone-else", pki.otherName, "bad certificate"},
+		{"with a certificate from another CA", pki.Stranger, "unknown certificate authority"},
+		{"with the CA's certificate for someone-else", pki.OtherName, "bad certificate"},
 	} {
-		resp, err := webhookClient(t, serverCA.PEM, tc.cert).Get(url)
+		resp, err := testpki.HTTPSClient(t, serverCA.PEM, tc.cert).Get(url)
 		if err == nil {
 			_ = resp.Body.Close()
 		}

@@ -9,8 +9,6 @@ package webhookauth
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,7 +16,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -33,64 +30,6 @@ import (
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 	"github.com/lockwarden/lockwarden/internal/testutil/testpki"
 )
-
-// clientPKI is a CA the webhook trusts for its callers, one it does not,
-// and client certificates from each.
-type clientPKI struct {
-	caFile string
-	// apiServer is from the trusted CA, named kube-apiserver.
-	apiServer *testpki.KeyPair
-	// otherName is from the trusted CA, named someone-else.
-	otherName *testpki.KeyPair
-	// stranger is from the other CA, named kube-apiserver.
-	stranger *testpki.KeyPair
-}
-
-func newClientPKI(t *testing.T, dir string) *clientPKI {
-	t.Helper()
-	trusted, err := testpki.NewCA("webhook-clients", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := testpki.NewCA("webhook-clients", time.Hour) // same name, another key
-	if err != nil {
-		t.Fatal(err)
-	}
-	clientUsage := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-	p := &clientPKI{caFile: filepath.Join(dir, "client-ca.crt")}
-	if p.apiServer, err = trusted.Issue(testpki.Leaf{CommonName: "kube-apiserver", Usage: clientUsage}); err != nil {
-		t.Fatal(err)
-	}
-	if p.otherName, err = trusted.Issue(testpki.Leaf{CommonName: "someone-else", Usage: clientUsage}); err != nil {
-		t.Fatal(err)
-	}
-	if p.stranger, err = other.Issue(testpki.Leaf{CommonName: "kube-apiserver", Usage: clientUsage}); err != nil {
-		t.Fatal(err)
-	}
-	if err := testpki.WriteFiles(map[string][]byte{p.caFile: trusted.PEM}); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// webhookClient is an HTTPS client that trusts serverCA and presents
-// cert, if any.
-func webhookClient(t *testing.T, serverCA []byte, cert *testpki.KeyPair) *http.Client {
-	t.Helper()
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(serverCA) {
-		t.Fatal("no serving CA certificate")
-	}
-	cfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
-	if cert != nil {
-		kp, err := tls.X509KeyPair(cert.CertPEM, cert.KeyPEM)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Certificates = []tls.Certificate{kp}
-	}
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}}
-}
 
 // postReview posts an AdmissionReview for creating job to the webhook's
 // Job gate at base, and returns the review answered, or the error.
@@ -173,12 +112,12 @@ func gatedJob(namespace, name, lock string) *batchv1.Job {
 // another CA, or with one of the CA under another name.
 func TestAPIServerAuthenticatesToTheWebhook(t *testing.T) {
 	dir := t.TempDir()
-	pki := newClientPKI(t, dir)
+	pki := testpki.NewCallers(t, dir)
 	certFile, keyFile := filepath.Join(dir, "apiserver.crt"), filepath.Join(dir, "apiserver.key")
 	kubeconfig, admission := filepath.Join(dir, "webhook-kubeconfig"), filepath.Join(dir, "admission.yaml")
 	if err := testpki.WriteFiles(map[string][]byte{
-		certFile: pki.apiServer.CertPEM,
-		keyFile:  pki.apiServer.KeyPEM,
+		certFile: pki.Trusted.CertPEM,
+		keyFile:  pki.Trusted.KeyPEM,
 		kubeconfig: fmt.Appendf(nil, `apiVersion: v1
 kind: Config
 users:
@@ -210,7 +149,7 @@ plugins:
 		"--leader-election-namespace=default",
 		"--metrics-bind-address=0",
 		"--endpoint-allow=127.0.0.1/32",
-		"--webhook-client-ca-file=" + pki.caFile,
+		"--webhook-client-ca-file=" + pki.CAFile,
 		"--webhook-client-name=kube-apiserver",
 	}, stopped); err != nil {
 		stop()
@@ -249,16 +188,16 @@ plugins:
 	probe := gatedJob("default", "probe", "billing")
 	// The same request with the API server's certificate is answered: the
 	// refusals below are the certificate's doing, not the request's.
-	if answer, err := postReview(webhookClient(t, env.WebhookCA(), pki.apiServer), base, probe); err != nil || !answer.Response.Allowed {
+	if answer, err := postReview(testpki.HTTPSClient(t, env.WebhookCA(), pki.Trusted), base, probe); err != nil || !answer.Response.Allowed {
 		t.Fatalf("a review with the API server's certificate: %v (%+v); want it answered and allowed", err, answer)
 	}
 	// (b) A pod without a client certificate.
-	answer, err := postReview(webhookClient(t, env.WebhookCA(), nil), base, probe)
+	answer, err := postReview(testpki.HTTPSClient(t, env.WebhookCA(), nil), base, probe)
 	refusedInHandshake(t, "a review without a client certificate", answer, err)
 	// (c) A certificate from another CA, even with the right name.
-	answer, err = postReview(webhookClient(t, env.WebhookCA(), pki.stranger), base, probe)
+	answer, err = postReview(testpki.HTTPSClient(t, env.WebhookCA(), pki.Stranger), base, probe)
 	refusedInHandshake(t, "a review with a certificate from another CA", answer, err)
 	// A certificate from the CA that names someone else.
-	answer, err = postReview(webhookClient(t, env.WebhookCA(), pki.otherName), base, probe)
+	answer, err = postReview(testpki.HTTPSClient(t, env.WebhookCA(), pki.OtherName), base, probe)
 	refusedInHandshake(t, "a review with the CA's certificate for someone-else", answer, err)
 }
