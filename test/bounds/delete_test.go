@@ -177,8 +177,15 @@ func jobPods(t testing.TB, ns string, job *batchv1.Job) []corev1.Pod {
 // returns its note.
 func waitJobEvent(t testing.TB, ns, name, reason string) string {
 	t.Helper()
+	return waitJobEventWith(t, ns, name, reason, "", func(string) bool { return true })
+}
+
+// waitJobEventWith waits for an Event with the reason on the named object
+// whose note matches (what says which), and returns its note.
+func waitJobEventWith(t testing.TB, ns, name, reason, what string, matches func(note string) bool) string {
+	t.Helper()
 	var note string
-	eventually(t, 30*time.Second, fmt.Sprintf("a %s Event on %s", reason, name), func() (bool, string) {
+	eventually(t, 30*time.Second, fmt.Sprintf("a %s Event on %s%s", reason, name, what), func() (bool, string) {
 		var list eventsv1.EventList
 		if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 			return false, err.Error()
@@ -188,13 +195,87 @@ func waitJobEvent(t testing.TB, ns, name, reason string) string {
 			if e.Regarding.Name != name {
 				continue
 			}
-			seen = append(seen, e.Reason)
-			if e.Reason == reason {
+			seen = append(seen, e.Reason+": "+e.Note)
+			if e.Reason == reason && matches(e.Note) {
 				note = e.Note
 				return true, ""
 			}
 		}
-		return false, strings.Join(seen, ",")
+		return false, strings.Join(seen, " | ")
 	})
 	return note
+}
+
+// TestEndedPodsDoNotHoldTheLock: a holder with seven pods is deleted
+// (propagation Orphan, so its pods run on). The Event names five of them
+// and says there are more; pods that end (phase Succeeded or Failed) no
+// longer hold the lock, and once all have ended the next Job starts. The
+// operator asks the API server only for pods that have not ended.
+func TestEndedPodsDoNotHoldTheLock(t *testing.T) {
+	needEnv(t)
+	ctx := context.Background()
+	c := env.Client
+	rdb := redistest.Start(t)
+	ns := newNamespace(t)
+	create(t, &locksv1alpha1.DistributedLock{
+		ObjectMeta: metav1.ObjectMeta{Name: "billing", Namespace: ns},
+		Spec: locksv1alpha1.DistributedLockSpec{
+			Keys: []string{"billing/ledger"}, TTLSeconds: 30,
+			Backend: locksv1alpha1.Backend{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{rdb.Addr}}},
+		},
+	})
+	const width = 7
+	first := newJob("first", ns, map[string]string{locksv1alpha1.AnnotationLock: "billing"})
+	first.Spec.Parallelism, first.Spec.Completions = ptr.To[int32](width), ptr.To[int32](width)
+	first.Spec.Template.Spec.NodeName = "node-a"
+	create(t, first)
+	firstToken := waitStarted(t, ns, "first")
+	var pods []corev1.Pod
+	eventually(t, 30*time.Second, fmt.Sprintf("the first Job's %d pods", width), func() (bool, string) {
+		pods = jobPods(t, ns, first)
+		return len(pods) == width, fmt.Sprintf("%d pods", len(pods))
+	})
+	create(t, newJob("second", ns, map[string]string{locksv1alpha1.AnnotationLock: "billing"}))
+	eventually(t, 30*time.Second, "the second Job to wait in the queue", func() (bool, string) {
+		j := getJob(t, ns, "second")
+		return j.Annotations[locksv1alpha1.AnnotationQueuePosition] != "", fmt.Sprint(j.Annotations)
+	})
+
+	if err := c.Delete(ctx, getJob(t, ns, "first"), client.PropagationPolicy(metav1.DeletePropagationOrphan)); err != nil {
+		t.Fatal(err)
+	}
+	note := waitJobEvent(t, ns, "first", locksv1alpha1.EventReleaseWaitsForPods)
+	named := 0
+	for _, p := range pods {
+		if strings.Contains(note, p.Name) {
+			named++
+		}
+	}
+	if named != 5 || !strings.Contains(note, "and more") || !strings.Contains(note, firstToken) {
+		t.Errorf("Event note %q names %d of the %d pods; want 5, \"and more\" and the fencing token %s", note, named, width, firstToken)
+	}
+
+	// Every pod ends, the last one a while after the others.
+	end := func(p *corev1.Pod, phase corev1.PodPhase) {
+		cur := getPod(t, ns, p.Name)
+		before := cur.DeepCopy()
+		cur.Status.Phase = phase
+		if err := c.Status().Patch(ctx, cur, client.MergeFrom(before)); err != nil {
+			t.Fatalf("end pod %s: %v", p.Name, err)
+		}
+	}
+	for i := range pods[:width-1] {
+		end(&pods[i], []corev1.PodPhase{corev1.PodSucceeded, corev1.PodFailed}[i%2])
+	}
+	last := pods[width-1]
+	waitJobEventWith(t, ns, "first", locksv1alpha1.EventReleaseWaitsForPods, " naming only the pod still running",
+		func(note string) bool { return strings.HasSuffix(note, ": "+last.Name) })
+	if j := getJob(t, ns, "second"); !ptr.Deref(j.Spec.Suspend, false) {
+		t.Fatalf("the second Job started while the first one's pod %s still runs", last.Name)
+	}
+	end(&last, corev1.PodSucceeded)
+	secondToken := waitStarted(t, ns, "second")
+	if a, b := parseToken(t, firstToken), parseToken(t, secondToken); b <= a {
+		t.Errorf("second's fencing token %d is not larger than first's %d", b, a)
+	}
 }
