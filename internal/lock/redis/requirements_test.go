@@ -126,7 +126,7 @@ var minimalACL = []string{
 	"on", ">secret", "resetkeys", "resetchannels", "-@all",
 	"+hello", "+auth", "+ping", "+select",
 	"+evalsha", "+eval", "+script|load",
-	"+time", "+exists", "+get", "+mget", "+set", "+del", "+incr", "+persist",
+	"+time", "+exists", "+get", "+getset", "+mget", "+set", "+del", "+incr", "+persist",
 	"+hget", "+hmget", "+hset", "+hdel", "+hvals",
 	"+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zcount", "+zcard", "+zrank",
 	"+pttl", "+pexpire", "+publish",
@@ -164,6 +164,14 @@ func TestMinimalACL(t *testing.T) {
 			one, err := l.Watch(ctx, "a")
 			if err != nil {
 				t.Fatalf("Watch a (SUBSCRIBE): %v", err)
+			}
+			// One free key: acquirefast.lua's path.
+			single, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"one"}, TTL: time.Second, Owner: mustOwner(t)})
+			if err != nil {
+				t.Fatalf("one free key: %v", err)
+			}
+			if err := l.Release(ctx, single); err != nil {
+				t.Fatal(err)
 			}
 			owner, other := mustOwner(t), mustOwner(t)
 			a, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"a", "b"}, TTL: time.Second, Owner: owner})
