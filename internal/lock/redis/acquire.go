@@ -46,6 +46,9 @@ func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease,
 	if err != nil {
 		return nil, err
 	}
+	if err := l.checkScopes("keys", req.Keys); err != nil {
+		return nil, err
+	}
 	lease, _, err := l.attempt(ctx, req)
 	return lease, err
 }
@@ -62,6 +65,9 @@ func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease,
 func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
 	req, err := lock.PrepareRequest(req, false)
 	if err != nil {
+		return nil, err
+	}
+	if err := l.checkScopes("keys", req.Keys); err != nil {
 		return nil, err
 	}
 	var lastErr error
@@ -145,7 +151,7 @@ type acquireReply struct {
 }
 
 func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticket, proposal int64) (acquireReply, error) {
-	keys := append(l.redisKeysCap(req.Keys, 1, allParts...), l.ticket)
+	keys := append(l.redisKeysCap(req.Keys, 1, allParts...), l.ticketFor(req.Keys))
 	join := "0"
 	if req.Queue {
 		join = "1"

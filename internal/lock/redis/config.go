@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -76,6 +78,17 @@ type Config struct {
 	// uses, so that lockers with different prefixes never see each other's
 	// leases (the operator puts the namespace in it). Default: empty.
 	Prefix string
+	// Scopes, when set, are the only key prefixes the Locker's keys may
+	// start with (the operator gives a namespace's own backend that
+	// namespace's scope, "ns/<namespace>/"): a request naming another key is
+	// refused before anything is sent; a key's queue tickets come from its
+	// scope's counter (Prefix+"{"+scope+"}:ticket") rather than the one
+	// shared by the prefix; and Watch with no keys subscribes to the scopes'
+	// releases only. Everything the Locker touches is then under
+	// Prefix+"{"+scope, so a Redis ACL user limited to those keys and
+	// channels (~P{scope* &P{scope*) can hold the locks of its scopes and
+	// nothing else. Default: none (any key; one shared counter).
+	Scopes []string
 	// EndpointPolicy restricts which addresses the Locker connects to: the
 	// configured addresses, what they resolve to, and (Sentinel mode) the
 	// master the Sentinels name, all checked before any connection is made.
@@ -153,8 +166,35 @@ func (c Config) Validate() error {
 	if strings.ContainsAny(c.Prefix, " \t\r\n") {
 		return &ConfigError{Field: "Prefix", Reason: fmt.Sprintf("%q must not contain whitespace", c.Prefix)}
 	}
+	if len(c.Scopes) > MaxScopes {
+		return &ConfigError{Field: "Scopes", Reason: fmt.Sprintf("%d scopes given, at most %d", len(c.Scopes), MaxScopes)}
+	}
+	for i, s := range c.Scopes {
+		field := fmt.Sprintf("Scopes[%d]", i)
+		switch {
+		case s == "":
+			return &ConfigError{Field: field, Reason: "a scope must not be empty; leave Scopes empty to allow every key"}
+		case len(s) > maxScopeBytes:
+			return &ConfigError{Field: field, Reason: fmt.Sprintf("%d bytes, at most %d", len(s), maxScopeBytes)}
+		case strings.ContainsAny(s, scopeForbidden) || strings.ContainsFunc(s, unicode.IsControl):
+			return &ConfigError{Field: field, Reason: fmt.Sprintf("%q must not contain whitespace, control characters, braces or the glob characters *?[]\\", s)}
+		case slices.Contains(c.Scopes[:i], s):
+			return &ConfigError{Field: field, Reason: fmt.Sprintf("duplicate scope %q", s)}
+		}
+	}
 	return nil
 }
+
+// MaxScopes bounds Config.Scopes, and maxScopeBytes each of them.
+const (
+	MaxScopes     = 8
+	maxScopeBytes = 256
+)
+
+// scopeForbidden are the characters a scope may not contain: they would
+// end the hash tag, or be read as glob patterns in a Watch subscription
+// and in the ACL rules an administrator writes for it.
+const scopeForbidden = " \t\r\n{}*?[]\\"
 
 // memberAddrs returns, for each host:port in addrs, the addresses the server
 // is known under: a literal IP in its canonical form (an IPv4-mapped IPv6

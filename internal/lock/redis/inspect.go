@@ -48,7 +48,7 @@ type slotView struct {
 // the missing nodes could make up, is reported as a holder marked
 // Unconfirmed (lock.HolderState): such a key is never reported free.
 func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, error) {
-	if err := validateKeys("keys", keys); err != nil {
+	if err := l.validateKeys("keys", keys); err != nil {
 		return nil, err
 	}
 	now := l.opts.clock.Now()
@@ -135,7 +135,7 @@ func (l *Locker) InspectMany(ctx context.Context, keys [][]string) ([][]lock.Key
 	var cur inspectChunk
 	total := 0
 	for i, k := range keys {
-		if err := validateKeys(fmt.Sprintf("keys[%d]", i), k); err != nil {
+		if err := l.validateKeys(fmt.Sprintf("keys[%d]", i), k); err != nil {
 			errs[i] = err
 			continue
 		}

@@ -23,6 +23,11 @@
 //	P{K}:slotmeta   semaphore holder owner -> "<fence> <acquired us> <limit> <holder>"
 //	P{K}:released   pub/sub channel of K's releases
 //	Plockwarden:ticket  ticket counter shared by all keys under P
+//	P{S}:ticket     with Config.Scopes, the ticket counter of the keys of scope S
+//
+// A waiter's ticket is above every ticket queued on its keys, whatever the
+// counter says (a counter that is new, reset or not a number orders nobody
+// ahead of those already waiting).
 //
 // A mutex (Limit 0 or 1) holds lock; a semaphore holder (Limit N > 1)
 // holds one member of each slot key instead, expiring by the score in slots
@@ -95,8 +100,10 @@ type Locker struct {
 	mode   Mode
 	nodes  []*node
 	quorum int
-	// ticket is ticketKey(), built once.
-	ticket string
+	// ticket is ticketKey(), built once; scopeTickets the counter of each
+	// scope (Config.Scopes), by scope.
+	ticket       string
+	scopeTickets map[string]string
 	// waiterTTLArg is the waiter TTL in milliseconds as a script argument,
 	// converted once.
 	waiterTTLArg any
@@ -142,6 +149,12 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	}
 	l := &Locker{cfg: cfg, mode: cfg.Mode(), opts: o, lookup: lookupIP, bg: newBackground()}
 	l.ticket = l.ticketKey()
+	if len(cfg.Scopes) > 0 {
+		l.scopeTickets = make(map[string]string, len(cfg.Scopes))
+		for _, s := range cfg.Scopes {
+			l.scopeTickets[s] = cfg.Prefix + "{" + s + "}:ticket"
+		}
+	}
 	if l.mode == ModeSentinel {
 		switch {
 		case cfg.MinReplicas == 0:
@@ -447,16 +460,78 @@ func (l *Locker) channel(key string) string { return l.cfg.Prefix + "{" + key + 
 
 func (l *Locker) ticketKey() string { return l.cfg.Prefix + "lockwarden:ticket" }
 
-// allChannelsPattern matches the release channel of every key under the prefix.
-func (l *Locker) allChannelsPattern() string {
+// ticketFor returns the ticket counter of a lease's keys: its scope's
+// (every key of a lease is in the scope of the first, or the request was
+// refused), or the one shared by the prefix.
+func (l *Locker) ticketFor(keys []string) string {
+	if len(keys) > 0 {
+		if s, ok := l.scopeOf(keys[0]); ok {
+			return l.scopeTickets[s]
+		}
+	}
+	return l.ticket
+}
+
+// scopeOf returns the scope (Config.Scopes) key is in; the longest when
+// scopes nest.
+func (l *Locker) scopeOf(key string) (string, bool) {
+	best, ok := "", false
+	for _, s := range l.cfg.Scopes {
+		if strings.HasPrefix(key, s) && len(s) > len(best) {
+			best, ok = s, true
+		}
+	}
+	return best, ok
+}
+
+// checkScopes refuses keys outside Config.Scopes (when set), and a lease
+// whose keys are in different scopes: they would draw tickets from
+// different counters.
+func (l *Locker) checkScopes(field string, keys []string) error {
+	if len(l.cfg.Scopes) == 0 {
+		return nil
+	}
+	first := ""
+	for i, k := range keys {
+		s, ok := l.scopeOf(k)
+		if !ok {
+			return &lock.InvalidRequestError{Field: fmt.Sprintf("%s[%d]", field, i),
+				Reason: fmt.Sprintf("key %q is outside this backend's scopes %q: it may only lock keys that start with one of them", k, l.cfg.Scopes)}
+		}
+		if i == 0 {
+			first = s
+		} else if s != first {
+			return &lock.InvalidRequestError{Field: fmt.Sprintf("%s[%d]", field, i),
+				Reason: fmt.Sprintf("key %q is in scope %q, the first key in %q: the keys of one lease must share a scope", k, s, first)}
+		}
+	}
+	return nil
+}
+
+// allChannelsPatterns match the release channel of every key the Locker
+// may use: every key under the prefix, or, with Config.Scopes, every key
+// of each scope.
+func (l *Locker) allChannelsPatterns() []string {
+	if len(l.cfg.Scopes) == 0 {
+		return []string{globEscape(l.cfg.Prefix) + "{*}:released"}
+	}
+	out := make([]string, 0, len(l.cfg.Scopes))
+	for _, s := range l.cfg.Scopes {
+		out = append(out, globEscape(l.cfg.Prefix)+"{"+globEscape(s)+"*}:released")
+	}
+	return out
+}
+
+// globEscape escapes the characters of s that a Redis glob pattern reads
+// as special.
+func globEscape(s string) string {
 	var b strings.Builder
-	for _, r := range l.cfg.Prefix {
+	for _, r := range s {
 		if strings.ContainsRune(`*?[]\`, r) {
 			b.WriteByte('\\')
 		}
 		b.WriteRune(r)
 	}
-	b.WriteString("{*}:released")
 	return b.String()
 }
 

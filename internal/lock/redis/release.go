@@ -16,7 +16,7 @@ import (
 // lease (lease.Limit > 1) releases the owner's slots and leaves the other
 // holders' alone.
 func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
-	if err := validateLease(lease); err != nil {
+	if err := l.validateLease(lease); err != nil {
 		return err
 	}
 	res := l.releaseOnAll(ctx, lease.Keys, lease.Owner, lease.Limit, lease.Fence)
@@ -89,7 +89,7 @@ func (l *Locker) releaseOn(ctx context.Context, nodes []*node, keys []string, ow
 // when it was at the head of a free key's queue, wakes the next waiter. It is
 // not an error to dequeue an owner that is not queued.
 func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error {
-	if err := validateKeys("keys", keys); err != nil {
+	if err := l.validateKeys("keys", keys); err != nil {
 		return err
 	}
 	if owner == "" {
@@ -151,18 +151,21 @@ func (l *Locker) leaveQueues(ctx context.Context, nodes []*node, keys []string, 
 }
 
 // validateKeys checks a key list given outside a Request.
-func validateKeys(field string, keys []string) error {
+func (l *Locker) validateKeys(field string, keys []string) error {
 	if len(keys) == 0 {
 		return &lock.InvalidRequestError{Field: field, Reason: fmt.Sprintf("at least one key is required (at most %d)", lock.MaxKeys)}
 	}
 	if len(keys) > lock.MaxKeys {
 		return &lock.InvalidRequestError{Field: field, Reason: fmt.Sprintf("%d keys given, at most %d allowed", len(keys), lock.MaxKeys)}
 	}
-	return lock.ValidateKeys(keys)
+	if err := lock.ValidateKeys(keys); err != nil {
+		return err
+	}
+	return l.checkScopes(field, keys)
 }
 
 // validateLease checks a lease given to Renew or Release.
-func validateLease(lease *lock.Lease) error {
+func (l *Locker) validateLease(lease *lock.Lease) error {
 	if lease == nil {
 		return &lock.InvalidRequestError{Field: "lease", Reason: "a lease is required, got nil"}
 	}
@@ -172,5 +175,5 @@ func validateLease(lease *lock.Lease) error {
 	if lease.Limit < 0 || lease.Limit > lock.MaxLimit {
 		return &lock.InvalidRequestError{Field: "lease.limit", Reason: fmt.Sprintf("%d is outside 0 to %d (the Limit the lease was acquired with)", lease.Limit, lock.MaxLimit)}
 	}
-	return validateKeys("lease.keys", lease.Keys)
+	return l.validateKeys("lease.keys", lease.Keys)
 }

@@ -25,7 +25,7 @@ import (
 // which matches lock.ErrBackendUnavailable: the lease stays valid until its
 // previous Expires, which is what a failover preserves (see replicas.go).
 func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
-	if err := validateRenew(lease, ttl); err != nil {
+	if err := l.validateRenew(lease, ttl); err != nil {
 		return nil, err
 	}
 	start := l.opts.clock.Now()
@@ -80,7 +80,7 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 	errs := make([]error, len(leases))
 	idx := make([]int, 0, len(leases))
 	for i, le := range leases {
-		if err := validateRenew(le, ttl); err != nil {
+		if err := l.validateRenew(le, ttl); err != nil {
 			errs[i] = fmt.Errorf("leases[%d]: %w", i, err)
 			continue
 		}
@@ -450,8 +450,8 @@ func (l *Locker) releaseCall(lease *lock.Lease) scriptCall {
 	return scriptCall{script: script, keys: keys, args: args}
 }
 
-func validateRenew(lease *lock.Lease, ttl time.Duration) error {
-	if err := validateLease(lease); err != nil {
+func (l *Locker) validateRenew(lease *lock.Lease, ttl time.Duration) error {
+	if err := l.validateLease(lease); err != nil {
 		return err
 	}
 	if ttl < lock.MinTTL {

@@ -24,7 +24,7 @@ const watchBuffer = 64
 // is delivered too, so the next waiter tries at once.
 func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, error) {
 	if len(keys) > 0 {
-		if err := validateKeys("keys", keys); err != nil {
+		if err := l.validateKeys("keys", keys); err != nil {
 			return nil, err
 		}
 	}
@@ -32,15 +32,15 @@ func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, erro
 	for _, k := range keys {
 		channels = append(channels, l.channel(k))
 	}
-	pattern := ""
+	var patterns []string
 	if len(keys) == 0 {
-		pattern = l.allChannelsPattern()
+		patterns = l.allChannelsPatterns()
 	}
 	res := fanOut(ctx, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (*goredis.PubSub, error) {
 		var ps *goredis.PubSub
 		want := len(channels)
-		if pattern != "" {
-			ps, want = n.client.PSubscribe(ctx, pattern), 1
+		if len(patterns) > 0 {
+			ps, want = n.client.PSubscribe(ctx, patterns...), len(patterns)
 		} else {
 			ps = n.client.Subscribe(ctx, channels...)
 		}
@@ -84,7 +84,9 @@ func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, erro
 		wg.Go(func() {
 			for msg := range ps.Channel(goredis.WithChannelSize(watchBuffer)) {
 				key, _, _ := strings.Cut(msg.Payload, " ")
-				if key == "" {
+				if key == "" || msg.Channel != l.channel(key) {
+					// Whoever may publish on one key's channel does not
+					// wake the waiters of another key.
 					continue
 				}
 				if len(subs) > 1 {

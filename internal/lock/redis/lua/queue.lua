@@ -59,9 +59,11 @@ end
 -- that the nodes converge on it), the client's ticket where it is not (a
 -- node that missed the join or restarted empty learns the place the other
 -- nodes gave it) unless this call pruned its expired place, and otherwise a
--- new one at the back: the shared counter (KEYS[#KEYS]) + 1 or, with a
--- proposal (Redlock), the proposal kept within TIME +- window. The counter is
--- raised to every ticket handed out. See acquire.lua's header.
+-- new one at the back: the counter (KEYS[#KEYS]) + 1, and above every ticket
+-- queued on its keys (so that a counter that is new, was reset, or holds no
+-- number orders nobody ahead of those already waiting), or, with a proposal
+-- (Redlock), the proposal kept within TIME +- window. The counter is raised
+-- to every ticket handed out. See acquire.lua's header.
 local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs, nowUsStr, waiterTTL)
   local have = 0
   for i = 1, n do
@@ -69,6 +71,7 @@ local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs,
     if s and tonumber(s) > have then have = tonumber(s) end
   end
   local c = tonumber(redis.call('GET', KEYS[#KEYS]) or '0')
+  if not c or c < 0 or c >= 2 ^ 53 then c = 0 end
   local tk
   if have > 0 then
     tk = math.max(have, ticket)
@@ -77,7 +80,13 @@ local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs,
   elseif proposal > 0 then
     tk = math.min(math.max(proposal, nowUs - window), nowUs + window)
   else
-    tk = c + 1
+    local last = c
+    for i = 1, n do
+      local top = redis.call('ZRANGE', KEYS[(i - 1) * 8 + 3], -1, -1, 'WITHSCORES')
+      local v = tonumber(top[2])
+      if v and v > last and v < 2 ^ 53 then last = v end
+    end
+    tk = last + 1
   end
   if c < tk then redis.call('SET', KEYS[#KEYS], int(tk)) end
   local deadline = int(math.floor(nowUs / 1000) + waiterTTL)
