@@ -239,6 +239,17 @@ type RedisBackend struct {
 	// +kubebuilder:validation:Maximum=15
 	DB int32 `json:"db,omitempty"`
 
+	// username is the Redis ACL user to authenticate as (AUTH username
+	// password, Redis 6 or newer; the master's, not the Sentinels'). Give
+	// each namespace's LockBackend a user of its own, limited to the
+	// namespace's keys (see docs/security.md, "Tenants on one Redis").
+	// Default: Redis's default user.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9._@-]+$`
+	Username string `json:"username,omitempty"`
+
 	// passwordSecretRef names the key of a Secret that holds the Redis
 	// password (AUTH): in the lock's namespace for a DistributedLock, in the
 	// operator's namespace for a ClusterLockBackend. Default: no password.

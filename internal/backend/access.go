@@ -79,6 +79,23 @@ type source struct {
 	// tenant is set for the endpoints a namespace chose (inline, or a
 	// LockBackend): their operations get TenantOperationTimeout.
 	tenant bool
+	// scopes are the only engine keys the client may use (Redis: see
+	// redislock.Config.Scopes); none: any key.
+	scopes []string
+}
+
+// namespaceScopes are the engine keys a namespace's LockBackend may hold:
+// the namespace's own, and Global keys where the operator allows the
+// namespace Global scope on its own endpoints (inlineGlobalScope). The
+// Redis client of the LockBackend touches nothing else, so that a Redis
+// user limited to them serves it (docs/security.md, "Tenants on one
+// Redis").
+func (r *Registry) namespaceScopes(ctx context.Context, namespace string) []string {
+	scopes := []string{EngineKey(namespace, locksv1alpha1.ScopeNamespace, "")}
+	if r.inlineGlobalScope(ctx, namespace) == nil {
+		scopes = append(scopes, EngineKey(namespace, locksv1alpha1.ScopeGlobal, ""))
+	}
+	return scopes
 }
 
 // LockBackendID names the backend a lock uses, from its spec alone: the
@@ -126,7 +143,12 @@ func (r *Registry) check(ctx context.Context, dl *locksv1alpha1.DistributedLock)
 			return nil, &PolicyError{Field: "spec.backend.backendRef.name", Reason: locksv1alpha1.ReasonInvalidBackend,
 				Message: fmt.Sprintf("LockBackend %q cannot be used: %v", ref.Name, err)}
 		}
-		return r.checkTenantEndpoints(ctx, dl, spec, NamespacedBackendID(dl.Namespace, ref.Name), fmt.Sprintf("LockBackend %s: spec.%s", ref.Name, spec.Field()))
+		src, err := r.checkTenantEndpoints(ctx, dl, spec, NamespacedBackendID(dl.Namespace, ref.Name), fmt.Sprintf("LockBackend %s: spec.%s", ref.Name, spec.Field()))
+		if err != nil {
+			return nil, err
+		}
+		src.scopes = r.namespaceScopes(ctx, dl.Namespace)
+		return src, nil
 	}
 	rb := dl.Spec.Backend.Redis
 	if rb == nil {

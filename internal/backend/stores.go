@@ -85,6 +85,9 @@ func (s Spec) Validate() error {
 	if r := s.Redis; r != nil && r.Sentinel != nil {
 		names = append(names, [2]string{"spec.redis.sentinel.masterName", r.Sentinel.MasterName})
 	}
+	if r := s.Redis; r != nil {
+		names = append(names, [2]string{"spec.redis.username", r.Username})
+	}
 	if p := s.Postgres; p != nil {
 		names = append(names, [2]string{"spec.postgres.user", p.User}, [2]string{"spec.postgres.database", p.Database})
 	}
@@ -334,7 +337,7 @@ func (r *Registry) resolve(ctx context.Context, src *source) (Config, string, er
 	if err != nil {
 		return cfg, "", &ConfigError{Field: field, Err: err}
 	}
-	parts := append([]string{src.id, string(settings), policy, caPEM}, secrets...)
+	parts := append([]string{src.id, string(settings), policy, caPEM, strings.Join(src.scopes, "\x01")}, secrets...)
 	sum := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
 	return cfg, hex.EncodeToString(sum[:]), nil
 }
@@ -342,7 +345,7 @@ func (r *Registry) resolve(ctx context.Context, src *source) (Config, string, er
 // resolveRedis builds a Redis engine configuration (and returns the CA PEM it read).
 func (r *Registry) resolveRedis(ctx context.Context, src *source) (redislock.Config, string, error) {
 	rb, ns := src.spec.Redis, src.secretNamespace
-	cfg := redislock.Config{Addrs: slices.Clone(rb.Endpoints), DB: int(rb.DB), Prefix: KeyPrefix, EndpointPolicy: src.endpoints}
+	cfg := redislock.Config{Addrs: slices.Clone(rb.Endpoints), DB: int(rb.DB), Username: rb.Username, Prefix: KeyPrefix, Scopes: slices.Clone(src.scopes), EndpointPolicy: src.endpoints}
 	var err error
 	if rb.PasswordSecretRef != nil {
 		if cfg.Password, err = r.secretValue(ctx, ns, src.field+".passwordSecretRef", rb.PasswordSecretRef, maxCredentialBytes, "a password"); err != nil {

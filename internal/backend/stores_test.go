@@ -257,3 +257,50 @@ func TestNewLockerHandsTheOperationTimeoutToTheEngine(t *testing.T) {
 		}
 	}
 }
+
+// TestLockBackendRedisScopes: a LockBackend's Redis client authenticates
+// as the user the LockBackend names and may use the namespace's keys only,
+// and Global keys too where the operator allows the namespace Global scope
+// on its own endpoints; a ClusterLockBackend's and an inline client are not
+// limited. (TestLockBackendRunsOnItsNamespacesRedisUser in controllers runs
+// Jobs on such a user.)
+func TestLockBackendRedisScopes(t *testing.T) {
+	t.Parallel()
+	objs := []client.Object{
+		secret("team-a", "redis-user", map[string]string{"password": "pw"}),
+		storeLockBackend("redis", locksv1alpha1.LockBackendSpec{Redis: &locksv1alpha1.RedisBackend{
+			Endpoints: []string{"redis.team-a.svc:6379"}, Username: "team-a-locks",
+			PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis-user", Key: "password"},
+		}}),
+	}
+	for _, tc := range []struct {
+		name   string
+		global GlobalScopePolicy
+		want   []string
+	}{
+		{"Global not allowed", GlobalScopePolicy{}, []string{"ns/team-a/"}},
+		{"Global allowed", GlobalScopePolicy{AllowAll: true}, []string{"ns/team-a/", "global/"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := registryWith(t, deepCopies(objs)...)
+			r.SetPolicy(Policy{GlobalScope: tc.global}, nil)
+			cfg, _, err := r.resolveAny(t.Context(), lockOnBackend("redis"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rc := cfg.Redis; rc == nil || rc.Username != "team-a-locks" || rc.Password != "pw" || !slices.Equal(rc.Scopes, tc.want) {
+				t.Errorf("redis config = %+v, want user team-a-locks with scopes %q", cfg.Redis, tc.want)
+			}
+		})
+	}
+	r := registryWith(t)
+	r.SetPolicy(Policy{}, nil)
+	cfg, _, err := r.resolveAny(t.Context(), lockWith(&locksv1alpha1.RedisBackend{Endpoints: []string{"redis.team-a.svc:6379"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Redis == nil || cfg.Redis.Scopes != nil {
+		t.Errorf("inline redis config = %+v, want no scopes", cfg.Redis)
+	}
+}

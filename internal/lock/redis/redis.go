@@ -513,13 +513,19 @@ func (l *Locker) checkScopes(field string, keys []string) error {
 // of each scope.
 func (l *Locker) allChannelsPatterns() []string {
 	if len(l.cfg.Scopes) == 0 {
-		return []string{globEscape(l.cfg.Prefix) + "{*}:released"}
+		return []string{l.prefixChannelsPattern()}
 	}
 	out := make([]string, 0, len(l.cfg.Scopes))
 	for _, s := range l.cfg.Scopes {
 		out = append(out, globEscape(l.cfg.Prefix)+"{"+globEscape(s)+"*}:released")
 	}
 	return out
+}
+
+// prefixChannelsPattern matches the release channel of every key under the
+// prefix.
+func (l *Locker) prefixChannelsPattern() string {
+	return globEscape(l.cfg.Prefix) + "{*}:released"
 }
 
 // globEscape escapes the characters of s that a Redis glob pattern reads

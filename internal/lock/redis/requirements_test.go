@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -118,22 +119,8 @@ func TestCheckServersWithANodeDown(t *testing.T) {
 }
 
 // minimalACL is the ACL docs/backends.md ("Redis requirements") gives a
-// lockwarden user with the key prefix "lockwarden:": the connection
-// commands, the two script commands, the commands the scripts call (Redis
-// checks them against the caller's ACL too), the pub/sub commands, and
-// CONFIG GET for the settings check. Keep the two in step.
-var minimalACL = []string{
-	"on", ">secret", "resetkeys", "resetchannels", "-@all",
-	"+hello", "+auth", "+ping", "+select",
-	"+evalsha", "+eval", "+script|load",
-	"+time", "+exists", "+get", "+getset", "+mget", "+set", "+del", "+incr", "+persist",
-	"+hget", "+hmget", "+hset", "+hdel", "+hvals",
-	"+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zcount", "+zcard", "+zrank",
-	"+pttl", "+pexpire", "+publish",
-	"+subscribe", "+psubscribe", "+unsubscribe", "+punsubscribe",
-	"+config|get",
-	"~lockwarden:*", "&lockwarden:{*}:released",
-}
+// lockwarden user with the key prefix "lockwarden:".
+var minimalACL = append(slices.Clone(redistest.LockwardenCommands), "~lockwarden:*", "&lockwarden:{*}:released")
 
 // TestMinimalACL: a user with exactly the documented ACL can use every
 // operation (mutex, semaphore, queue, inspect, release notifications,
@@ -142,7 +129,7 @@ var minimalACL = []string{
 func TestMinimalACL(t *testing.T) {
 	servers := redistest.StartN(t, 3)
 	for _, s := range servers {
-		if err := s.Client().Do(context.Background(), append([]any{"ACL", "SETUSER", "locks"}, toAny(minimalACL)...)...).Err(); err != nil {
+		if err := s.SetUser(context.Background(), "locks", "secret", minimalACL...); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -229,12 +216,4 @@ func mustOwner(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return o
-}
-
-func toAny(s []string) []any {
-	out := make([]any, len(s))
-	for i, v := range s {
-		out[i] = v
-	}
-	return out
 }

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,16 +13,6 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 )
-
-// tenantACL is the ACL docs/security.md gives the Redis user of one
-// namespace's LockBackend ("Tenants on one Redis"): minimalACL's commands,
-// limited to the keys and release channels of the namespace's scope. (Redis
-// checks a PSUBSCRIBE pattern literally against the channel rules: the rule
-// is the pattern Watch subscribes with.)
-func tenantACL(namespace string) []string {
-	acl := append([]string{}, minimalACL[:len(minimalACL)-2]...)
-	return append(acl, "~lockwarden:{ns/"+namespace+"/*", "&lockwarden:{ns/"+namespace+"/*}:released")
-}
 
 // TestScopedLockerNeedsOnlyItsNamespace: a Redis user whose ACL covers one
 // namespace's keys and channels, and nothing else on the server, can do
@@ -33,7 +24,7 @@ func tenantACL(namespace string) []string {
 func TestScopedLockerNeedsOnlyItsNamespace(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
-	if err := srv.Client().Do(ctx, append([]any{"ACL", "SETUSER", "team-a"}, toAny(tenantACL("team-a"))...)...).Err(); err != nil {
+	if err := srv.SetUser(ctx, "team-a", "secret", append(slices.Clone(redistest.LockwardenCommands), redistest.NamespaceACL("team-a")...)...); err != nil {
 		t.Fatal(err)
 	}
 	cfg := Config{Addrs: []string{srv.Addr}, Prefix: "lockwarden:", Username: "team-a", Password: "secret"}
@@ -205,6 +196,44 @@ func TestWatchDeliversOnlyTheChannelsKey(t *testing.T) {
 	case got := <-all:
 		if got != "ns/a/x" {
 			t.Errorf("delivered %q, want only ns/a/x (the key of the channel)", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no release notification")
+	}
+}
+
+// TestScopedLockerUnderThePrefixACL: a server whose lockwarden user was set
+// up before scopes, for the whole prefix (docs/backends.md's minimal ACL,
+// whose channel rule names only the prefix's pattern), keeps its release
+// notifications when the operator gives the backend a scope: Redis refuses
+// the scope's pattern, the Locker subscribes to the prefix's instead, and
+// delivers the releases of its scope only.
+func TestScopedLockerUnderThePrefixACL(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	if err := srv.SetUser(ctx, "locks", "secret", minimalACL...); err != nil {
+		t.Fatal(err)
+	}
+	l := newTestLocker(t, Config{Addrs: []string{srv.Addr}, Prefix: "lockwarden:", Username: "locks", Password: "secret", Scopes: []string{"ns/a/"}})
+	all, err := l.Watch(ctx)
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	c := srv.Client()
+	if err := c.Publish(ctx, "lockwarden:{ns/b/y}:released", "ns/b/y 1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := l.TryAcquire(ctx, lock.Request{Keys: []string{"ns/a/x"}, TTL: time.Second, Owner: mustOwner(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-all:
+		if got != "ns/a/x" {
+			t.Errorf("delivered %q, want only ns/a/x (another namespace's release is not the scope's)", got)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("no release notification")

@@ -36,24 +36,36 @@ func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, erro
 	if len(keys) == 0 {
 		patterns = l.allChannelsPatterns()
 	}
-	res := fanOut(ctx, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (*goredis.PubSub, error) {
-		var ps *goredis.PubSub
-		want := len(channels)
-		if len(patterns) > 0 {
-			ps, want = n.client.PSubscribe(ctx, patterns...), len(patterns)
-		} else {
-			ps = n.client.Subscribe(ctx, channels...)
-		}
+	confirm := func(ctx context.Context, ps *goredis.PubSub, want int) error {
 		for range want {
 			msg, err := ps.ReceiveTimeout(ctx, l.opts.nodeTimeout)
 			if err != nil {
-				return ps, fmt.Errorf("subscribe to releases: %w", err)
+				return fmt.Errorf("subscribe to releases: %w", err)
 			}
 			if _, ok := msg.(*goredis.Subscription); !ok {
-				return ps, fmt.Errorf("subscribe to releases: unexpected message %T before the confirmation", msg)
+				return fmt.Errorf("subscribe to releases: unexpected message %T before the confirmation", msg)
 			}
 		}
-		return ps, nil
+		return nil
+	}
+	res := fanOut(ctx, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) (*goredis.PubSub, error) {
+		if len(patterns) == 0 {
+			ps := n.client.Subscribe(ctx, channels...)
+			return ps, confirm(ctx, ps, len(channels))
+		}
+		ps := n.client.PSubscribe(ctx, patterns...)
+		err := confirm(ctx, ps, len(patterns))
+		if err != nil && len(l.cfg.Scopes) > 0 && strings.Contains(err.Error(), "NOPERM") {
+			// Redis compares a PSUBSCRIBE pattern with the user's channel
+			// rules literally: a user set up for the whole prefix
+			// (&P{*}:released, as docs/backends.md gave it before scopes)
+			// may not subscribe to a scope's pattern, but to the prefix's.
+			// The releases outside the scopes are dropped below.
+			_ = ps.Close()
+			ps = n.client.PSubscribe(ctx, l.prefixChannelsPattern())
+			err = confirm(ctx, ps, 1)
+		}
+		return ps, err
 	})
 	active := 0
 	var errs []error
@@ -87,6 +99,9 @@ func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, erro
 				if key == "" || msg.Channel != l.channel(key) {
 					// Whoever may publish on one key's channel does not
 					// wake the waiters of another key.
+					continue
+				}
+				if _, in := l.scopeOf(key); !in && len(l.cfg.Scopes) > 0 {
 					continue
 				}
 				if len(subs) > 1 {
