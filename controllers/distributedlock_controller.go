@@ -53,6 +53,9 @@ type DistributedLockReconciler struct {
 	*tracker
 	// resync lists the locks the status resync keeps current.
 	resync *resyncTable
+	// budget bounds, per namespace, the reconciles of locks without a
+	// held manual lease (see namespaceBudget); nil bounds nothing.
+	budget *namespaceBudget
 
 	mu sync.Mutex
 	// warned remembers the generation a spec warning was last given for, so
@@ -130,6 +133,11 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 			return res, err
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Delete(ctx, &dl, client.Preconditions{UID: &dl.UID}))
+	}
+	if _, _, held := r.Watchdog.Holding(holder.Ref{Kind: lockKind, Namespace: dl.Namespace, Name: dl.Name}); !held {
+		if res, ok := withinBudget(ctx, r.budget, lockKind, req.NamespacedName, r.Clock.Now()); !ok {
+			return res, nil
+		}
 	}
 	if controllerutil.AddFinalizer(&dl, locksv1alpha1.Finalizer) {
 		// The update event brings the lock back. A lock deleted meanwhile

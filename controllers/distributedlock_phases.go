@@ -569,6 +569,7 @@ func (r *DistributedLockReconciler) dropLockState(nn types.NamespacedName) {
 	r.Registry.Forget(holder.Ref{Kind: lockKind, Namespace: nn.Namespace, Name: nn.Name})
 	r.forget(nn)
 	r.resync.drop(nn)
+	r.budget.forget(nn)
 	r.mu.Lock()
 	delete(r.holdEnded, nn)
 	for w := range r.warned {

@@ -138,3 +138,64 @@ func waitRunningAfterCreate(t *testing.T, namespace, name string) *batchv1.Job {
 	create(t, makeJob(name, namespace).lock("billing").obj())
 	return waitRunning(t, env.Client, 20*time.Second, namespace, name)
 }
+
+// One namespace that creates many gated Jobs at once gets only its share of
+// the controllers' work (and of the API writes that come with it): each of
+// its waiting Jobs takes a reconcile to show its place, so the places shown
+// stay within the share's burst and rate; another namespace's Job starts
+// and its waiter shows its place meanwhile; and every one of the busy
+// namespace's Jobs shows its place in the end (put back, not dropped).
+func TestOneNamespaceGetsOnlyItsShareOfReconciles(t *testing.T) {
+	const qps, burst = 1, 1
+	rdb := redistest.Start(t)
+	startManager(t, managerOptions{namespaceQPS: qps, namespaceBurst: burst})
+	c := env.Client
+	busy, quiet := newNamespace(t, nil), newNamespace(t, nil)
+
+	start := time.Now()
+	create(t, makeLock("billing", busy, rdb.Addr).ttl(600).obj())
+	const waiters = 12
+	createJobs(t, busy, "billing", "w%02d", waiters+1)
+	shown := func() int {
+		var jobs batchv1.JobList
+		if err := c.List(context.Background(), &jobs, client.InNamespace(busy)); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, j := range jobs.Items {
+			if j.Annotations[locksv1alpha1.AnnotationQueuePosition] != "" {
+				n++
+			}
+		}
+		return n
+	}
+	// Checked until the quiet namespace's Jobs are through: the tokens the
+	// bucket can have given since the start, plus one for a reconcile in
+	// flight, bound the busy namespace's waiters shown.
+	check := func() {
+		t.Helper()
+		elapsed := time.Since(start)
+		bound := burst + int(elapsed.Seconds()*qps) + 1
+		if n := shown(); n > bound {
+			t.Fatalf("namespace %s shows %d waiters' places %v after its Jobs were created; its share is at most %d reconciles (burst %d, %d/s)", busy, n, elapsed.Round(time.Millisecond), bound, burst, qps)
+		}
+	}
+	create(t, makeLock("billing", quiet, rdb.Addr).ttl(600).obj())
+	create(t, makeJob("q0", quiet).lock("billing").obj())
+	eventually(t, 20*time.Second, "the quiet namespace's first Job to run", func() (bool, string) {
+		check()
+		return running(getJob(t, c, quiet, "q0")), ""
+	})
+	create(t, makeJob("q1", quiet).lock("billing").obj())
+	eventually(t, 20*time.Second, "the quiet namespace's waiter to show its place", func() (bool, string) {
+		check()
+		j := getJob(t, c, quiet, "q1")
+		return j.Annotations[locksv1alpha1.AnnotationQueuePosition] == "1/1", fmt.Sprint(j.Annotations)
+	})
+	t.Logf("busy namespace: %d of %d waiters shown after %v", shown(), waiters, time.Since(start).Round(time.Millisecond))
+	// Put back, not dropped: every waiter of the busy namespace shows its place.
+	eventually(t, 60*time.Second, "every waiter of the busy namespace to show its place", func() (bool, string) {
+		n := shown()
+		return n == waiters, fmt.Sprintf("%d of %d", n, waiters)
+	})
+}

@@ -65,6 +65,9 @@ type JobReconciler struct {
 	// shows bounds, per namespace, the writes that show waiting Jobs their
 	// place in the queue (see showRate); nil bounds nothing.
 	shows *keyedLimiter
+	// budget bounds, per namespace, the reconciles of Jobs that hold no
+	// lease (see namespaceBudget); nil bounds nothing.
+	budget *namespaceBudget
 
 	// waitRequeue is how soon a waiting Job tries again, keeping its place
 	// in the queue (0: waitingRequeue). Tests lengthen it to measure a
@@ -104,13 +107,19 @@ func (r *JobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		}
 		return ctrl.Result{}, err
 	}
-	if lease, _, held := r.Watchdog.Holding(jobRef(&job)); held {
+	lease, _, held := r.Watchdog.Holding(jobRef(&job))
+	if held {
 		if why := jobOrphaned(&job, lease); why != "" {
 			releaseOrphan(ctx, r.Deps, jobRef(&job), &job, why)
 		}
 	}
 	if job.Labels[locksv1alpha1.LabelLock] == "" || !controllerutil.ContainsFinalizer(&job, locksv1alpha1.Finalizer) {
 		return ctrl.Result{}, nil // not gated, or done with
+	}
+	if !held && job.DeletionTimestamp.IsZero() {
+		if res, ok := withinBudget(ctx, r.budget, jobKind, req.NamespacedName, r.Clock.Now()); !ok {
+			return res, nil
+		}
 	}
 	g, err := r.gatedJob(ctx, &job)
 	if err != nil {
@@ -602,4 +611,5 @@ func (r *JobReconciler) dropJobState(nn types.NamespacedName) {
 	r.forget(nn)
 	r.waits.forget(nn)
 	r.podWaits.forget(nn)
+	r.budget.forget(nn)
 }

@@ -57,3 +57,17 @@ func (k *keyedLimiter) size() int {
 	defer k.mu.Unlock()
 	return len(k.buckets)
 }
+
+// reserve takes one token of key at now, or the next one the bucket will
+// have, and returns how long until then (0: at once).
+func (k *keyedLimiter) reserve(key string, now time.Time) time.Duration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.sweep(now)
+	b := k.buckets[key]
+	if b == nil {
+		b = rate.NewLimiter(k.limit, k.burst)
+		k.buckets[key] = b
+	}
+	return b.ReserveN(now, 1).DelayFrom(now)
+}

@@ -73,6 +73,10 @@ type LockOptions struct {
 	// default: it needs the right to patch every CronJob, and the admission
 	// webhook gates the Jobs of annotated CronJobs without it.
 	SyncCronJobTemplates bool
+	// NamespaceQPS is each namespace's share of reconciles a second (see
+	// namespaceBudget): 0 means DefaultNamespaceQPS, a negative value lifts
+	// the bound.
+	NamespaceQPS float64
 }
 
 // BackendWorkerShare is how many of a controller's workers reconciles of
@@ -110,6 +114,11 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, d Deps, o LockOptio
 	locks := NewDistributedLockReconciler(d, o)
 	jobs := NewJobReconciler(d, locks.Enqueue)
 	jobs.workers = locks.Workers
+	// A share per namespace in each controller: a Job's changes reconcile
+	// its lock too (its status lists the queue), and would use the share
+	// of its namespace's Jobs otherwise.
+	jobs.budget = newNamespaceBudget(o.NamespaceQPS)
+	locks.budget = newNamespaceBudget(o.NamespaceQPS)
 	// A backend that answers slowly (a tenant's, on purpose or not) holds
 	// at most half of each controller's workers; its other reconciles come
 	// back later without calling it.

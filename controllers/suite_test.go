@@ -97,6 +97,11 @@ type managerOptions struct {
 	// shows, when set, replaces the per-namespace bound on queue-position
 	// writes (a nil *keyedLimiter in it lifts the bound).
 	shows **keyedLimiter
+	// namespaceQPS is each namespace's share of reconciles a second
+	// (default DefaultNamespaceQPS; negative: no bound), with a burst of
+	// namespaceBurst when that is set.
+	namespaceQPS   float64
+	namespaceBurst int
 }
 
 // eventLog is an events.EventRecorder that remembers the namespace and
@@ -203,11 +208,14 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 		Tokens:      tokens,
 		Recorder:    recorder,
 		ClusterName: o.cluster,
-	}, LockOptions{MinSafeTTL: 20 * time.Second, Resync: o.resync, SyncCronJobTemplates: o.syncCronJobs})
+	}, LockOptions{MinSafeTTL: 20 * time.Second, Resync: o.resync, SyncCronJobTemplates: o.syncCronJobs, NamespaceQPS: o.namespaceQPS})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rs.Jobs.waitRequeue = o.waitRequeue
+	if o.namespaceBurst > 0 {
+		rs.Jobs.budget, rs.Locks.budget = newBudget(o.namespaceQPS, o.namespaceBurst), newBudget(o.namespaceQPS, o.namespaceBurst)
+	}
 	if o.shows != nil {
 		rs.Jobs.shows = *o.shows
 	}

@@ -87,6 +87,7 @@ type Options struct {
 	denyRefresh          time.Duration
 	clusterResourceNS    string
 	workers              int
+	namespaceQPS         float64
 	syncCronJobTemplates bool
 	kubeAPIQPS           float64
 	kubeAPIBurst         int
@@ -198,6 +199,8 @@ func ParseFlags(args []string) (*Options, error) {
 		"How many DistributedLocks, and how many Jobs, are reconciled at once.")
 	fs.BoolVar(&o.syncCronJobTemplates, "sync-cronjob-templates", false,
 		"Copy a CronJob's lockwarden.io/lock and lockwarden.io/contention annotations into its job template, so that its Jobs are refused rather than run ungated while the webhook is down. Needs the patch right on CronJobs (config/rbac/cronjob_sync_role.yaml).")
+	fs.Float64Var(&o.namespaceQPS, "namespace-reconcile-qps", controllers.DefaultNamespaceQPS,
+		"Each namespace's share of the controllers' work: reconciles of its locks and gated Jobs a second (burst ten times that), beyond which they are put back, so that one namespace cannot use the whole --kube-api-qps. Reconciles of held leases and of deletions are not counted. A negative value lifts the bound.")
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", DefaultKubeAPIQPS,
 		"Requests per second the manager may send to the API server on average (client-side limit; the API server's priority and fairness applies too). A negative value lifts the client-side limit.")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", DefaultKubeAPIBurst,
@@ -243,6 +246,9 @@ func ParseFlags(args []string) (*Options, error) {
 	}
 	if o.workers < 1 {
 		return nil, fmt.Errorf("--max-concurrent-reconciles (%d) must be at least 1", o.workers)
+	}
+	if o.namespaceQPS == 0 {
+		return nil, fmt.Errorf("--namespace-reconcile-qps must not be 0 (a negative value lifts the bound)")
 	}
 	if slices.Contains(o.endpointAllow, AllowAnyEndpoint) && len(o.endpointAllow) > 1 {
 		return nil, fmt.Errorf("--endpoint-allow: %s (any address but the denied ones) stands alone; drop it, or the other entries %q", AllowAnyEndpoint, slices.DeleteFunc(slices.Clone(o.endpointAllow), func(s string) bool { return s == AllowAnyEndpoint }))
@@ -558,6 +564,7 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backe
 		MinSafeTTL:           minSafeTTL(o),
 		Resync:               o.resyncPeriod,
 		Workers:              o.workers,
+		NamespaceQPS:         o.namespaceQPS,
 		SyncCronJobTemplates: o.syncCronJobTemplates,
 	})
 	return registry, tokens, err

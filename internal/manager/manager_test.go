@@ -166,7 +166,7 @@ func TestKubeAPIRateLimit(t *testing.T) {
 	if cfg := withRateLimit(loaded, o); cfg.QPS >= 0 {
 		t.Fatalf("--kube-api-qps=-1 gave %v/s, want no client-side limit (negative)", cfg.QPS)
 	}
-	for _, args := range [][]string{{"--kube-api-qps=0"}, {"--kube-api-burst=0"}} {
+	for _, args := range [][]string{{"--kube-api-qps=0"}, {"--kube-api-burst=0"}, {"--namespace-reconcile-qps=0"}} {
 		if _, err := ParseFlags(args); err == nil || !strings.Contains(err.Error(), strings.SplitN(args[0], "=", 2)[0]) {
 			t.Errorf("ParseFlags(%q) = %v, want an error naming the flag", args, err)
 		}

@@ -53,6 +53,13 @@ var (
 		Help: "Queue-position updates of waiting Jobs deferred to their next attempt because their namespace used its share of these API writes.",
 	})
 
+	// ReconcilesDeferred counts reconciles put back because their
+	// namespace used its share of the controllers' work.
+	ReconcilesDeferred = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lockwarden_namespace_reconciles_deferred_total",
+		Help: "Reconciles of locks and gated Jobs put back for later because their namespace used its share of the controllers' work (and of the API writes that come with it).",
+	}, []string{"controller"})
+
 	// RenewalBatches counts renewal round trips (one per backend per batch).
 	RenewalBatches = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "lockwarden_renewal_batches_total",
@@ -128,7 +135,7 @@ var (
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(Acquisitions, WaitSeconds, HoldSeconds, Renewals, RenewalBatches, ShowsDeferred,
+	ctrlmetrics.Registry.MustRegister(Acquisitions, WaitSeconds, HoldSeconds, Renewals, RenewalBatches, ShowsDeferred, ReconcilesDeferred,
 		StatusResyncBatches, StatusResyncLocks, StatusResyncChanged, LeasesLost, OrphansReleased, ForceReleases, LeasesHeld, QueueDepth, OldestWaiter, LockHolders, BackendUp)
 }
 
