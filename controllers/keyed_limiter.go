@@ -28,13 +28,18 @@ func newKeyedLimiter(perSecond float64, burst int) *keyedLimiter {
 func (k *keyedLimiter) allow(key string, now time.Time) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	return k.bucket(key, now).AllowN(now, 1)
+}
+
+// bucket returns key's bucket, made full when key has none (k.mu held).
+func (k *keyedLimiter) bucket(key string, now time.Time) *rate.Limiter {
 	k.sweep(now)
 	b := k.buckets[key]
 	if b == nil {
 		b = rate.NewLimiter(k.limit, k.burst)
 		k.buckets[key] = b
 	}
-	return b.AllowN(now, 1)
+	return b
 }
 
 // sweep drops, at most every keyedLimiterSweep, the buckets that are full
@@ -63,11 +68,5 @@ func (k *keyedLimiter) size() int {
 func (k *keyedLimiter) reserve(key string, now time.Time) time.Duration {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.sweep(now)
-	b := k.buckets[key]
-	if b == nil {
-		b = rate.NewLimiter(k.limit, k.burst)
-		k.buckets[key] = b
-	}
-	return b.ReserveN(now, 1).DelayFrom(now)
+	return k.bucket(key, now).ReserveN(now, 1).DelayFrom(now)
 }
