@@ -57,10 +57,35 @@ var valueSets = map[string]valueSet{
 			}
 			// The built-in certificate's Secret, whose name the manager's code fixes.
 			find(t, objs, "Secret", "lockwarden-webhook-server-cert")
-			for _, kind := range []string{"Certificate", "Issuer", "ServiceMonitor", "NetworkPolicy", "ResourceQuota"} {
+			for _, kind := range []string{"Certificate", "Issuer", "ServiceMonitor", "ResourceQuota"} {
 				if n := count(objs, kind); n != 0 {
 					t.Errorf("defaults render %d %s objects, want none", n, kind)
 				}
+			}
+			// What may reach the manager's pods, and only that: the
+			// webhook, metrics from the labelled namespaces, the probes.
+			if n := count(objs, "NetworkPolicy"); n != 1 {
+				t.Errorf("defaults render %d NetworkPolicies, want the ingress one only", n)
+			}
+			in := find(t, objs, "NetworkPolicy", releasePrefix+"manager-ingress")
+			rules, _, _ := unstructured.NestedSlice(in.Object, "spec", "ingress")
+			var ports []string
+			for _, r := range rules {
+				ps, _, _ := unstructured.NestedSlice(r.(map[string]any), "ports")
+				for _, p := range ps {
+					ports = append(ports, fmt.Sprint(p.(map[string]any)["port"]))
+				}
+			}
+			if slices.Sort(ports); !slices.Equal(ports, []string{"8081", "8443", "9443"}) {
+				t.Errorf("the ingress NetworkPolicy opens ports %v, want the probes', metrics' and webhook's only (8081, 8443, 9443)", ports)
+			}
+		},
+	},
+	"no NetworkPolicy": {
+		set: []string{"networkPolicy.ingress=false"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if n := count(objs, "NetworkPolicy"); n != 0 {
+				t.Errorf("networkPolicy.ingress=false renders %d NetworkPolicies, want none", n)
 			}
 		},
 	},
