@@ -134,7 +134,10 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Delete(ctx, &dl, client.Preconditions{UID: &dl.UID}))
 	}
-	if _, _, held := r.Watchdog.Holding(holder.Ref{Kind: lockKind, Namespace: dl.Namespace, Name: dl.Name}); !held {
+	// A lock whose manual holder holds (or held, and has just lost) its
+	// lease shows that at once: never put back.
+	_, _, held := r.Watchdog.Holding(holder.Ref{Kind: lockKind, Namespace: dl.Namespace, Name: dl.Name})
+	if !held && (dl.Spec.Holder == nil || dl.Status.Holder == nil) {
 		if res, ok := withinBudget(ctx, r.budget, lockKind, req.NamespacedName, r.Clock.Now()); !ok {
 			return res, nil
 		}

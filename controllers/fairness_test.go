@@ -10,9 +10,11 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 )
 
@@ -197,5 +199,37 @@ func TestOneNamespaceGetsOnlyItsShareOfReconciles(t *testing.T) {
 	eventually(t, 60*time.Second, "every waiter of the busy namespace to show its place", func() (bool, string) {
 		n := shown()
 		return n == waiters, fmt.Sprintf("%d of %d", n, waiters)
+	})
+}
+
+// A namespace over its share still has a lost lease acted on at once: the
+// holder's Job carries its fencing token, so its reconciles are never put
+// back, and onLost Terminate suspends it while the namespace's next turn is
+// far off (one every 20 s here, with waiters already given the turns ahead).
+func TestLostLeaseStopsItsJobAtOnceOverTheShare(t *testing.T) {
+	rdb := redistest.Start(t)
+	m := startManager(t, managerOptions{namespaceQPS: 0.05, namespaceBurst: 6})
+	c := env.Client
+	ns := newNamespace(t, nil)
+	dl := makeLock("billing", ns, rdb.Addr).ttl(6).obj()
+	dl.Spec.OnLost = locksv1alpha1.OnLostTerminate
+	create(t, dl)
+	holder := waitRunningAfterCreate(t, ns, "h0")
+	createJobs(t, ns, "billing", "w%02d", 6)
+	eventually(t, 20*time.Second, "the namespace's share to be used up (a waiter put back)", func() (bool, string) {
+		m.jobs.budget.mu.Lock()
+		defer m.jobs.budget.mu.Unlock()
+		return len(m.jobs.budget.turns) > 0, fmt.Sprint(m.jobs.budget.turns)
+	})
+
+	// The lease disappears from Redis (say, a failover lost it).
+	key := backend.KeyPrefix + "{" + backend.EngineKey(ns, "", "billing/ledger") + "}:lock"
+	if n, err := rdb.Client().Del(context.Background(), key).Result(); err != nil || n != 1 {
+		t.Fatalf("delete the lease %s: %d, %v", key, n, err)
+	}
+	// Found at the next renewal (every TTL/3: 2 s), then acted on.
+	eventually(t, 10*time.Second, "the holder stopped (suspended, lost lease recorded)", func() (bool, string) {
+		j := getJob(t, c, ns, holder.Name)
+		return ptr.Deref(j.Spec.Suspend, false) && j.Annotations[locksv1alpha1.AnnotationLost] != "", fmt.Sprint(j.Spec.Suspend, j.Annotations)
 	})
 }

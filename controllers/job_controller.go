@@ -116,7 +116,10 @@ func (r *JobReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	if job.Labels[locksv1alpha1.LabelLock] == "" || !controllerutil.ContainsFinalizer(&job, locksv1alpha1.Finalizer) {
 		return ctrl.Result{}, nil // not gated, or done with
 	}
-	if !held && job.DeletionTimestamp.IsZero() {
+	// A Job that acquired carries its fencing token (only lockwarden writes
+	// it): its reconciles stop it when its lease is lost, and release it
+	// when it ends, and are never put back.
+	if !held && job.Annotations[locksv1alpha1.AnnotationFencingToken] == "" && job.DeletionTimestamp.IsZero() {
 		if res, ok := withinBudget(ctx, r.budget, jobKind, req.NamespacedName, r.Clock.Now()); !ok {
 			return res, nil
 		}
