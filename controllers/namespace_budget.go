@@ -34,6 +34,9 @@ const (
 	// turnKept is how long a turn given to an object is kept for it after
 	// it was due (its reconcile comes back at the turn).
 	turnKept = time.Minute
+	// overShareLogEvery is how often, at most, the operator's log says that
+	// a namespace is over its share.
+	overShareLogEvery = time.Minute
 )
 
 // namespaceBudget is the per-namespace share of one controller, with the
@@ -42,6 +45,8 @@ type namespaceBudget struct {
 	limiter *keyedLimiter
 	mu      sync.Mutex
 	turns   map[types.NamespacedName]time.Time
+	// logged is when each namespace was last said to be over its share.
+	logged map[string]time.Time
 }
 
 // newNamespaceBudget is a share of qps reconciles a second per namespace
@@ -57,7 +62,7 @@ func newNamespaceBudget(qps float64) *namespaceBudget {
 }
 
 func newBudget(qps float64, burst int) *namespaceBudget {
-	return &namespaceBudget{limiter: newKeyedLimiter(qps, burst), turns: map[types.NamespacedName]time.Time{}}
+	return &namespaceBudget{limiter: newKeyedLimiter(qps, burst), turns: map[types.NamespacedName]time.Time{}, logged: map[string]time.Time{}}
 }
 
 // admit says how long the reconcile of nn waits for its namespace's turn
@@ -88,6 +93,23 @@ func (b *namespaceBudget) admit(nn types.NamespacedName, now time.Time) time.Dur
 	return wait
 }
 
+// shouldLog says whether to log that namespace is over its share now (at
+// most every overShareLogEvery).
+func (b *namespaceBudget) shouldLog(namespace string, now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if last, ok := b.logged[namespace]; ok && now.Sub(last) < overShareLogEvery {
+		return false
+	}
+	for ns, last := range b.logged {
+		if now.Sub(last) >= overShareLogEvery {
+			delete(b.logged, ns)
+		}
+	}
+	b.logged[namespace] = now
+	return true
+}
+
 // forget drops the turn given to nn (it is gone).
 func (b *namespaceBudget) forget(nn types.NamespacedName) {
 	if b == nil {
@@ -106,6 +128,12 @@ func withinBudget(ctx context.Context, budget *namespaceBudget, controller strin
 		return res, true
 	}
 	metrics.ReconcilesDeferred.WithLabelValues(controller).Inc()
-	logf.FromContext(ctx).V(1).Info("The namespace used its share of reconciles; put back until its turn", "retryAfter", wait)
+	log := logf.FromContext(ctx)
+	if budget.shouldLog(nn.Namespace, now) {
+		// The reconcile's logger names the namespace.
+		log.Info("The namespace is over its share of reconciles (--namespace-reconcile-qps): its locks and Jobs wait their turn; said at most once a minute per namespace",
+			"retryAfter", wait)
+	}
+	log.V(1).Info("The namespace used its share of reconciles; put back until its turn", "retryAfter", wait)
 	return ctrl.Result{RequeueAfter: wait}, false
 }
