@@ -45,6 +45,8 @@ type namespaceBudget struct {
 	limiter *keyedLimiter
 	mu      sync.Mutex
 	turns   map[types.NamespacedName]time.Time
+	// swept is when turns was last cleared of the turns long past.
+	swept time.Time
 	// logged is when each namespace was last said to be over its share.
 	logged map[string]time.Time
 }
@@ -84,6 +86,9 @@ func (b *namespaceBudget) admit(nn types.NamespacedName, now time.Time) time.Dur
 	wait := b.limiter.reserve(nn.Namespace, now)
 	if wait > 0 {
 		b.turns[nn] = now.Add(wait)
+	}
+	if now.Sub(b.swept) > turnKept {
+		b.swept = now
 		for other, turn := range b.turns {
 			if now.Sub(turn) > turnKept {
 				delete(b.turns, other) // its reconcile never came back: gone
