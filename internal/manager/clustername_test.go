@@ -3,12 +3,16 @@ package manager
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/lockwarden/lockwarden/internal/holder"
 	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
@@ -58,5 +62,48 @@ func TestClusterNameIsRecordedOnce(t *testing.T) {
 	old, err := holder.LoadOrCreateIdentity(ctx, env.Client, legacy, func(context.Context) (string, error) { return want, nil })
 	if err != nil || old.Cluster != holder.LegacyClusterName {
 		t.Fatalf("an installation from before the record is named %q (err %v); want %q, its old default", old.Cluster, err, holder.LegacyClusterName)
+	}
+}
+
+// lateKubeSystem answers NotFound for kube-system until its first calls
+// have passed, as a freshly started API server does before it creates the
+// namespace; a real one cannot be made to lose that race on demand.
+type lateKubeSystem struct {
+	client.Reader
+	missing int
+	calls   int
+	fail    error
+}
+
+func (r *lateKubeSystem) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	r.calls++
+	if r.fail != nil {
+		return r.fail
+	}
+	if r.calls <= r.missing {
+		return apierrors.NewNotFound(corev1.Resource("namespaces"), key.Name)
+	}
+	obj.(*corev1.Namespace).UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+	return nil
+}
+
+func TestClusterNameWaitsForKubeSystem(t *testing.T) {
+	ctx := context.Background()
+	late := &lateKubeSystem{missing: 3}
+	name, err := clusterNameFromUID(ctx, late)
+	if err != nil || name != "cluster-0f1e2d3c4b5a" {
+		t.Fatalf("with kube-system created after %d lookups: name %q, err %v; want cluster-0f1e2d3c4b5a", late.missing, name, err)
+	}
+
+	denied := &lateKubeSystem{fail: apierrors.NewForbidden(corev1.Resource("namespaces"), "kube-system", errors.New("no RBAC"))}
+	if _, err := clusterNameFromUID(ctx, denied); err == nil || denied.calls != 1 || !strings.Contains(err.Error(), "--cluster-name") {
+		t.Fatalf("a Forbidden lookup: err %v after %d calls; want one call and an error that points at --cluster-name", err, denied.calls)
+	}
+
+	defer func(d time.Duration) { kubeSystemWait = d }(kubeSystemWait)
+	kubeSystemWait = time.Second
+	never := &lateKubeSystem{missing: 1 << 30}
+	if _, err := clusterNameFromUID(ctx, never); err == nil || !apierrors.IsNotFound(errors.Unwrap(err)) && !strings.Contains(err.Error(), "not found") {
+		t.Fatalf("kube-system never appearing: err %v; want the NotFound, with --cluster-name as the way out", err)
 	}
 }
