@@ -1,12 +1,8 @@
 package lock
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 )
 
 // Sentinel errors. Match them with errors.Is; the concrete errors wrap them
@@ -127,96 +123,3 @@ func (e *InvalidRequestError) Error() string {
 
 // Is makes an InvalidRequestError match ErrInvalidRequest.
 func (e *InvalidRequestError) Is(target error) bool { return target == ErrInvalidRequest }
-
-// NewOwnerToken returns 128 random bits, hex encoded.
-func NewOwnerToken() (string, error) {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("generate owner token: %w", err)
-	}
-	return hex.EncodeToString(b[:]), nil
-}
-
-// ValidateRequest checks a Request before anything is sent to a backend.
-func ValidateRequest(req Request) error {
-	if len(req.Keys) == 0 {
-		return &InvalidRequestError{Field: "keys", Reason: fmt.Sprintf("at least one key is required (at most %d)", MaxKeys)}
-	}
-	if len(req.Keys) > MaxKeys {
-		return &InvalidRequestError{Field: "keys", Reason: fmt.Sprintf("%d keys given, at most %d allowed", len(req.Keys), MaxKeys)}
-	}
-	if err := ValidateKeys(req.Keys); err != nil {
-		return err
-	}
-	if req.TTL < MinTTL {
-		return &InvalidRequestError{Field: "ttl", Reason: fmt.Sprintf("%v is below the minimum of %v", req.TTL, MinTTL)}
-	}
-	if req.Limit < 0 || req.Limit > MaxLimit {
-		return &InvalidRequestError{Field: "limit", Reason: fmt.Sprintf("%d is outside 0 to %d (0 or 1: one holder; N: N holders at once)", req.Limit, MaxLimit)}
-	}
-	return nil
-}
-
-// ErrNoSemaphores is the reason a backend without semaphores gives for Limit > 1.
-const ErrNoSemaphores = "this backend holds one lease per key; more than one holder needs a Redis backend"
-
-// RequireMutex refuses a request or lease that asks for more than one holder,
-// for backends without semaphores.
-func RequireMutex(limit int) error {
-	if limit > 1 {
-		return &InvalidRequestError{Field: "limit", Reason: fmt.Sprintf("%d holders requested: %s", limit, ErrNoSemaphores)}
-	}
-	return nil
-}
-
-// ValidateKeys checks that keys are non-empty, unique and free of whitespace.
-func ValidateKeys(keys []string) error {
-	// Few keys (the common case is one) are compared pairwise: no map on
-	// every acquisition.
-	var seen map[string]struct{}
-	if len(keys) > 8 {
-		seen = make(map[string]struct{}, len(keys))
-	}
-	for i, k := range keys {
-		if k == "" {
-			return &InvalidRequestError{Field: fmt.Sprintf("keys[%d]", i), Reason: "a key must not be empty"}
-		}
-		if strings.ContainsAny(k, " \t\r\n") {
-			return &InvalidRequestError{Field: fmt.Sprintf("keys[%d]", i), Reason: fmt.Sprintf("key %q must not contain whitespace", k)}
-		}
-		dup := false
-		if seen != nil {
-			_, dup = seen[k]
-			seen[k] = struct{}{}
-		} else {
-			dup = slices.Contains(keys[:i], k)
-		}
-		if dup {
-			return &InvalidRequestError{Field: fmt.Sprintf("keys[%d]", i), Reason: fmt.Sprintf("duplicate key %q", k)}
-		}
-	}
-	return nil
-}
-
-// PrepareRequest validates req for TryAcquire (try) or Acquire and fills in
-// what the caller may leave out: a copy of the keys the caller can no longer
-// change, and a new owner token when none is given. A queued TryAcquire
-// needs the caller's owner token: it must call again with it to keep its
-// place, and Dequeue with it to leave.
-func PrepareRequest(req Request, try bool) (Request, error) {
-	if err := ValidateRequest(req); err != nil {
-		return req, err
-	}
-	if try && req.Queue && req.Owner == "" {
-		return req, &InvalidRequestError{Field: "owner", Reason: "required with queue in TryAcquire: the waiter must call again with the same owner token to keep its place, and Dequeue with it to leave"}
-	}
-	req.Keys = slices.Clone(req.Keys)
-	if req.Owner == "" {
-		tok, err := NewOwnerToken()
-		if err != nil {
-			return req, err
-		}
-		req.Owner = tok
-	}
-	return req, nil
-}

@@ -31,7 +31,7 @@ import (
 // is refused with a *lock.InvalidRequestError naming limit, before anything
 // is sent to etcd.
 func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := prepare(req, true)
+	req, err := lock.PrepareMutex(req, true)
 	if err != nil {
 		return nil, err
 	}
@@ -48,103 +48,46 @@ func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease,
 // With Queue it leaves the queues when ctx ends. When ctx ends the error wraps
 // both ctx.Err() and the last attempt's error.
 func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := prepare(req, false)
+	req, err := lock.PrepareMutex(req, false)
 	if err != nil {
 		return nil, err
 	}
-	log := l.log.WithValues("keys", req.Keys, "holder", req.Holder)
 	var (
-		lastErr  error
 		watching waitHint
 		events   clientv3.WatchChan
 		stop     = func() {}
-		retries  int
 	)
 	defer func() { stop() }()
-	b := l.opts.backoff
-	heartbeat := l.opts.waiterTTL / 3
-	for ctx.Err() == nil {
-		lease, hint, err := l.attempt(ctx, req)
-		if err == nil {
-			return lease, nil
-		}
-		// An attempt cut short by ctx says nothing about the keys: keep
-		// the previous answer (a *lock.HeldError) as the one to report.
-		if ctx.Err() == nil || lastErr == nil || errors.Is(err, lock.ErrNotAcquired) {
-			lastErr = err
-		}
-		if l.ctx.Err() != nil {
-			return nil, fmt.Errorf("acquire keys %q: the Locker is closed; last attempt: %w", req.Keys, err)
-		}
-		// What blocked the attempt is gone already: try again at once (a
-		// few times in a row at most, so a confused state cannot spin).
-		if hint.retry && retries < maxRetries {
-			retries++
-			continue
-		}
-		retries = 0
-		// A watch on the same key is kept: it started earlier and has
-		// seen everything since.
-		if hint.key != "" && (hint.key != watching.key || hint.prefix != watching.prefix || events == nil) {
-			stop()
-			wctx, cancel := context.WithCancel(ctx)
-			stop = cancel
-			opts := []clientv3.OpOption{clientv3.WithRev(hint.rev + 1), clientv3.WithFilterPut()}
-			if hint.prefix {
-				opts = append(opts, clientv3.WithPrefix())
+	return lock.BlockingAcquire(ctx, &l.opts.Options, req, lock.Steps[clientv3.WatchResponse]{
+		Attempt: func(ctx context.Context) (*lock.Lease, lock.Wake[clientv3.WatchResponse], error) {
+			lease, hint, err := l.attempt(ctx, req)
+			if err != nil && hint.key != "" && (hint.key != watching.key || hint.prefix != watching.prefix || events == nil) {
+				// A watch on the same key is kept: it started earlier and
+				// has seen everything since.
+				stop()
+				wctx, cancel := context.WithCancel(ctx)
+				stop = cancel
+				opts := []clientv3.OpOption{clientv3.WithRev(hint.rev + 1), clientv3.WithFilterPut()}
+				if hint.prefix {
+					opts = append(opts, clientv3.WithPrefix())
+				}
+				// WithRequireLeader: a member cut off from the leader ends
+				// the watch instead of staying silent.
+				events = l.etcd().Watch(clientv3.WithRequireLeader(wctx), hint.key, opts...)
+				watching = hint
 			}
-			// WithRequireLeader: a member cut off from the leader ends
-			// the watch instead of staying silent.
-			events = l.etcd().Watch(clientv3.WithRequireLeader(wctx), hint.key, opts...)
-			watching = hint
-		}
-		d := b.Step()
-		if b.Cap > 0 && d > b.Cap {
-			d = b.Cap
-		}
-		if req.Queue && d > heartbeat {
-			d = heartbeat
-		}
-		if v := log.V(4); v.Enabled() {
-			v.Info("Waiting for lease", "wait", d.String(), "watch", hint.key, "err", err.Error())
-		}
-		timer := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-		case resp, ok := <-events:
+			return lease, lock.Wake[clientv3.WatchResponse]{C: events, Now: hint.retry}, err
+		},
+		Woken: func(resp clientv3.WatchResponse, ok bool) {
 			if !ok || resp.Canceled || resp.Err() != nil {
-				// Re-established on the next round, from that attempt's revision.
+				// Re-established after the next attempt, from its revision.
 				events, watching = nil, waitHint{}
 			}
-			b = l.opts.backoff
-		case <-timer.C:
-		}
-		timer.Stop()
-	}
-	if req.Queue {
-		cctx, cancel := l.cleanupContext(ctx)
-		if err := l.Dequeue(cctx, req.Keys, req.Owner); err != nil {
-			log.V(2).Info("Leaving the queue failed; the place expires with the waiter TTL", "err", err.Error())
-		}
-		cancel()
-	}
-	if lastErr == nil {
-		return nil, fmt.Errorf("acquire keys %q: %w", req.Keys, ctx.Err())
-	}
-	return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, ctx.Err(), lastErr)
-}
-
-// prepare validates req (see lock.PrepareRequest) for this backend, which
-// holds one lease per key: Limit > 1 is refused.
-func prepare(req lock.Request, try bool) (lock.Request, error) {
-	req, err := lock.PrepareRequest(req, try)
-	if err != nil {
-		return req, err
-	}
-	if err := lock.RequireMutex(req.Limit); err != nil {
-		return req, err
-	}
-	return req, nil
+		},
+		Dequeue:   func(ctx context.Context) error { return l.Dequeue(ctx, req.Keys, req.Owner) },
+		Closed:    l.ctx.Done(),
+		ClosedErr: errClosed,
+	})
 }
 
 // waitHint is what a failed attempt waits for: the deletion of key (or of
@@ -168,9 +111,6 @@ type keyView struct {
 	own       *waiterRecord
 	ownRev    int64
 }
-
-// maxRetries bounds how often in a row Acquire tries again at once.
-const maxRetries = 3
 
 // maxPasses bounds the transactions of one attempt: a queued request that
 // finds itself at the head of every queue tries again with the head check.
@@ -340,16 +280,7 @@ func (l *Locker) newLease(req lock.Request, fence int64, start time.Time) (*lock
 	if v := l.log.V(1); v.Enabled() {
 		v.Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", validity.String())
 	}
-	return &lock.Lease{
-		Keys:     req.Keys,
-		Owner:    req.Owner,
-		Holder:   req.Holder,
-		Fence:    fence,
-		TTL:      req.TTL,
-		Acquired: start,
-		Expires:  expires,
-		Limit:    req.Limit,
-	}, nil
+	return lock.NewLease(req, fence, start, expires), nil
 }
 
 // waiterLeases returns the etcd leases of the waiter keys an acquisition deleted.
@@ -488,7 +419,7 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 	granted := false
 	if waiterLease == 0 {
 		gctx, cancel := l.opCtx(ctx)
-		g, err := l.etcd().Grant(gctx, ttlSeconds(l.opts.waiterTTL))
+		g, err := l.etcd().Grant(gctx, ttlSeconds(l.opts.WaiterTTL))
 		cancel()
 		if err != nil {
 			return fmt.Errorf("grant waiter lease: %w", err)

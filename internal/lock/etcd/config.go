@@ -3,7 +3,6 @@ package etcd
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -12,29 +11,15 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
 // DefaultPrefix is the key prefix when Config.Prefix is empty.
 const DefaultPrefix = "/lockwarden/"
 
-// ErrInvalidConfig is matched (errors.Is) by every *ConfigError.
-var ErrInvalidConfig = errors.New("invalid etcd lock configuration")
-
-// ConfigError names the Config field or option that is wrong and what would be valid.
-type ConfigError struct {
-	// Field is the Config field or option, for example "endpoints[1]" or "WithWaiterTTL".
-	Field string
-	// Reason says what is wrong and what is accepted.
-	Reason string
-}
-
-// Error names the field and says what is valid.
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("invalid etcd lock configuration: %s: %s", e.Field, e.Reason)
-}
-
-// Is makes a ConfigError match ErrInvalidConfig.
-func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+// storeName names this store in its *lock.ConfigError.
+const storeName = "etcd"
 
 // Config says which etcd cluster a Locker uses and how it connects.
 type Config struct {
@@ -63,36 +48,36 @@ type Config struct {
 // Validate checks the configuration and names the field that is wrong.
 func (c Config) Validate() error {
 	if len(c.Endpoints) == 0 {
-		return &ConfigError{Field: "endpoints", Reason: "at least one etcd client address (host:port) is required"}
+		return &lock.ConfigError{Store: storeName, Field: "endpoints", Reason: "at least one etcd client address (host:port) is required"}
 	}
 	seen := map[string]bool{}
 	for i, ep := range c.Endpoints {
 		field := fmt.Sprintf("endpoints[%d]", i)
 		if strings.Contains(ep, "://") {
-			return &ConfigError{Field: field, Reason: fmt.Sprintf("%q has a scheme: give host:port (TLS is chosen by the tls setting)", ep)}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: fmt.Sprintf("%q has a scheme: give host:port (TLS is chosen by the tls setting)", ep)}
 		}
 		host, port, err := net.SplitHostPort(ep)
 		if err != nil || host == "" || port == "" || strings.ContainsAny(ep, " \t\r\n/") {
-			return &ConfigError{Field: field, Reason: fmt.Sprintf("%q is not host:port", ep)}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: fmt.Sprintf("%q is not host:port", ep)}
 		}
 		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return &ConfigError{Field: field, Reason: fmt.Sprintf("%q: port %q is not a number in 1-65535", ep, port)}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: fmt.Sprintf("%q: port %q is not a number in 1-65535", ep, port)}
 		}
 		if seen[ep] {
-			return &ConfigError{Field: field, Reason: fmt.Sprintf("duplicate endpoint %q: list every member once", ep)}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: fmt.Sprintf("duplicate endpoint %q: list every member once", ep)}
 		}
 		seen[ep] = true
 	}
 	if c.Prefix != "" {
 		if strings.ContainsAny(c.Prefix, " \t\r\n") {
-			return &ConfigError{Field: "prefix", Reason: fmt.Sprintf("%q must not contain whitespace", c.Prefix)}
+			return &lock.ConfigError{Store: storeName, Field: "prefix", Reason: fmt.Sprintf("%q must not contain whitespace", c.Prefix)}
 		}
 		if !strings.HasSuffix(c.Prefix, "/") {
-			return &ConfigError{Field: "prefix", Reason: fmt.Sprintf("%q must end with \"/\" (for example %q), so that it is never a prefix of another locker's keys", c.Prefix, c.Prefix+"/")}
+			return &lock.ConfigError{Store: storeName, Field: "prefix", Reason: fmt.Sprintf("%q must end with \"/\" (for example %q), so that it is never a prefix of another locker's keys", c.Prefix, c.Prefix+"/")}
 		}
 	}
 	if (c.Username == "") != (c.Password == "") {
-		return &ConfigError{Field: "username", Reason: "etcd auth needs both username and password, or neither"}
+		return &lock.ConfigError{Store: storeName, Field: "username", Reason: "etcd auth needs both username and password, or neither"}
 	}
 	return nil
 }
@@ -124,25 +109,14 @@ const MaxHeaderListBytes = 16 << 10
 const (
 	// DefaultOpTimeout bounds one etcd call (see WithOpTimeout).
 	DefaultOpTimeout = 5 * time.Second
-	// DefaultWaiterTTL is how long a queued waiter keeps its place without
-	// calling TryAcquire again.
-	DefaultWaiterTTL = 30 * time.Second
-	// MinWaiterTTL is the shortest WithWaiterTTL accepted.
-	MinWaiterTTL = 100 * time.Millisecond
 	// DefaultDialTimeout bounds establishing a connection to one endpoint.
 	DefaultDialTimeout = 5 * time.Second
 )
 
-// DefaultBackoff is Acquire's fallback polling when no watch event comes:
-// 20ms doubling to at most 1s, each step with up to 50% jitter.
-var DefaultBackoff = wait.Backoff{Duration: 20 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: time.Second}
-
 type options struct {
-	log         logr.Logger
+	lock.Options
 	opTimeout   time.Duration
 	dialTimeout time.Duration
-	backoff     wait.Backoff
-	waiterTTL   time.Duration
 }
 
 // Option configures a Locker.
@@ -150,7 +124,7 @@ type Option func(*options)
 
 // WithLogger sets the logger. Acquisitions and releases are logged at V(1),
 // etcd failures at V(2), renewals at V(4). Default: logr.Discard().
-func WithLogger(l logr.Logger) Option { return func(o *options) { o.log = l } }
+func WithLogger(l logr.Logger) Option { return func(o *options) { o.Log = l } }
 
 // WithOpTimeout bounds each etcd call the Locker makes (a Grant, a Txn, a
 // KeepAlive), on top of the caller's context; during a leader election a call
@@ -163,24 +137,18 @@ func WithDialTimeout(d time.Duration) Option { return func(o *options) { o.dialT
 
 // WithBackoff sets Acquire's fallback polling between attempts when no watch
 // event arrives (exponential with jitter; Cap bounds the wait; Steps is
-// ignored). An event resets it. Default: DefaultBackoff.
-func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.backoff = b } }
+// ignored). An event resets it. Default: lock.DefaultBackoff.
+func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.Backoff = b } }
 
 // WithWaiterTTL sets how long a queued waiter keeps its place in a key's FIFO
 // queue without calling TryAcquire again; its waiter key then expires with
 // its etcd lease (granted for the TTL rounded up to whole seconds, and at
 // least etcd's minimum lease TTL). Acquire refreshes its place at least every
-// third of it. Default: DefaultWaiterTTL (30s); at least MinWaiterTTL.
-func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.waiterTTL = d } }
+// third of it. Default: lock.DefaultWaiterTTL (30s); at least lock.MinWaiterTTL.
+func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.WaiterTTL = d } }
 
 func buildOptions(opts []Option) (options, error) {
-	o := options{
-		log:         logr.Discard(),
-		opTimeout:   DefaultOpTimeout,
-		dialTimeout: DefaultDialTimeout,
-		backoff:     DefaultBackoff,
-		waiterTTL:   DefaultWaiterTTL,
-	}
+	o := options{Options: lock.DefaultOptions(), opTimeout: DefaultOpTimeout, dialTimeout: DefaultDialTimeout}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
@@ -188,18 +156,10 @@ func buildOptions(opts []Option) (options, error) {
 	}
 	switch {
 	case o.opTimeout <= 0:
-		return o, &ConfigError{Field: "WithOpTimeout", Reason: fmt.Sprintf("%v: the per-call timeout must be positive", o.opTimeout)}
+		return o, &lock.ConfigError{Store: storeName, Field: "WithOpTimeout", Reason: fmt.Sprintf("%v: the per-call timeout must be positive", o.opTimeout)}
 	case o.dialTimeout <= 0:
-		return o, &ConfigError{Field: "WithDialTimeout", Reason: fmt.Sprintf("%v: the dial timeout must be positive", o.dialTimeout)}
-	case o.waiterTTL < MinWaiterTTL:
-		return o, &ConfigError{Field: "WithWaiterTTL", Reason: fmt.Sprintf("%v is below the minimum of %v", o.waiterTTL, MinWaiterTTL)}
-	case o.backoff.Duration <= 0:
-		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Duration %v must be positive", o.backoff.Duration)}
-	case o.backoff.Factor != 0 && o.backoff.Factor < 1:
-		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Factor %v must be 0 (constant) or at least 1", o.backoff.Factor)}
+		return o, &lock.ConfigError{Store: storeName, Field: "WithDialTimeout", Reason: fmt.Sprintf("%v: the dial timeout must be positive", o.dialTimeout)}
 	}
-	if o.backoff.Steps <= 0 {
-		o.backoff.Steps = 1 << 30
-	}
-	return o, nil
+	o.CleanupTimeout = o.opTimeout
+	return o, o.Validate(storeName)
 }

@@ -198,7 +198,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	return &Locker{
 		cfg:    cfg,
 		opts:   o,
-		log:    o.log,
+		log:    o.Log,
 		ccfg:   ccfg,
 		prefix: cfg.prefix(),
 		node:   strings.Join(cfg.Endpoints, ","),
@@ -445,23 +445,14 @@ func decodeValue(v []byte, rec any) (tag string, err error) {
 
 // validateLease checks a lease given to Renew or Release.
 func validateLease(lease *lock.Lease) error {
-	if lease == nil {
-		return &lock.InvalidRequestError{Field: "lease", Reason: "a lease is required"}
+	if err := lock.ValidateLease(lease); err != nil {
+		return err
 	}
 	if err := lock.RequireMutex(lease.Limit); err != nil {
 		return err
 	}
-	if len(lease.Keys) == 0 || len(lease.Keys) > lock.MaxKeys {
-		return &lock.InvalidRequestError{Field: "keys", Reason: fmt.Sprintf("%d keys given, want 1 to %d", len(lease.Keys), lock.MaxKeys)}
-	}
-	if err := lock.ValidateKeys(lease.Keys); err != nil {
-		return err
-	}
-	if lease.Owner == "" {
-		return &lock.InvalidRequestError{Field: "owner", Reason: "the owner token of the lease is required"}
-	}
 	if lease.Fence <= 0 || lease.Fence >= lock.MaxFence {
-		return &lock.InvalidRequestError{Field: "fence", Reason: fmt.Sprintf("%d: the fencing token the acquisition returned is required, in (0, %d)", lease.Fence, lock.MaxFence)}
+		return &lock.InvalidRequestError{Field: "lease.fence", Reason: fmt.Sprintf("%d: the fencing token the acquisition returned is required, in (0, %d)", lease.Fence, lock.MaxFence)}
 	}
 	return nil
 }

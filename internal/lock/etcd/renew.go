@@ -63,10 +63,7 @@ func validateRenew(lease *lock.Lease, ttl time.Duration) error {
 	if err := validateLease(lease); err != nil {
 		return err
 	}
-	if ttl < lock.MinTTL {
-		return &lock.InvalidRequestError{Field: "ttl", Reason: fmt.Sprintf("%v is below the minimum of %v", ttl, lock.MinTTL)}
-	}
-	return nil
+	return lock.ValidateTTL(ttl)
 }
 
 // heldCmps checks that every key is held by the owner's acquisition with

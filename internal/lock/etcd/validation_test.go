@@ -41,14 +41,14 @@ func TestConfigValidate(t *testing.T) {
 				}
 				return
 			}
-			var ce *ConfigError
-			if !errors.As(err, &ce) || !errors.Is(err, ErrInvalidConfig) {
-				t.Fatalf("Validate() = %v, want a *ConfigError matching ErrInvalidConfig", err)
+			var ce *lock.ConfigError
+			if !errors.As(err, &ce) || !errors.Is(err, lock.ErrInvalidConfig) {
+				t.Fatalf("Validate() = %v, want a *lock.ConfigError matching lock.ErrInvalidConfig", err)
 			}
 			if ce.Field != tc.field || !strings.Contains(ce.Reason, tc.hint) {
 				t.Fatalf("Validate() = %v, want field %q and a reason mentioning %q", err, tc.field, tc.hint)
 			}
-			if _, err := New(tc.cfg); !errors.Is(err, ErrInvalidConfig) {
+			if _, err := New(tc.cfg); !errors.Is(err, lock.ErrInvalidConfig) {
 				t.Fatalf("New() = %v, want the validation error", err)
 			}
 		})
@@ -63,9 +63,9 @@ func TestOptionsValidate(t *testing.T) {
 		"WithWaiterTTL":   WithWaiterTTL(time.Millisecond),
 		"WithBackoff":     WithBackoff(wait.Backoff{}),
 	} {
-		var ce *ConfigError
+		var ce *lock.ConfigError
 		if _, err := New(cfg, opt); !errors.As(err, &ce) || ce.Field != name {
-			t.Errorf("New with a bad %s: %v, want a ConfigError naming it", name, err)
+			t.Errorf("New with a bad %s: %v, want a lock.ConfigError naming it", name, err)
 		}
 	}
 	// With auth too: clientv3.New would authenticate, so the client is made

@@ -79,7 +79,7 @@ func (l *Locker) watchLoop(ctx context.Context, hk, key string, from int64, out 
 		}
 	}
 	prefix := key == "" || strings.HasSuffix(hk, "/")
-	b := l.opts.backoff
+	b := l.opts.Backoff
 	rev := from
 	for ctx.Err() == nil {
 		opts := []clientv3.OpOption{clientv3.WithFilterPut()}
@@ -118,7 +118,7 @@ func (l *Locker) watchLoop(ctx context.Context, hk, key string, from int64, out 
 					return
 				}
 			}
-			b = l.opts.backoff
+			b = l.opts.Backoff
 		}
 		t := time.NewTimer(b.Step())
 		select {

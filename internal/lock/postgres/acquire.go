@@ -57,76 +57,10 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 	if err != nil {
 		return nil, err
 	}
-	var lastErr error
-	if ctx.Err() == nil {
-		lease, _, err := l.attempt(ctx, req)
-		if err == nil {
-			return lease, nil
-		}
-		lastErr = err
-	}
-	log := l.log.WithValues("keys", req.Keys, "holder", req.Holder)
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var released <-chan string
-	if ctx.Err() == nil {
-		released, err = l.watchForAcquire(wctx, req.Keys)
-		if err != nil {
-			log.V(2).Info("Watching releases failed; polling only", "err", err.Error())
-			released = nil
-		}
-	}
-	b := l.opts.backoff
-	heartbeat := l.opts.waiterTTL / 3
-	// The first attempt of the loop comes right after the watch started: a
-	// release notified before it was active is seen by this attempt.
-	for ctx.Err() == nil {
-		lease, hint, err := l.attempt(ctx, req)
-		if err == nil {
-			return lease, nil
-		}
-		if ctx.Err() != nil && lastErr != nil {
-			// Cut short by ctx: what the last whole attempt saw says more.
-			break
-		}
-		lastErr = err
-		d := b.Step()
-		if b.Cap > 0 && d > b.Cap {
-			d = b.Cap
-		}
-		// The holder's lease ends without a notification when it expires.
-		if hint > 0 && hint+time.Millisecond < d {
-			d = hint + time.Millisecond
-		}
-		if req.Queue && d > heartbeat {
-			d = heartbeat
-		}
-		if v := log.V(4); v.Enabled() {
-			v.Info("Waiting for lease", "wait", d.String(), "err", err.Error())
-		}
-		timer := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-		case _, ok := <-released:
-			if !ok {
-				released = nil
-			}
-			b = l.opts.backoff
-		case <-timer.C:
-		}
-		timer.Stop()
-	}
-	if req.Queue {
-		cctx, ccancel := l.cleanupContext(ctx)
-		if err := l.Dequeue(cctx, req.Keys, req.Owner); err != nil {
-			log.V(2).Info("Leaving the queue failed; the place expires with the waiter TTL", "err", err.Error())
-		}
-		ccancel()
-	}
-	if lastErr == nil {
-		return nil, fmt.Errorf("acquire keys %q: %w", req.Keys, ctx.Err())
-	}
-	return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, ctx.Err(), lastErr)
+	// LISTEN runs on the Locker's listening connection: only for busy keys.
+	return lock.AcquireOnReleases(ctx, &l.opts.Options, req,
+		func(ctx context.Context) (*lock.Lease, time.Duration, error) { return l.attempt(ctx, req) },
+		l.watchForAcquire, l.Dequeue)
 }
 
 // prepare validates req and fills in the owner token.
@@ -170,7 +104,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		start = time.Now()
 		return c.QueryRow(ctx, l.sql.acquire,
 			encodeKeys(req.Keys), ownerDigest(req.Owner), req.Holder, req.TTL.Milliseconds(),
-			req.Queue, l.opts.waiterTTL.Milliseconds(), lock.MaxFence-1,
+			req.Queue, l.opts.WaiterTTL.Milliseconds(), lock.MaxFence-1,
 		).Scan(&ok, &fence, &busy, &busyHolder, &busyFence, &position, &queued, &ttlMs, &syncCommit)
 	})
 	if err != nil {
@@ -218,16 +152,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		l.releaseQuietly(ctx, req.Keys, req.Owner, fence)
 		return nil, 0, l.unavailable("acquire", fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", time.Since(start), req.TTL, drift(req.TTL)))
 	}
-	lease := &lock.Lease{
-		Keys:     req.Keys,
-		Owner:    req.Owner,
-		Holder:   req.Holder,
-		Fence:    fence,
-		TTL:      req.TTL,
-		Acquired: start,
-		Expires:  expires,
-		Limit:    req.Limit,
-	}
+	lease := lock.NewLease(req, fence, start, expires)
 	if v := l.log.V(1); v.Enabled() {
 		v.Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", validity.String())
 	}

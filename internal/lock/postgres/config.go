@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -13,26 +12,12 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// ErrInvalidConfig is matched (errors.Is) by every *ConfigError.
-var ErrInvalidConfig = errors.New("invalid postgres lock configuration")
-
-// ConfigError names the Config field or option that is wrong and what would be valid.
-type ConfigError struct {
-	// Field is the Config field (host, port, schema, ...) or option (WithWaiterTTL, ...).
-	Field string
-	// Reason says what is wrong and what is accepted.
-	Reason string
-}
-
-// Error names the field and says what is valid.
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("invalid postgres lock configuration: %s: %s", e.Field, e.Reason)
-}
-
-// Is makes a ConfigError match ErrInvalidConfig.
-func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+// storeName names this store in its *lock.ConfigError.
+const storeName = "postgres"
 
 // Defaults and limits.
 const (
@@ -46,11 +31,6 @@ const (
 	// DefaultOperationTimeout bounds one operation against the database (see
 	// WithOperationTimeout).
 	DefaultOperationTimeout = 2 * time.Second
-	// DefaultWaiterTTL is how long a queued waiter keeps its place without
-	// calling TryAcquire again.
-	DefaultWaiterTTL = 30 * time.Second
-	// MinWaiterTTL is the shortest WithWaiterTTL accepted.
-	MinWaiterTTL = 100 * time.Millisecond
 	// DefaultMaxConns is the default size of the connection pool (the
 	// listening connection of Watch and Acquire comes on top).
 	DefaultMaxConns = 8
@@ -68,10 +48,6 @@ const (
 	// NOTIFY payloads (at most 8000 bytes).
 	MaxKeyBytes = 1024
 )
-
-// DefaultBackoff is Acquire's fallback polling when no notification comes:
-// 10ms doubling to at most 1s, each step with up to 50% jitter (as the Redis backend).
-var DefaultBackoff = wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: time.Second}
 
 // Config says which PostgreSQL database a Locker uses and how it connects.
 // It is turned into a pgx configuration field by field, never through a
@@ -121,35 +97,35 @@ var hostRE = regexp.MustCompile(`^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$`)
 func (c Config) Validate() error {
 	switch {
 	case c.Host == "":
-		return &ConfigError{Field: "host", Reason: "the server's DNS name or IP address is required, for example postgres.db.svc or 10.0.0.5"}
+		return &lock.ConfigError{Store: storeName, Field: "host", Reason: "the server's DNS name or IP address is required, for example postgres.db.svc or 10.0.0.5"}
 	case strings.HasPrefix(c.Host, "/"):
-		return &ConfigError{Field: "host", Reason: fmt.Sprintf("%q is a Unix socket directory; only TCP is supported: give a DNS name or IP address", c.Host)}
+		return &lock.ConfigError{Store: storeName, Field: "host", Reason: fmt.Sprintf("%q is a Unix socket directory; only TCP is supported: give a DNS name or IP address", c.Host)}
 	case strings.Contains(c.Host, ","):
-		return &ConfigError{Field: "host", Reason: fmt.Sprintf("%q lists several hosts; give one DNS name or IP address (a failover setup belongs behind one name)", c.Host)}
+		return &lock.ConfigError{Store: storeName, Field: "host", Reason: fmt.Sprintf("%q lists several hosts; give one DNS name or IP address (a failover setup belongs behind one name)", c.Host)}
 	}
 	if _, _, err := net.SplitHostPort(c.Host); err == nil {
-		return &ConfigError{Field: "host", Reason: fmt.Sprintf("%q includes a port; give the host alone and the port in port", c.Host)}
+		return &lock.ConfigError{Store: storeName, Field: "host", Reason: fmt.Sprintf("%q includes a port; give the host alone and the port in port", c.Host)}
 	}
 	if net.ParseIP(c.Host) == nil && (!hostRE.MatchString(c.Host) || len(c.Host) > 253) {
-		return &ConfigError{Field: "host", Reason: fmt.Sprintf("%q is neither an IP address nor a DNS name (letters, digits, '-', '.', at most 253 characters)", c.Host)}
+		return &lock.ConfigError{Store: storeName, Field: "host", Reason: fmt.Sprintf("%q is neither an IP address nor a DNS name (letters, digits, '-', '.', at most 253 characters)", c.Host)}
 	}
 	if c.Port != 0 && (c.Port < 1 || c.Port > 65535) {
-		return &ConfigError{Field: "port", Reason: fmt.Sprintf("%d is not a TCP port: use 1 to 65535 (0 means %d)", c.Port, DefaultPort)}
+		return &lock.ConfigError{Store: storeName, Field: "port", Reason: fmt.Sprintf("%d is not a TCP port: use 1 to 65535 (0 means %d)", c.Port, DefaultPort)}
 	}
 	if c.Database == "" {
-		return &ConfigError{Field: "database", Reason: "the database name is required"}
+		return &lock.ConfigError{Store: storeName, Field: "database", Reason: "the database name is required"}
 	}
 	if c.User == "" {
-		return &ConfigError{Field: "user", Reason: "the role to log in as is required"}
+		return &lock.ConfigError{Store: storeName, Field: "user", Reason: "the role to log in as is required"}
 	}
 	for field, v := range map[string]string{"database": c.Database, "user": c.User, "password": c.Password} {
 		if strings.ContainsRune(v, 0) {
-			return &ConfigError{Field: field, Reason: "must not contain a NUL byte"}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: "must not contain a NUL byte"}
 		}
 	}
 	if c.Schema != "" {
 		if err := validateSchema(c.Schema); err != nil {
-			return &ConfigError{Field: "schema", Reason: err.Error()}
+			return &lock.ConfigError{Store: storeName, Field: "schema", Reason: err.Error()}
 		}
 	}
 	return nil
@@ -189,10 +165,8 @@ func (c Config) endpoint() string {
 }
 
 type options struct {
-	log       logr.Logger
+	lock.Options
 	opTimeout time.Duration
-	waiterTTL time.Duration
-	backoff   wait.Backoff
 	maxConns  int
 }
 
@@ -201,7 +175,7 @@ type Option func(*options)
 
 // WithLogger sets the logger. Acquisitions and releases are logged at V(1),
 // database failures at V(2), renewals at V(4). Default: logr.Discard().
-func WithLogger(l logr.Logger) Option { return func(o *options) { o.log = l } }
+func WithLogger(l logr.Logger) Option { return func(o *options) { o.Log = l } }
 
 // WithOperationTimeout bounds each operation against the database (taking a
 // pooled connection, or dialing one, included). For calls tied to a lease
@@ -212,25 +186,19 @@ func WithOperationTimeout(d time.Duration) Option { return func(o *options) { o.
 // WithWaiterTTL sets how long a queued waiter keeps its place in a key's FIFO
 // queue without calling TryAcquire again; past it the next acquisition of the
 // key prunes it. Acquire calls again at least every third of it. Default:
-// DefaultWaiterTTL (30s); at least MinWaiterTTL.
-func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.waiterTTL = d } }
+// lock.DefaultWaiterTTL (30s); at least lock.MinWaiterTTL.
+func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.WaiterTTL = d } }
 
 // WithBackoff sets Acquire's fallback polling between attempts when no
 // notification arrives (exponential with jitter; Cap bounds the wait; Steps is
-// ignored). A notification resets it. Default: DefaultBackoff.
-func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.backoff = b } }
+// ignored). A notification resets it. Default: lock.DefaultBackoff.
+func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.Backoff = b } }
 
 // WithMaxConns sets the size of the connection pool. Default: DefaultMaxConns.
 func WithMaxConns(n int) Option { return func(o *options) { o.maxConns = n } }
 
 func buildOptions(opts []Option) (options, error) {
-	o := options{
-		log:       logr.Discard(),
-		opTimeout: DefaultOperationTimeout,
-		waiterTTL: DefaultWaiterTTL,
-		backoff:   DefaultBackoff,
-		maxConns:  DefaultMaxConns,
-	}
+	o := options{Options: lock.DefaultOptions(), opTimeout: DefaultOperationTimeout, maxConns: DefaultMaxConns}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
@@ -238,20 +206,12 @@ func buildOptions(opts []Option) (options, error) {
 	}
 	switch {
 	case o.opTimeout <= 0:
-		return o, &ConfigError{Field: "WithOperationTimeout", Reason: fmt.Sprintf("%v: the timeout must be positive", o.opTimeout)}
-	case o.waiterTTL < MinWaiterTTL:
-		return o, &ConfigError{Field: "WithWaiterTTL", Reason: fmt.Sprintf("%v is below the minimum of %v", o.waiterTTL, MinWaiterTTL)}
-	case o.backoff.Duration <= 0:
-		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Duration %v must be positive", o.backoff.Duration)}
-	case o.backoff.Factor != 0 && o.backoff.Factor < 1:
-		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Factor %v must be 0 (constant) or at least 1", o.backoff.Factor)}
+		return o, &lock.ConfigError{Store: storeName, Field: "WithOperationTimeout", Reason: fmt.Sprintf("%v: the timeout must be positive", o.opTimeout)}
 	case o.maxConns < 1:
-		return o, &ConfigError{Field: "WithMaxConns", Reason: fmt.Sprintf("%d: the pool needs at least one connection", o.maxConns)}
+		return o, &lock.ConfigError{Store: storeName, Field: "WithMaxConns", Reason: fmt.Sprintf("%d: the pool needs at least one connection", o.maxConns)}
 	case o.maxConns > math.MaxInt32:
-		return o, &ConfigError{Field: "WithMaxConns", Reason: fmt.Sprintf("%d: at most %d connections", o.maxConns, math.MaxInt32)}
+		return o, &lock.ConfigError{Store: storeName, Field: "WithMaxConns", Reason: fmt.Sprintf("%d: at most %d connections", o.maxConns, math.MaxInt32)}
 	}
-	if o.backoff.Steps <= 0 {
-		o.backoff.Steps = 1 << 30
-	}
-	return o, nil
+	o.CleanupTimeout = o.opTimeout
+	return o, o.Validate(storeName)
 }

@@ -61,15 +61,15 @@ func TestConfigValidate(t *testing.T) {
 				}
 				return
 			}
-			var ce *ConfigError
-			if !errors.As(err, &ce) || !errors.Is(err, ErrInvalidConfig) {
-				t.Fatalf("Validate(%+v) = %v, want a *ConfigError matching ErrInvalidConfig", c, err)
+			var ce *lock.ConfigError
+			if !errors.As(err, &ce) || !errors.Is(err, lock.ErrInvalidConfig) {
+				t.Fatalf("Validate(%+v) = %v, want a *lock.ConfigError matching lock.ErrInvalidConfig", c, err)
 			}
 			if ce.Field != tc.field || !strings.Contains(ce.Reason, tc.reason) {
 				t.Fatalf("error %q: want field %q and a reason containing %q", err, tc.field, tc.reason)
 			}
-			if _, err := New(c); !errors.Is(err, ErrInvalidConfig) {
-				t.Fatalf("New with an invalid config: %v, want ErrInvalidConfig", err)
+			if _, err := New(c); !errors.Is(err, lock.ErrInvalidConfig) {
+				t.Fatalf("New with an invalid config: %v, want lock.ErrInvalidConfig", err)
 			}
 		})
 	}
@@ -82,9 +82,9 @@ func TestOptionsValidate(t *testing.T) {
 		"WithMaxConns":         WithMaxConns(0),
 	} {
 		_, err := New(validConfig(), opt)
-		var ce *ConfigError
+		var ce *lock.ConfigError
 		if !errors.As(err, &ce) || ce.Field != name {
-			t.Errorf("New with a bad %s: %v, want a *ConfigError naming it", name, err)
+			t.Errorf("New with a bad %s: %v, want a *lock.ConfigError naming it", name, err)
 		}
 	}
 }

@@ -206,7 +206,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	l := &Locker{
 		cfg:      cfg,
 		opts:     o,
-		log:      o.log.WithValues("backend", "postgres", "endpoint", cfg.endpoint(), "schema", schema),
+		log:      o.Log.WithValues("backend", "postgres", "endpoint", cfg.endpoint(), "schema", schema),
 		pool:     pool,
 		connCfg:  cc,
 		endpoint: cfg.endpoint(),
@@ -421,13 +421,7 @@ func encodeKeys(keys []string) [][]byte {
 // validateKeys checks a key list given outside a Request, and every key
 // against MaxKeyBytes.
 func validateKeys(field string, keys []string) error {
-	if len(keys) == 0 {
-		return &lock.InvalidRequestError{Field: field, Reason: fmt.Sprintf("at least one key is required (at most %d)", lock.MaxKeys)}
-	}
-	if len(keys) > lock.MaxKeys {
-		return &lock.InvalidRequestError{Field: field, Reason: fmt.Sprintf("%d keys given, at most %d allowed", len(keys), lock.MaxKeys)}
-	}
-	if err := lock.ValidateKeys(keys); err != nil {
+	if err := lock.ValidateKeyList(field, keys); err != nil {
 		return err
 	}
 	return validateKeyLengths(field, keys)
@@ -459,19 +453,16 @@ func validateText(field, s string) error {
 
 // validateLease checks a lease given to Renew or Release.
 func validateLease(lease *lock.Lease) error {
-	if lease == nil {
-		return &lock.InvalidRequestError{Field: "lease", Reason: "a lease is required, got nil"}
+	if err := lock.ValidateLease(lease); err != nil {
+		return err
 	}
 	if err := lock.RequireMutex(lease.Limit); err != nil {
 		return err
 	}
-	if lease.Owner == "" {
-		return &lock.InvalidRequestError{Field: "lease.owner", Reason: "the owner token is required: only the owner may renew or release a lease"}
-	}
 	if err := validateText("lease.owner", lease.Owner); err != nil {
 		return err
 	}
-	return validateKeys("lease.keys", lease.Keys)
+	return validateKeyLengths("lease.keys", lease.Keys)
 }
 
 // OperationTimeout returns the bound of each operation the Locker was built

@@ -62,7 +62,7 @@ func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, erro
 // listening connection. When that connection is not up yet (or is
 // reconnecting), every key is delivered once as soon as it listens, so the
 // waiter tries again then and misses no release notified before.
-func (l *Locker) watchForAcquire(ctx context.Context, keys []string) (<-chan string, error) {
+func (l *Locker) watchForAcquire(ctx context.Context, keys ...string) (<-chan string, error) {
 	sub := &subscription{ch: make(chan string, watchBuffer), done: make(chan struct{}), keys: make(map[string]struct{}, len(keys))}
 	for _, k := range keys {
 		sub.keys[k] = struct{}{}

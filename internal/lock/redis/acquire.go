@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
-
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
@@ -70,76 +68,16 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 	if err := l.checkScopes("keys", req.Keys); err != nil {
 		return nil, err
 	}
-	var lastErr error
-	if ctx.Err() == nil {
-		// A free key needs no subscription (a new pub/sub connection per call).
-		lease, _, err := l.attempt(ctx, req)
-		if err == nil {
-			return lease, nil
-		}
-		lastErr = err
-	}
-	log := l.log.WithValues("keys", req.Keys, "holder", req.Holder)
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var released <-chan string
-	if ctx.Err() == nil {
-		if l.beforeWatch != nil {
-			l.beforeWatch()
-		}
-		released, err = l.Watch(wctx, req.Keys...)
-		if err != nil {
-			log.V(2).Info("Watching releases failed; polling only", "err", err.Error())
-			released = nil
-		}
-	}
-	// b steps without jitter: acquireDelay adds it after the cap.
-	b := l.backoff()
-	heartbeat := l.opts.waiterTTL / 3
-	// The first attempt of the loop comes right after the subscription: a
-	// release published before it was active is seen by this attempt.
-	for ctx.Err() == nil {
-		lease, hint, err := l.attempt(ctx, req)
-		if err == nil {
-			return lease, nil
-		}
-		if ctx.Err() != nil && lastErr != nil {
-			// The attempt was cut short by the end of ctx: the previous
-			// one says more about the keys.
-			break
-		}
-		lastErr = err
-		var hb time.Duration
-		if req.Queue {
-			hb = heartbeat
-		}
-		d := acquireDelay(l.opts.backoff, b.Step(), hint, hb)
-		if v := log.V(4); v.Enabled() {
-			v.Info("Waiting for lease", "wait", d.String(), "err", err.Error())
-		}
-		timer, stop := l.newTimer(d)
-		select {
-		case <-ctx.Done():
-		case _, ok := <-released:
-			if !ok {
-				released = nil
+	// A subscription is a new pub/sub connection per call: only for busy keys.
+	return lock.AcquireOnReleases(ctx, &l.opts.Options, req,
+		func(ctx context.Context) (*lock.Lease, time.Duration, error) { return l.attempt(ctx, req) },
+		func(ctx context.Context, keys ...string) (<-chan string, error) {
+			if l.beforeWatch != nil {
+				l.beforeWatch()
 			}
-			b = l.backoff()
-		case <-timer:
-		}
-		stop()
-	}
-	if req.Queue {
-		cctx, ccancel := l.cleanupContext(ctx)
-		if err := l.Dequeue(cctx, req.Keys, req.Owner); err != nil {
-			log.V(2).Info("Leaving the queue failed; the place expires with the waiter TTL", "err", err.Error())
-		}
-		ccancel()
-	}
-	if lastErr == nil {
-		return nil, fmt.Errorf("acquire keys %q: %w", req.Keys, ctx.Err())
-	}
-	return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, ctx.Err(), lastErr)
+			return l.Watch(ctx, keys...)
+		},
+		l.Dequeue)
 }
 
 type acquireReply struct {
@@ -267,7 +205,7 @@ func fenceProposal(start time.Time) int64 {
 // (settleFailed).
 func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, time.Duration, error) {
 	redlock := len(l.nodes) > 1
-	start := l.opts.clock.Now()
+	start := l.opts.Clock.Now()
 	var ticket, proposal int64
 	if redlock {
 		proposal = fenceProposal(start)
@@ -345,7 +283,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 			errs = append(errs, err)
 		}
 	}
-	elapsed := l.opts.clock.Since(start)
+	elapsed := l.opts.Clock.Since(start)
 	validity := req.TTL - elapsed - drift(req.TTL)
 	if agreed >= quorum && validity > 0 {
 		if redlock {
@@ -362,16 +300,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		if redlock && req.Queue {
 			l.settleFailed(req, failed, l.dequeueOnNode)
 		}
-		lease := &lock.Lease{
-			Keys:     req.Keys,
-			Owner:    req.Owner,
-			Holder:   req.Holder,
-			Fence:    fence,
-			TTL:      req.TTL,
-			Acquired: start,
-			Expires:  start.Add(validity),
-			Limit:    req.Limit,
-		}
+		lease := lock.NewLease(req, fence, start, start.Add(validity))
 		if v := l.log.V(1); v.Enabled() {
 			v.Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", validity.String())
 		}
@@ -450,7 +379,7 @@ func (l *Locker) queueTicket(owner string, now time.Time) int64 {
 // started at start: every node that queued it set its heartbeat deadline at
 // least a waiter TTL after start (less the drift allowance between clocks).
 func (l *Locker) rememberTicket(owner string, ticket int64, start time.Time) {
-	l.tickets.Store(owner, queuedTicket{ticket: ticket, until: start.Add(l.opts.waiterTTL - drift(l.opts.waiterTTL))})
+	l.tickets.Store(owner, queuedTicket{ticket: ticket, until: start.Add(l.opts.WaiterTTL - drift(l.opts.WaiterTTL))})
 }
 
 // gathered is what a Redlock fan-out had when the outcome was decided.
@@ -878,37 +807,3 @@ const maxToken = lock.MaxFence - 1
 
 // maxTokenArg is maxToken as a script argument, converted once.
 var maxTokenArg any = strconv.FormatInt(maxToken, 10)
-
-// acquireDelay is how long Acquire waits before its next attempt when no
-// release message comes: step, the next step of backoff b computed without
-// jitter; the busy holder's remaining TTL hint (0: unknown) when that comes
-// first; at most heartbeat (0: no bound), a waiter's heartbeat. Jitter of
-// b.Jitter (wait.Jitter) is added in every case but the heartbeat: under
-// the cap (the jittered delay stays within b.Cap) and after the holder's TTL,
-// so that the waiters of a crashed holder, which all see the same TTL, do
-// not all try again in the same millisecond.
-func acquireDelay(b wait.Backoff, step, hint, heartbeat time.Duration) time.Duration {
-	j := b.Jitter
-	if j <= 0 {
-		j = defaultJitter
-	}
-	d := step
-	if b.Cap > 0 && float64(d)*(1+j) > float64(b.Cap) {
-		d = time.Duration(float64(b.Cap) / (1 + j))
-	}
-	d = wait.Jitter(d, j)
-	if hint > 0 {
-		// Spread the wake-ups over up to j times the first backoff step
-		// after the holder's TTL (the TTL itself can be long).
-		if h := hint + time.Millisecond + wait.Jitter(b.Duration, j) - b.Duration; h < d {
-			d = h
-		}
-	}
-	if heartbeat > 0 && d > heartbeat {
-		d = heartbeat
-	}
-	return d
-}
-
-// defaultJitter is the jitter of acquireDelay when the backoff has none.
-const defaultJitter = 0.1

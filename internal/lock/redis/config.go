@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -17,30 +16,15 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 
+	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/netguard"
 )
 
 // MaxRedlockNodes is the largest number of independent masters a Redlock Locker accepts.
 const MaxRedlockNodes = 7
 
-// ErrInvalidConfig is matched (errors.Is) by every *ConfigError.
-var ErrInvalidConfig = errors.New("invalid redis lock configuration")
-
-// ConfigError names the Config field or option that is wrong and what would be valid.
-type ConfigError struct {
-	// Field is the Config field or option, for example "Addrs" or "WithNodeTimeout".
-	Field string
-	// Reason says what is wrong and what is accepted.
-	Reason string
-}
-
-// Error names the field and says what is valid.
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("invalid redis lock configuration: %s: %s", e.Field, e.Reason)
-}
-
-// Is makes a ConfigError match ErrInvalidConfig.
-func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+// storeName names this store in its *lock.ConfigError.
+const storeName = "redis"
 
 // Mode is how a Locker reaches Redis.
 type Mode string
@@ -120,20 +104,20 @@ const NoReplicas = -1
 // Validate checks the configuration and names the field that is wrong.
 func (c Config) Validate() error {
 	if len(c.Addrs) == 0 {
-		return &ConfigError{Field: "Addrs", Reason: "at least one address is required: 1 for a standalone server, 3, 5 or 7 independent masters for Redlock, or the Sentinels together with MasterName"}
+		return &lock.ConfigError{Store: storeName, Field: "Addrs", Reason: "at least one address is required: 1 for a standalone server, 3, 5 or 7 independent masters for Redlock, or the Sentinels together with MasterName"}
 	}
 	seen := map[string]bool{}
 	for i, a := range c.Addrs {
 		field := fmt.Sprintf("Addrs[%d]", i)
 		if strings.TrimSpace(a) == "" {
-			return &ConfigError{Field: field, Reason: "an address must not be empty; use host:port"}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: "an address must not be empty; use host:port"}
 		}
 		host, port, err := net.SplitHostPort(a)
 		if err != nil || host == "" || port == "" {
-			return &ConfigError{Field: field, Reason: fmt.Sprintf("%q is not host:port", a)}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: fmt.Sprintf("%q is not host:port", a)}
 		}
 		if seen[a] {
-			return &ConfigError{Field: field, Reason: fmt.Sprintf("duplicate address %q: every node must be listed once", a)}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: fmt.Sprintf("duplicate address %q: every node must be listed once", a)}
 		}
 		seen[a] = true
 	}
@@ -146,40 +130,40 @@ func (c Config) Validate() error {
 		n := len(c.Addrs)
 		switch {
 		case n > MaxRedlockNodes:
-			return &ConfigError{Field: "Addrs", Reason: fmt.Sprintf("%d addresses given: Redlock supports 3, 5 or 7 independent masters (at most %d); use 1 for a standalone server", n, MaxRedlockNodes)}
+			return &lock.ConfigError{Store: storeName, Field: "Addrs", Reason: fmt.Sprintf("%d addresses given: Redlock supports 3, 5 or 7 independent masters (at most %d); use 1 for a standalone server", n, MaxRedlockNodes)}
 		case n > 1 && n%2 == 0:
-			return &ConfigError{Field: "Addrs", Reason: fmt.Sprintf("%d addresses given: Redlock needs an odd number of independent masters (3, 5 or 7) so that a majority is unambiguous; use 1 for a standalone server", n)}
+			return &lock.ConfigError{Store: storeName, Field: "Addrs", Reason: fmt.Sprintf("%d addresses given: Redlock needs an odd number of independent masters (3, 5 or 7) so that a majority is unambiguous; use 1 for a standalone server", n)}
 		}
 		if c.SentinelPassword != "" {
-			return &ConfigError{Field: "SentinelPassword", Reason: "only used in Sentinel mode: set MasterName too, or leave it empty"}
+			return &lock.ConfigError{Store: storeName, Field: "SentinelPassword", Reason: "only used in Sentinel mode: set MasterName too, or leave it empty"}
 		}
 		if c.MinReplicas != 0 {
-			return &ConfigError{Field: "MinReplicas", Reason: "only used in Sentinel mode: set MasterName too, or leave it 0 (standalone servers and Redlock masters do not wait for replicas)"}
+			return &lock.ConfigError{Store: storeName, Field: "MinReplicas", Reason: "only used in Sentinel mode: set MasterName too, or leave it 0 (standalone servers and Redlock masters do not wait for replicas)"}
 		}
 	}
 	if c.MinReplicas < NoReplicas {
-		return &ConfigError{Field: "MinReplicas", Reason: fmt.Sprintf("%d: want a positive number of replicas, 0 for the default (%d), or NoReplicas (-1) not to wait for any", c.MinReplicas, DefaultMinReplicas)}
+		return &lock.ConfigError{Store: storeName, Field: "MinReplicas", Reason: fmt.Sprintf("%d: want a positive number of replicas, 0 for the default (%d), or NoReplicas (-1) not to wait for any", c.MinReplicas, DefaultMinReplicas)}
 	}
 	if c.DB < 0 {
-		return &ConfigError{Field: "DB", Reason: fmt.Sprintf("%d is negative; database indexes start at 0", c.DB)}
+		return &lock.ConfigError{Store: storeName, Field: "DB", Reason: fmt.Sprintf("%d is negative; database indexes start at 0", c.DB)}
 	}
 	if strings.ContainsAny(c.Prefix, " \t\r\n") {
-		return &ConfigError{Field: "Prefix", Reason: fmt.Sprintf("%q must not contain whitespace", c.Prefix)}
+		return &lock.ConfigError{Store: storeName, Field: "Prefix", Reason: fmt.Sprintf("%q must not contain whitespace", c.Prefix)}
 	}
 	if len(c.Scopes) > MaxScopes {
-		return &ConfigError{Field: "Scopes", Reason: fmt.Sprintf("%d scopes given, at most %d", len(c.Scopes), MaxScopes)}
+		return &lock.ConfigError{Store: storeName, Field: "Scopes", Reason: fmt.Sprintf("%d scopes given, at most %d", len(c.Scopes), MaxScopes)}
 	}
 	for i, s := range c.Scopes {
 		field := fmt.Sprintf("Scopes[%d]", i)
 		switch {
 		case s == "":
-			return &ConfigError{Field: field, Reason: "a scope must not be empty; leave Scopes empty to allow every key"}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: "a scope must not be empty; leave Scopes empty to allow every key"}
 		case len(s) > maxScopeBytes:
-			return &ConfigError{Field: field, Reason: fmt.Sprintf("%d bytes, at most %d", len(s), maxScopeBytes)}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: fmt.Sprintf("%d bytes, at most %d", len(s), maxScopeBytes)}
 		case strings.ContainsAny(s, scopeForbidden) || strings.ContainsFunc(s, unicode.IsControl):
-			return &ConfigError{Field: field, Reason: fmt.Sprintf("%q must not contain whitespace, control characters, braces or the glob characters *?[]\\", s)}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: fmt.Sprintf("%q must not contain whitespace, control characters, braces or the glob characters *?[]\\", s)}
 		case slices.Contains(c.Scopes[:i], s):
-			return &ConfigError{Field: field, Reason: fmt.Sprintf("duplicate scope %q", s)}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: fmt.Sprintf("duplicate scope %q", s)}
 		}
 	}
 	return nil
@@ -249,7 +233,7 @@ func distinctMembers(addrs []string, known [][]netip.AddrPort) error {
 				}
 			}
 			if same != "" {
-				return &ConfigError{Field: fmt.Sprintf("Addrs[%d]", j), Reason: fmt.Sprintf("%q and Addrs[%d] %q are the same server (%s): Redlock needs independent masters, each listed once", addrs[j], i, addrs[i], same)}
+				return &lock.ConfigError{Store: storeName, Field: fmt.Sprintf("Addrs[%d]", j), Reason: fmt.Sprintf("%q and Addrs[%d] %q are the same server (%s): Redlock needs independent masters, each listed once", addrs[j], i, addrs[i], same)}
 			}
 		}
 	}
@@ -292,22 +276,11 @@ func (c Config) Mode() Mode {
 const (
 	// DefaultNodeTimeout is the per-node timeout of one call (see WithNodeTimeout).
 	DefaultNodeTimeout = 100 * time.Millisecond
-	// DefaultWaiterTTL is how long a queued waiter keeps its place without a heartbeat.
-	DefaultWaiterTTL = 30 * time.Second
-	// MinWaiterTTL is the shortest WithWaiterTTL accepted.
-	MinWaiterTTL = 100 * time.Millisecond
 )
 
-// DefaultBackoff is Acquire's fallback polling when no release message comes:
-// 10ms doubling to at most 1s, each step with up to 50% jitter.
-var DefaultBackoff = wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: time.Second}
-
 type options struct {
-	clock       clock.PassiveClock
-	log         logr.Logger
+	lock.Options
 	nodeTimeout time.Duration
-	backoff     wait.Backoff
-	waiterTTL   time.Duration
 	// replicaTimeout is WithReplicaTimeout's, 0 when not given (the node timeout).
 	replicaTimeout    time.Duration
 	replicaTimeoutSet bool
@@ -320,11 +293,11 @@ type Option func(*options)
 // elapsed time of an acquisition on its monotonic reading). When it also
 // implements clock.Clock (for example clock.WithTicker), Acquire's waits use
 // its timers. Default: the real clock.
-func WithClock(c clock.PassiveClock) Option { return func(o *options) { o.clock = c } }
+func WithClock(c clock.PassiveClock) Option { return func(o *options) { o.Clock = c } }
 
 // WithLogger sets the logger. Acquisitions and releases are logged at V(1),
 // node failures at V(2), renewals at V(4). Default: logr.Discard().
-func WithLogger(l logr.Logger) Option { return func(o *options) { o.log = l } }
+func WithLogger(l logr.Logger) Option { return func(o *options) { o.Log = l } }
 
 // WithNodeTimeout bounds each call to one node. For calls tied to a lease
 // (acquire, renew) it is further capped at a quarter of the lease TTL, so a
@@ -333,14 +306,14 @@ func WithNodeTimeout(d time.Duration) Option { return func(o *options) { o.nodeT
 
 // WithBackoff sets Acquire's fallback polling between attempts when no release
 // message arrives (exponential with jitter; Cap bounds the wait; Steps is
-// ignored). A release message resets it. Default: DefaultBackoff.
-func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.backoff = b } }
+// ignored). A release message resets it. Default: lock.DefaultBackoff.
+func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.Backoff = b } }
 
 // WithWaiterTTL sets how long a queued waiter keeps its place in a key's FIFO
 // queue without a heartbeat (another TryAcquire with Queue); past it the next
 // acquisition prunes it. Acquire heartbeats at least every third of it.
-// Default: DefaultWaiterTTL (30s); at least MinWaiterTTL.
-func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.waiterTTL = d } }
+// Default: lock.DefaultWaiterTTL (30s); at least lock.MinWaiterTTL.
+func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.WaiterTTL = d } }
 
 // WithReplicaTimeout bounds how long an acquisition or a renewal in
 // Sentinel mode waits for Config.MinReplicas replicas to acknowledge it (the
@@ -353,35 +326,19 @@ func WithReplicaTimeout(d time.Duration) Option {
 }
 
 func buildOptions(opts []Option) (options, error) {
-	o := options{
-		clock:       clock.RealClock{},
-		log:         logr.Discard(),
-		nodeTimeout: DefaultNodeTimeout,
-		backoff:     DefaultBackoff,
-		waiterTTL:   DefaultWaiterTTL,
-	}
+	o := options{Options: lock.DefaultOptions(), nodeTimeout: DefaultNodeTimeout}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	switch {
-	case o.clock == nil:
-		return o, &ConfigError{Field: "WithClock", Reason: "the clock must not be nil"}
 	case o.nodeTimeout <= 0:
-		return o, &ConfigError{Field: "WithNodeTimeout", Reason: fmt.Sprintf("%v: the per-node timeout must be positive", o.nodeTimeout)}
+		return o, &lock.ConfigError{Store: storeName, Field: "WithNodeTimeout", Reason: fmt.Sprintf("%v: the per-node timeout must be positive", o.nodeTimeout)}
 	case o.replicaTimeoutSet && o.replicaTimeout < time.Millisecond:
-		return o, &ConfigError{Field: "WithReplicaTimeout", Reason: fmt.Sprintf("%v: the replica timeout must be at least 1ms (Redis WAIT counts whole milliseconds, and 0 would wait forever)", o.replicaTimeout)}
-	case o.waiterTTL < MinWaiterTTL:
-		return o, &ConfigError{Field: "WithWaiterTTL", Reason: fmt.Sprintf("%v is below the minimum of %v", o.waiterTTL, MinWaiterTTL)}
-	case o.backoff.Duration <= 0:
-		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Duration %v must be positive", o.backoff.Duration)}
-	case o.backoff.Factor != 0 && o.backoff.Factor < 1:
-		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Factor %v must be 0 (constant) or at least 1", o.backoff.Factor)}
-	}
-	if o.backoff.Steps <= 0 {
-		o.backoff.Steps = 1 << 30
+		return o, &lock.ConfigError{Store: storeName, Field: "WithReplicaTimeout", Reason: fmt.Sprintf("%v: the replica timeout must be at least 1ms (Redis WAIT counts whole milliseconds, and 0 would wait forever)", o.replicaTimeout)}
 	}
 	if !o.replicaTimeoutSet {
 		o.replicaTimeout = o.nodeTimeout
 	}
-	return o, nil
+	o.CleanupTimeout = o.nodeTimeout
+	return o, o.Validate(storeName)
 }

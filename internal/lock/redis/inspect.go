@@ -51,7 +51,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 	if err := l.validateKeys("keys", keys); err != nil {
 		return nil, err
 	}
-	now := l.opts.clock.Now()
+	now := l.opts.Clock.Now()
 	rk := l.redisKeys(keys, allParts...)
 	maxHolders := l.inspectMaxHolders()
 	res := fanOut(ctx, l.nodes, l.opts.nodeTimeout, func(ctx context.Context, n *node) ([]keyView, error) {
@@ -153,7 +153,7 @@ func (l *Locker) InspectMany(ctx context.Context, keys [][]string) ([][]lock.Key
 	if len(chunks) == 0 {
 		return out, errs
 	}
-	now := l.opts.clock.Now()
+	now := l.opts.Clock.Now()
 	timeout := l.opts.nodeTimeout + time.Duration(total)*inspectTimePerKey
 	perNode := fanOut(ctx, l.nodes, timeout, func(ctx context.Context, n *node) (inspectBatch, error) {
 		return l.inspectPipeline(ctx, n, keys, chunks), nil

@@ -336,40 +336,6 @@ func TestRedlockWriteBackCountsOnlyHolders(t *testing.T) {
 	}
 }
 
-// TestAcquireDelayJitter: the wait between attempts has jitter at the
-// backoff's cap and when it is the busy holder's remaining TTL, so that the
-// waiters of a crashed holder do not all try again in the same millisecond.
-func TestAcquireDelayJitter(t *testing.T) {
-	b := DefaultBackoff
-	for _, c := range []struct {
-		name string
-		step time.Duration
-		hint time.Duration
-	}{
-		{"at the cap", 10 * time.Second, 0},
-		{"holder TTL", 10 * time.Second, 300 * time.Millisecond},
-	} {
-		seen := map[time.Duration]bool{}
-		for range 50 {
-			d := acquireDelay(b, c.step, c.hint, 0)
-			if d <= 0 || d > b.Cap {
-				t.Fatalf("%s: delay %v outside (0, %v]", c.name, d, b.Cap)
-			}
-			if c.hint > 0 && d <= c.hint {
-				t.Fatalf("%s: delay %v, want after the holder's TTL %v", c.name, d, c.hint)
-			}
-			seen[d] = true
-		}
-		if len(seen) < 10 {
-			t.Fatalf("%s: 50 waiters use %d distinct delays, want them spread", c.name, len(seen))
-		}
-	}
-	// The heartbeat still bounds it.
-	if d := acquireDelay(b, 10*time.Second, 0, 100*time.Millisecond); d > 100*time.Millisecond {
-		t.Fatalf("delay %v exceeds the heartbeat 100ms", d)
-	}
-}
-
 // TestRedlockMembersMustBeDistinct: two Redlock members that are the same
 // server (same address written differently, or a name resolving to the same
 // address) are refused, naming the field and both entries.
@@ -386,9 +352,9 @@ func TestRedlockMembersMustBeDistinct(t *testing.T) {
 		{[]string{"[2001:db8::1]:6379", "[2001:db8:0:0::1]:6379", "10.0.0.2:6379"}, "Addrs[1]"},
 	} {
 		err := Config{Addrs: c.addrs}.Validate()
-		var ce *ConfigError
+		var ce *lock.ConfigError
 		if !errors.As(err, &ce) || ce.Field != c.field {
-			t.Errorf("%q: %v, want a ConfigError on %s", c.addrs, err, c.field)
+			t.Errorf("%q: %v, want a lock.ConfigError on %s", c.addrs, err, c.field)
 			continue
 		}
 		if i := strings.Index(c.field, "["); !strings.Contains(err.Error(), c.addrs[c.field[i+1]-'0']) {
@@ -416,9 +382,9 @@ func TestRedlockMembersMustBeDistinct(t *testing.T) {
 		return nil, errors.New("no such host")
 	}
 	err = l.Ping(context.Background())
-	var ce *ConfigError
+	var ce *lock.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "Addrs[2]" || !strings.Contains(err.Error(), "redis-c.test:6379") || !strings.Contains(err.Error(), "127.0.0.1:6379") {
-		t.Fatalf("Ping with two members resolving to 127.0.0.1:6379: %v, want a ConfigError on Addrs[2] naming both", err)
+		t.Fatalf("Ping with two members resolving to 127.0.0.1:6379: %v, want a lock.ConfigError on Addrs[2] naming both", err)
 	}
 }
 

@@ -60,8 +60,6 @@ import (
 	"github.com/go-logr/logr"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/clock"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/netguard"
@@ -163,8 +161,8 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 			l.replicas = cfg.MinReplicas
 		}
 	}
-	l.waiterTTLArg = o.waiterTTL.Milliseconds()
-	l.log = o.log.WithValues("mode", string(l.mode))
+	l.waiterTTLArg = o.WaiterTTL.Milliseconds()
+	l.log = o.Log.WithValues("mode", string(l.mode))
 	// Every connection goes through netguard's dialer: the endpoint policy,
 	// TLS (go-redis does no TLS of its own when a Dialer is set, so TLSConfig
 	// stays unset and nothing is wrapped twice) and the bound on replies. The
@@ -314,7 +312,7 @@ func (l *Locker) Close() error {
 // lock.ErrBackendUnavailable or lock.ErrQuorum and names the failing nodes.
 //
 // In Redlock mode it first resolves the members' host names, and refuses
-// (a *ConfigError on the later entry, matching ErrInvalidConfig) two
+// (a *ConfigError on the later entry, matching lock.ErrInvalidConfig) two
 // members that resolve to the same address and port: they are one server.
 func (l *Locker) Ping(ctx context.Context) error {
 	if err := l.checkResolvedMembers(ctx); err != nil {
@@ -435,24 +433,6 @@ func (l *Locker) callTimeout(ttl time.Duration) time.Duration {
 
 // drift is the clock drift allowance of the Redlock validity: 1% of the TTL plus 2ms.
 func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
-
-// backoff returns a fresh copy of the configured backoff, without its jitter
-// (acquireDelay adds it).
-func (l *Locker) backoff() wait.Backoff {
-	b := l.opts.backoff
-	b.Jitter = 0
-	return b
-}
-
-// newTimer uses the injected clock's timers when it has them.
-func (l *Locker) newTimer(d time.Duration) (<-chan time.Time, func()) {
-	if c, ok := l.opts.clock.(clock.Clock); ok {
-		t := c.NewTimer(d)
-		return t.C(), func() { t.Stop() }
-	}
-	t := time.NewTimer(d)
-	return t.C, func() { t.Stop() }
-}
 
 // Key layout. See the package documentation.
 

@@ -152,13 +152,7 @@ func (l *Locker) leaveQueues(ctx context.Context, nodes []*node, keys []string, 
 
 // validateKeys checks a key list given outside a Request.
 func (l *Locker) validateKeys(field string, keys []string) error {
-	if len(keys) == 0 {
-		return &lock.InvalidRequestError{Field: field, Reason: fmt.Sprintf("at least one key is required (at most %d)", lock.MaxKeys)}
-	}
-	if len(keys) > lock.MaxKeys {
-		return &lock.InvalidRequestError{Field: field, Reason: fmt.Sprintf("%d keys given, at most %d allowed", len(keys), lock.MaxKeys)}
-	}
-	if err := lock.ValidateKeys(keys); err != nil {
+	if err := lock.ValidateKeyList(field, keys); err != nil {
 		return err
 	}
 	return l.checkScopes(field, keys)
@@ -166,14 +160,8 @@ func (l *Locker) validateKeys(field string, keys []string) error {
 
 // validateLease checks a lease given to Renew or Release.
 func (l *Locker) validateLease(lease *lock.Lease) error {
-	if lease == nil {
-		return &lock.InvalidRequestError{Field: "lease", Reason: "a lease is required, got nil"}
+	if err := lock.ValidateLease(lease); err != nil {
+		return err
 	}
-	if lease.Owner == "" {
-		return &lock.InvalidRequestError{Field: "lease.owner", Reason: "the owner token is required: only the owner may renew or release a lease"}
-	}
-	if lease.Limit < 0 || lease.Limit > lock.MaxLimit {
-		return &lock.InvalidRequestError{Field: "lease.limit", Reason: fmt.Sprintf("%d is outside 0 to %d (the Limit the lease was acquired with)", lease.Limit, lock.MaxLimit)}
-	}
-	return l.validateKeys("lease.keys", lease.Keys)
+	return l.checkScopes("lease.keys", lease.Keys)
 }

@@ -28,7 +28,7 @@ func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 	if err := l.validateRenew(lease, ttl); err != nil {
 		return nil, err
 	}
-	start := l.opts.clock.Now()
+	start := l.opts.Clock.Now()
 	c := l.renewCall(lease, ttl)
 	res := fanOut(ctx, l.nodes, l.callTimeout(ttl)+l.replicaWait(ttl), func(ctx context.Context, n *node) (int64, error) {
 		v, acked, err := l.runAcked(ctx, c.script, n.client, "renew", ttl, renewed, c.keys, c.args...)
@@ -37,7 +37,7 @@ func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		}
 		return renewedIfAcked(lease, v, acked)
 	})
-	elapsed := l.opts.clock.Since(start)
+	elapsed := l.opts.Clock.Since(start)
 	next, err := l.renewOutcome(lease, ttl, start, elapsed, res)
 	if errors.Is(err, lock.ErrLost) && len(l.nodes) > 1 {
 		l.releaseEverywhere(ctx, lease.Keys, lease.Owner, lease.Limit, lease.Fence)
@@ -94,7 +94,7 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 	for k, i := range idx {
 		calls[k] = l.renewCall(leases[i], ttl)
 	}
-	start := l.opts.clock.Now()
+	start := l.opts.Clock.Now()
 	// Each pipeline of renewChunk commands has the per-node timeout of a
 	// renewal; the batch as a whole is bounded by a quarter of the TTL.
 	// In Sentinel mode every pipeline ends with a WAIT for the replicas,
@@ -103,7 +103,7 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 	perNode := fanOut(ctx, l.nodes, ttl/4+ackWait, func(ctx context.Context, n *node) ([]result[int64], error) {
 		return l.renewPipeline(ctx, n, leases, idx, calls, ttl, l.callTimeout(ttl)+ackWait), nil
 	})
-	elapsed := l.opts.clock.Since(start)
+	elapsed := l.opts.Clock.Since(start)
 
 	res := make([]result[int64], len(l.nodes))
 	var lost []int // positions in idx of the leases to release
@@ -454,8 +454,5 @@ func (l *Locker) validateRenew(lease *lock.Lease, ttl time.Duration) error {
 	if err := l.validateLease(lease); err != nil {
 		return err
 	}
-	if ttl < lock.MinTTL {
-		return &lock.InvalidRequestError{Field: "ttl", Reason: fmt.Sprintf("%v is below the minimum of %v", ttl, lock.MinTTL)}
-	}
-	return nil
+	return lock.ValidateTTL(ttl)
 }

@@ -110,9 +110,9 @@ func TestScopedLockerNeedsOnlyItsNamespace(t *testing.T) {
 func TestScopesConfig(t *testing.T) {
 	for _, bad := range [][]string{{""}, {"ns/a/*"}, {"ns/{a}/"}, {"ns/a /"}, {"ns/a/", "ns/a/"}, {"ns/[a]/"}, {"ns/a\x1b/"}} {
 		err := Config{Addrs: []string{"127.0.0.1:6379"}, Scopes: bad}.Validate()
-		var ce *ConfigError
+		var ce *lock.ConfigError
 		if !errors.As(err, &ce) || !strings.HasPrefix(ce.Field, "Scopes") {
-			t.Errorf("Scopes %q: %v, want a ConfigError naming Scopes", bad, err)
+			t.Errorf("Scopes %q: %v, want a lock.ConfigError naming Scopes", bad, err)
 		}
 	}
 	if err := (Config{Addrs: []string{"127.0.0.1:6379"}, Scopes: []string{"ns/a/", "global/"}}).Validate(); err != nil {

@@ -168,11 +168,11 @@ func TestReplicaConfigValidation(t *testing.T) {
 		"sentinel default":         {cfg: Config{Addrs: a[:1], MasterName: "m"}, want: rejection{Sentinel: "none"}},
 		"sentinel 2 replicas":      {cfg: Config{Addrs: a[:1], MasterName: "m", MinReplicas: 2}, want: rejection{Sentinel: "none"}},
 		"sentinel no replicas":     {cfg: Config{Addrs: a[:1], MasterName: "m", MinReplicas: NoReplicas}, want: rejection{Sentinel: "none"}},
-		"sentinel below -1":        {cfg: Config{Addrs: a[:1], MasterName: "m", MinReplicas: -2}, want: rejection{"ErrInvalidConfig", "MinReplicas"}},
-		"standalone with replicas": {cfg: Config{Addrs: a[:1], MinReplicas: 1}, want: rejection{"ErrInvalidConfig", "MinReplicas"}},
-		"redlock with replicas":    {cfg: Config{Addrs: a, MinReplicas: NoReplicas}, want: rejection{"ErrInvalidConfig", "MinReplicas"}},
-		"zero replica timeout":     {cfg: Config{Addrs: a[:1], MasterName: "m"}, opts: []Option{WithReplicaTimeout(0)}, want: rejection{"ErrInvalidConfig", "WithReplicaTimeout"}},
-		"sub-ms replica timeout":   {cfg: Config{Addrs: a[:1], MasterName: "m"}, opts: []Option{WithReplicaTimeout(time.Microsecond)}, want: rejection{"ErrInvalidConfig", "WithReplicaTimeout"}},
+		"sentinel below -1":        {cfg: Config{Addrs: a[:1], MasterName: "m", MinReplicas: -2}, want: rejection{"lock.ErrInvalidConfig", "MinReplicas"}},
+		"standalone with replicas": {cfg: Config{Addrs: a[:1], MinReplicas: 1}, want: rejection{"lock.ErrInvalidConfig", "MinReplicas"}},
+		"redlock with replicas":    {cfg: Config{Addrs: a, MinReplicas: NoReplicas}, want: rejection{"lock.ErrInvalidConfig", "MinReplicas"}},
+		"zero replica timeout":     {cfg: Config{Addrs: a[:1], MasterName: "m"}, opts: []Option{WithReplicaTimeout(0)}, want: rejection{"lock.ErrInvalidConfig", "WithReplicaTimeout"}},
+		"sub-ms replica timeout":   {cfg: Config{Addrs: a[:1], MasterName: "m"}, opts: []Option{WithReplicaTimeout(time.Microsecond)}, want: rejection{"lock.ErrInvalidConfig", "WithReplicaTimeout"}},
 	}
 	for name, tc := range cases {
 		l, err := New(tc.cfg, tc.opts...)

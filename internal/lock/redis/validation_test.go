@@ -23,11 +23,11 @@ type rejection struct {
 }
 
 func rejectionOf(err error) rejection {
-	var ce *ConfigError
+	var ce *lock.ConfigError
 	var ie *lock.InvalidRequestError
 	switch {
-	case errors.As(err, &ce) && errors.Is(err, ErrInvalidConfig):
-		return rejection{Sentinel: "ErrInvalidConfig", Field: ce.Field}
+	case errors.As(err, &ce) && errors.Is(err, lock.ErrInvalidConfig):
+		return rejection{Sentinel: "lock.ErrInvalidConfig", Field: ce.Field}
 	case errors.As(err, &ie) && errors.Is(err, lock.ErrInvalidRequest):
 		return rejection{Sentinel: "ErrInvalidRequest", Field: ie.Field}
 	case err == nil:
@@ -49,21 +49,21 @@ func TestConfigValidation(t *testing.T) {
 		"redlock 3":                {cfg: Config{Addrs: a[:3]}, want: rejection{Sentinel: "none"}, mode: ModeRedlock},
 		"redlock 7":                {cfg: Config{Addrs: a[:7]}, want: rejection{Sentinel: "none"}, mode: ModeRedlock},
 		"sentinel with 2":          {cfg: Config{Addrs: a[:2], MasterName: "m", SentinelPassword: "x"}, want: rejection{Sentinel: "none"}, mode: ModeSentinel},
-		"no addresses":             {cfg: Config{}, want: rejection{"ErrInvalidConfig", "Addrs"}},
-		"two masters":              {cfg: Config{Addrs: a[:2]}, want: rejection{"ErrInvalidConfig", "Addrs"}},
-		"four masters":             {cfg: Config{Addrs: a[:4]}, want: rejection{"ErrInvalidConfig", "Addrs"}},
-		"six masters":              {cfg: Config{Addrs: a[:6]}, want: rejection{"ErrInvalidConfig", "Addrs"}},
-		"nine masters":             {cfg: Config{Addrs: a[:9]}, want: rejection{"ErrInvalidConfig", "Addrs"}},
-		"empty address":            {cfg: Config{Addrs: []string{"127.0.0.1:1", "", "127.0.0.1:2"}}, want: rejection{"ErrInvalidConfig", "Addrs[1]"}},
-		"no port":                  {cfg: Config{Addrs: []string{"redis.infra"}}, want: rejection{"ErrInvalidConfig", "Addrs[0]"}},
-		"duplicate address":        {cfg: Config{Addrs: []string{a[0], a[1], a[0]}}, want: rejection{"ErrInvalidConfig", "Addrs[2]"}},
-		"negative db":              {cfg: Config{Addrs: a[:1], DB: -1}, want: rejection{"ErrInvalidConfig", "DB"}},
-		"sentinel password alone":  {cfg: Config{Addrs: a[:1], SentinelPassword: "x"}, want: rejection{"ErrInvalidConfig", "SentinelPassword"}},
-		"prefix with a space":      {cfg: Config{Addrs: a[:1], Prefix: "a b"}, want: rejection{"ErrInvalidConfig", "Prefix"}},
-		"zero node timeout":        {cfg: Config{Addrs: a[:1]}, opts: []Option{WithNodeTimeout(0)}, want: rejection{"ErrInvalidConfig", "WithNodeTimeout"}},
-		"short waiter ttl":         {cfg: Config{Addrs: a[:1]}, opts: []Option{WithWaiterTTL(time.Millisecond)}, want: rejection{"ErrInvalidConfig", "WithWaiterTTL"}},
-		"backoff without duration": {cfg: Config{Addrs: a[:1]}, opts: []Option{WithBackoff(wait.Backoff{Factor: 2})}, want: rejection{"ErrInvalidConfig", "WithBackoff"}},
-		"nil clock":                {cfg: Config{Addrs: a[:1]}, opts: []Option{WithClock(nil)}, want: rejection{"ErrInvalidConfig", "WithClock"}},
+		"no addresses":             {cfg: Config{}, want: rejection{"lock.ErrInvalidConfig", "Addrs"}},
+		"two masters":              {cfg: Config{Addrs: a[:2]}, want: rejection{"lock.ErrInvalidConfig", "Addrs"}},
+		"four masters":             {cfg: Config{Addrs: a[:4]}, want: rejection{"lock.ErrInvalidConfig", "Addrs"}},
+		"six masters":              {cfg: Config{Addrs: a[:6]}, want: rejection{"lock.ErrInvalidConfig", "Addrs"}},
+		"nine masters":             {cfg: Config{Addrs: a[:9]}, want: rejection{"lock.ErrInvalidConfig", "Addrs"}},
+		"empty address":            {cfg: Config{Addrs: []string{"127.0.0.1:1", "", "127.0.0.1:2"}}, want: rejection{"lock.ErrInvalidConfig", "Addrs[1]"}},
+		"no port":                  {cfg: Config{Addrs: []string{"redis.infra"}}, want: rejection{"lock.ErrInvalidConfig", "Addrs[0]"}},
+		"duplicate address":        {cfg: Config{Addrs: []string{a[0], a[1], a[0]}}, want: rejection{"lock.ErrInvalidConfig", "Addrs[2]"}},
+		"negative db":              {cfg: Config{Addrs: a[:1], DB: -1}, want: rejection{"lock.ErrInvalidConfig", "DB"}},
+		"sentinel password alone":  {cfg: Config{Addrs: a[:1], SentinelPassword: "x"}, want: rejection{"lock.ErrInvalidConfig", "SentinelPassword"}},
+		"prefix with a space":      {cfg: Config{Addrs: a[:1], Prefix: "a b"}, want: rejection{"lock.ErrInvalidConfig", "Prefix"}},
+		"zero node timeout":        {cfg: Config{Addrs: a[:1]}, opts: []Option{WithNodeTimeout(0)}, want: rejection{"lock.ErrInvalidConfig", "WithNodeTimeout"}},
+		"short waiter ttl":         {cfg: Config{Addrs: a[:1]}, opts: []Option{WithWaiterTTL(time.Millisecond)}, want: rejection{"lock.ErrInvalidConfig", "WithWaiterTTL"}},
+		"backoff without duration": {cfg: Config{Addrs: a[:1]}, opts: []Option{WithBackoff(wait.Backoff{Factor: 2})}, want: rejection{"lock.ErrInvalidConfig", "WithBackoff"}},
+		"nil clock":                {cfg: Config{Addrs: a[:1]}, opts: []Option{WithClock(nil)}, want: rejection{"lock.ErrInvalidConfig", "WithClock"}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -31,7 +31,7 @@ const maxTries = 6
 // is refused with a *lock.InvalidRequestError naming limit, before anything
 // is sent to ZooKeeper.
 func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := prepare(req, true)
+	req, err := lock.PrepareMutex(req, true)
 	if err != nil {
 		return nil, err
 	}
@@ -48,36 +48,26 @@ func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease,
 // and leaves the queues when ctx ends. ZooKeeper errors are retried too; when
 // ctx ends the error wraps both ctx.Err() and the last attempt's error.
 func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := prepare(req, false)
+	req, err := lock.PrepareMutex(req, false)
 	if err != nil {
 		return nil, err
 	}
-	log := l.log.WithValues("keys", req.Keys, "holder", req.Holder)
-	var lastErr error
-	b := l.opts.backoff
-	heartbeat := l.opts.waiterTTL / 3
-	immediate := 0
+	log := l.opts.Log.WithValues("keys", req.Keys, "holder", req.Holder)
 	// The node last watched and the watch's channel, while it has not fired.
 	var watched string
 	var watchCh <-chan zk.Event
-	for ctx.Err() == nil {
-		lease, blocker, err := l.attempt(ctx, req)
-		if err == nil {
-			return lease, nil
-		}
-		if ctx.Err() != nil && lastErr != nil {
-			// Cut short by ctx: the attempt before says why the lease was
-			// not acquired (the caller learns both).
-			break
-		}
-		lastErr = err
-		var wake <-chan zk.Event
-		if blocker != "" && blocker == watched && ctx.Err() == nil {
-			// The watch set on this node before has not fired: wait on it
-			// rather than register another (the client keeps every one
-			// until the node changes).
-			wake = watchCh
-		} else if blocker != "" && ctx.Err() == nil {
+	return lock.BlockingAcquire(ctx, &l.opts.Options, req, lock.Steps[zk.Event]{
+		Attempt: func(ctx context.Context) (*lock.Lease, lock.Wake[zk.Event], error) {
+			lease, blocker, err := l.attempt(ctx, req)
+			if err == nil || blocker == "" || ctx.Err() != nil {
+				return lease, lock.Wake[zk.Event]{C: watchCh}, err
+			}
+			if blocker == watched {
+				// The watch set on this node before has not fired: wait
+				// on it rather than register another (the client keeps
+				// every one until the node changes).
+				return nil, lock.Wake[zk.Event]{C: watchCh}, err
+			}
 			watched, watchCh = "", nil
 			type res struct {
 				exists bool
@@ -90,65 +80,19 @@ func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, er
 			switch {
 			case werr != nil:
 				log.V(2).Info("Watching the blocking node failed; polling only", "node", blocker, "err", werr.Error())
-			case !r.exists && immediate < 3:
-				// Gone already: try again at once (a few times in a row at
-				// most, in case something keeps it from being taken).
-				immediate++
-				b = l.opts.backoff
-				continue
-			default:
-				wake = r.ch
-				watched, watchCh = blocker, r.ch
+				return nil, lock.Wake[zk.Event]{}, err
+			case !r.exists:
+				// Gone already: try again at once.
+				return nil, lock.Wake[zk.Event]{Now: true}, err
 			}
-		}
-		immediate = 0
-		d := b.Step()
-		if b.Cap > 0 && d > b.Cap {
-			d = b.Cap
-		}
-		if req.Queue && d > heartbeat {
-			d = heartbeat
-		}
-		if v := log.V(4); v.Enabled() {
-			v.Info("Waiting for lease", "wait", d.String(), "watching", blocker, "err", err.Error())
-		}
-		timer := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-		case <-l.ctx.Done():
-			timer.Stop()
-			return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, errLockerClosed, lastErr)
-		case <-wake:
-			watched, watchCh = "", nil
-			b = l.opts.backoff
-		case <-timer.C:
-		}
-		timer.Stop()
-	}
-	if req.Queue {
-		cctx, cancel := l.cleanupContext(ctx)
-		if err := l.Dequeue(cctx, req.Keys, req.Owner); err != nil {
-			log.V(2).Info("Leaving the queue failed; the place expires with the waiter TTL", "err", err.Error())
-		}
-		cancel()
-	}
-	if lastErr == nil {
-		return nil, fmt.Errorf("acquire keys %q: %w", req.Keys, ctx.Err())
-	}
-	return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, ctx.Err(), lastErr)
-}
-
-// prepare validates req (see lock.PrepareRequest) for this backend, which
-// holds one lease per key: Limit > 1 is refused.
-func prepare(req lock.Request, try bool) (lock.Request, error) {
-	req, err := lock.PrepareRequest(req, try)
-	if err != nil {
-		return req, err
-	}
-	if err := lock.RequireMutex(req.Limit); err != nil {
-		return req, err
-	}
-	return req, nil
+			watched, watchCh = blocker, r.ch
+			return nil, lock.Wake[zk.Event]{C: watchCh}, err
+		},
+		Woken:     func(zk.Event, bool) { watched, watchCh = "", nil },
+		Dequeue:   func(ctx context.Context) error { return l.Dequeue(ctx, req.Keys, req.Owner) },
+		Closed:    l.ctx.Done(),
+		ClosedErr: errLockerClosed,
+	})
 }
 
 // keyPlan is what one attempt decided about one key.
@@ -247,7 +191,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 					p.stale = true
 				}
 			}
-			cutoff := nowMs - l.opts.waiterTTL.Milliseconds() - l.cfg.maxClockSkew().Milliseconds()
+			cutoff := nowMs - l.opts.WaiterTTL.Milliseconds() - l.cfg.maxClockSkew().Milliseconds()
 			for _, p := range plans {
 				live := p.live[:0:0]
 				for _, w := range p.live {
@@ -540,16 +484,7 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 	if v := l.log.V(1); v.Enabled() {
 		v.Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", expires.Sub(start).String())
 	}
-	return &lock.Lease{
-		Keys:     req.Keys,
-		Owner:    req.Owner,
-		Holder:   req.Holder,
-		Fence:    fence,
-		TTL:      req.TTL,
-		Acquired: start,
-		Expires:  expires,
-		Limit:    req.Limit,
-	}, nil
+	return lock.NewLease(req, fence, start, expires), nil
 }
 
 // releaseQuietly releases what the owner holds in the acquisition with

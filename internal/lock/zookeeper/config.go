@@ -2,7 +2,6 @@ package zookeeper
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -11,26 +10,12 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// ErrInvalidConfig is matched (errors.Is) by every *ConfigError.
-var ErrInvalidConfig = errors.New("invalid zookeeper lock configuration")
-
-// ConfigError names the Config field or option that is wrong and what would be valid.
-type ConfigError struct {
-	// Field is the Config field (servers[1], root, ...) or option (WithWaiterTTL, ...).
-	Field string
-	// Reason says what is wrong and what is accepted.
-	Reason string
-}
-
-// Error names the field and says what is valid.
-func (e *ConfigError) Error() string {
-	return fmt.Sprintf("invalid zookeeper lock configuration: %s: %s", e.Field, e.Reason)
-}
-
-// Is makes a ConfigError match ErrInvalidConfig.
-func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+// storeName names this store in its *lock.ConfigError.
+const storeName = "zookeeper"
 
 // Defaults.
 const (
@@ -43,9 +28,6 @@ const (
 	MinSessionTimeout = time.Second
 	// DefaultOperationTimeout bounds one request to ZooKeeper (see WithOperationTimeout).
 	DefaultOperationTimeout = 2 * time.Second
-	// DefaultWaiterTTL is how long a queued waiter keeps its place without
-	// calling TryAcquire again; the Redis backend's default.
-	DefaultWaiterTTL = 30 * time.Second
 	// DefaultMaxClockSkew is how far apart the servers' wall clocks may be
 	// by default (see Config.MaxClockSkew): NTP keeps synchronized servers
 	// within milliseconds of each other; half a second covers a server that
@@ -53,8 +35,6 @@ const (
 	DefaultMaxClockSkew = 500 * time.Millisecond
 	// MaxMaxClockSkew is the largest MaxClockSkew accepted.
 	MaxMaxClockSkew = 10 * time.Minute
-	// MinWaiterTTL is the shortest WithWaiterTTL accepted.
-	MinWaiterTTL = 100 * time.Millisecond
 	// MaxReplyBytes bounds one packet from the server, the connect response
 	// included. The client allocates the length a packet announces before
 	// its bytes arrive, so a server (which a tenant may run) could otherwise
@@ -76,10 +56,6 @@ const (
 	// sending 4 MiB packets cannot hold more than this at once.
 	ReplyBudgetBytes = 64 << 20
 )
-
-// DefaultBackoff is Acquire's fallback polling when no watch fires: 10ms
-// doubling to at most 1s, each step with up to 50% jitter (as the Redis backend).
-var DefaultBackoff = wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: time.Second}
 
 // Config says which ZooKeeper ensemble a Locker uses and how.
 type Config struct {
@@ -123,38 +99,38 @@ type Config struct {
 // Validate checks the configuration and names the field that is wrong.
 func (c Config) Validate() error {
 	if len(c.Servers) == 0 {
-		return &ConfigError{Field: "servers", Reason: "at least one ZooKeeper server host:port is required (list every ensemble member)"}
+		return &lock.ConfigError{Store: storeName, Field: "servers", Reason: "at least one ZooKeeper server host:port is required (list every ensemble member)"}
 	}
 	seen := map[string]bool{}
 	for i, s := range c.Servers {
 		field := fmt.Sprintf("servers[%d]", i)
 		host, port, err := net.SplitHostPort(s)
 		if err != nil || host == "" || port == "" || strings.ContainsAny(s, " \t\r\n,") {
-			return &ConfigError{Field: field, Reason: fmt.Sprintf("%q is not host:port (one server per entry, for example zk-0.zk:2181)", s)}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: fmt.Sprintf("%q is not host:port (one server per entry, for example zk-0.zk:2181)", s)}
 		}
 		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
-			return &ConfigError{Field: field, Reason: fmt.Sprintf("port %q of %q is not a number from 1 to 65535", port, s)}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: fmt.Sprintf("port %q of %q is not a number from 1 to 65535", port, s)}
 		}
 		if seen[s] {
-			return &ConfigError{Field: field, Reason: fmt.Sprintf("duplicate server %q: list every member once", s)}
+			return &lock.ConfigError{Store: storeName, Field: field, Reason: fmt.Sprintf("duplicate server %q: list every member once", s)}
 		}
 		seen[s] = true
 	}
 	if c.Root != "" {
 		if err := validateRoot(c.Root); err != nil {
-			return &ConfigError{Field: "root", Reason: err.Error()}
+			return &lock.ConfigError{Store: storeName, Field: "root", Reason: err.Error()}
 		}
 	}
 	if c.SessionTimeout != 0 && c.SessionTimeout < MinSessionTimeout {
-		return &ConfigError{Field: "sessionTimeout", Reason: fmt.Sprintf("%v is below the minimum of %v (0 means the default, %v)", c.SessionTimeout, MinSessionTimeout, DefaultSessionTimeout)}
+		return &lock.ConfigError{Store: storeName, Field: "sessionTimeout", Reason: fmt.Sprintf("%v is below the minimum of %v (0 means the default, %v)", c.SessionTimeout, MinSessionTimeout, DefaultSessionTimeout)}
 	}
 	if c.MaxClockSkew < 0 || c.MaxClockSkew > MaxMaxClockSkew {
-		return &ConfigError{Field: "maxClockSkew", Reason: fmt.Sprintf("%v is outside 0 to %v (0 means the default, %v)", c.MaxClockSkew, MaxMaxClockSkew, DefaultMaxClockSkew)}
+		return &lock.ConfigError{Store: storeName, Field: "maxClockSkew", Reason: fmt.Sprintf("%v is outside 0 to %v (0 means the default, %v)", c.MaxClockSkew, MaxMaxClockSkew, DefaultMaxClockSkew)}
 	}
 	if c.Digest != "" {
 		user, pass, ok := strings.Cut(c.Digest, ":")
 		if !ok || user == "" || pass == "" {
-			return &ConfigError{Field: "digest", Reason: `must be "user:password" with a non-empty user and password (or empty for no authentication)`}
+			return &lock.ConfigError{Store: storeName, Field: "digest", Reason: `must be "user:password" with a non-empty user and password (or empty for no authentication)`}
 		}
 	}
 	return nil
@@ -212,10 +188,8 @@ func (c Config) sessionTimeout() time.Duration {
 }
 
 type options struct {
-	log       logr.Logger
+	lock.Options
 	opTimeout time.Duration
-	waiterTTL time.Duration
-	backoff   wait.Backoff
 }
 
 // Option configures a Locker.
@@ -224,7 +198,7 @@ type Option func(*options)
 // WithLogger sets the logger. Acquisitions and releases are logged at V(1),
 // ZooKeeper failures and session events at V(2), renewals at V(4). The ZooKeeper
 // client's own log lines go to V(5). Default: logr.Discard().
-func WithLogger(l logr.Logger) Option { return func(o *options) { o.log = l } }
+func WithLogger(l logr.Logger) Option { return func(o *options) { o.Log = l } }
 
 // WithOperationTimeout bounds each request to ZooKeeper (one round trip; an
 // acquisition makes a few). A request that times out is reported as
@@ -234,31 +208,22 @@ func WithOperationTimeout(d time.Duration) Option { return func(o *options) { o.
 // WithWaiterTTL sets how long a queued waiter keeps its place in a key's FIFO
 // queue without calling TryAcquire again; past it, measured on the
 // ensemble's clock, the next acquirer of the key prunes it. Acquire refreshes
-// its place at least every third of it. Default: DefaultWaiterTTL; at least MinWaiterTTL.
-func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.waiterTTL = d } }
+// its place at least every third of it. Default: lock.DefaultWaiterTTL; at least lock.MinWaiterTTL.
+func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.WaiterTTL = d } }
 
 // WithBackoff sets Acquire's fallback polling between attempts when no watch
 // fires (exponential with jitter; Cap bounds the wait; Steps is ignored). A
-// fired watch resets it. Default: DefaultBackoff.
-func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.backoff = b } }
+// fired watch resets it. Default: lock.DefaultBackoff.
+func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.Backoff = b } }
 
 func buildOptions(opts []Option) (options, error) {
-	o := options{log: logr.Discard(), opTimeout: DefaultOperationTimeout, waiterTTL: DefaultWaiterTTL, backoff: DefaultBackoff}
+	o := options{Options: lock.DefaultOptions(), opTimeout: DefaultOperationTimeout}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	switch {
-	case o.opTimeout <= 0:
-		return o, &ConfigError{Field: "WithOperationTimeout", Reason: fmt.Sprintf("%v: the timeout must be positive", o.opTimeout)}
-	case o.waiterTTL < MinWaiterTTL:
-		return o, &ConfigError{Field: "WithWaiterTTL", Reason: fmt.Sprintf("%v is below the minimum of %v", o.waiterTTL, MinWaiterTTL)}
-	case o.backoff.Duration <= 0:
-		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Duration %v must be positive", o.backoff.Duration)}
-	case o.backoff.Factor != 0 && o.backoff.Factor < 1:
-		return o, &ConfigError{Field: "WithBackoff", Reason: fmt.Sprintf("Factor %v must be 0 (constant) or at least 1", o.backoff.Factor)}
+	if o.opTimeout <= 0 {
+		return o, &lock.ConfigError{Store: storeName, Field: "WithOperationTimeout", Reason: fmt.Sprintf("%v: the timeout must be positive", o.opTimeout)}
 	}
-	if o.backoff.Steps <= 0 {
-		o.backoff.Steps = 1 << 30
-	}
-	return o, nil
+	o.CleanupTimeout = 2 * o.opTimeout
+	return o, o.Validate(storeName)
 }

@@ -24,7 +24,7 @@ import (
 // read by writing the ticket node (as a request that finds a key queued for
 // does), pipelined with the other reads.
 func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, error) {
-	if err := validateKeys("keys", keys); err != nil {
+	if err := lock.ValidateKeyList("keys", keys); err != nil {
 		return nil, err
 	}
 	op := fmt.Sprintf("inspect keys %q", keys)
@@ -68,7 +68,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 	if err := errors.Join(errs...); err != nil {
 		return nil, l.unavailable(op, err)
 	}
-	cutoff := nowMs - l.opts.waiterTTL.Milliseconds() - l.cfg.maxClockSkew().Milliseconds()
+	cutoff := nowMs - l.opts.WaiterTTL.Milliseconds() - l.cfg.maxClockSkew().Milliseconds()
 	out := make([]lock.KeyState, len(keys))
 	for i, v := range views {
 		st := lock.KeyState{Key: keys[i], Fence: v.lastFence(keyData[i])}

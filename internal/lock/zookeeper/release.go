@@ -246,7 +246,7 @@ func (l *Locker) liveCount(ctx context.Context, owned []*ownedKey) (int, error) 
 // the deletion of its waiter nodes wakes the waiter behind it. It is not an
 // error to dequeue an owner that is not queued.
 func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error {
-	if err := validateKeys("keys", keys); err != nil {
+	if err := lock.ValidateKeyList("keys", keys); err != nil {
 		return err
 	}
 	if owner == "" {
@@ -473,7 +473,7 @@ func (l *Locker) expire(lt *leaseTimer) {
 	// Meanwhile acquirers treat the nodes as free once the TTL passed on
 	// the ensemble's clock (staleHolder), and renewals do not revive them.
 	warnAt := time.Now().Add(l.SessionTimeout())
-	b := l.opts.backoff
+	b := l.opts.Backoff
 	pending := make([]int, len(lt.keys))
 	for i := range pending {
 		pending[i] = i
@@ -602,27 +602,10 @@ func (l *Locker) track() bool {
 	return true
 }
 
-// validateKeys checks a key list given outside a Request.
-func validateKeys(field string, keys []string) error {
-	if len(keys) == 0 {
-		return &lock.InvalidRequestError{Field: field, Reason: fmt.Sprintf("at least one key is required (at most %d)", lock.MaxKeys)}
-	}
-	if len(keys) > lock.MaxKeys {
-		return &lock.InvalidRequestError{Field: field, Reason: fmt.Sprintf("%d keys given, at most %d allowed", len(keys), lock.MaxKeys)}
-	}
-	return lock.ValidateKeys(keys)
-}
-
 // validateLease checks a lease given to Renew or Release.
 func validateLease(lease *lock.Lease) error {
-	if lease == nil {
-		return &lock.InvalidRequestError{Field: "lease", Reason: "a lease is required, got nil"}
-	}
-	if err := lock.RequireMutex(lease.Limit); err != nil {
+	if err := lock.ValidateLease(lease); err != nil {
 		return err
 	}
-	if lease.Owner == "" {
-		return &lock.InvalidRequestError{Field: "lease.owner", Reason: "the owner token is required: only the owner may renew or release a lease"}
-	}
-	return validateKeys("lease.keys", lease.Keys)
+	return lock.RequireMutex(lease.Limit)
 }

@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -44,14 +46,14 @@ func TestConfigValidate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate()
-			var ce *ConfigError
-			if !errors.As(err, &ce) || !errors.Is(err, ErrInvalidConfig) {
-				t.Fatalf("Validate() = %v, want a *ConfigError", err)
+			var ce *lock.ConfigError
+			if !errors.As(err, &ce) || !errors.Is(err, lock.ErrInvalidConfig) {
+				t.Fatalf("Validate() = %v, want a *lock.ConfigError", err)
 			}
 			if ce.Field != tc.field || !strings.Contains(ce.Error(), tc.want) {
 				t.Fatalf("Validate() = %v (field %q), want field %q and %q in the message", err, ce.Field, tc.field, tc.want)
 			}
-			if _, err := New(tc.cfg); !errors.Is(err, ErrInvalidConfig) {
+			if _, err := New(tc.cfg); !errors.Is(err, lock.ErrInvalidConfig) {
 				t.Fatalf("New accepted the config: %v", err)
 			}
 		})
@@ -66,9 +68,9 @@ func TestOptionsValidate(t *testing.T) {
 		"WithBackoff":          WithBackoff(wait.Backoff{}),
 	} {
 		_, err := New(cfg, opt)
-		var ce *ConfigError
+		var ce *lock.ConfigError
 		if !errors.As(err, &ce) || ce.Field != name {
-			t.Errorf("New with a bad %s: %v, want a ConfigError naming it", name, err)
+			t.Errorf("New with a bad %s: %v, want a lock.ConfigError naming it", name, err)
 		}
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
 // watchBuffer is how many release notifications a Watch channel buffers; when
@@ -26,7 +28,7 @@ const watchBuffer = 64
 // delivered (best effort: a waiter must also poll).
 func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, error) {
 	if len(keys) > 0 {
-		if err := validateKeys("keys", keys); err != nil {
+		if err := lock.ValidateKeyList("keys", keys); err != nil {
 			return nil, err
 		}
 	}
@@ -170,7 +172,7 @@ func (w *watcher) watchKey(key string, fresh bool) error {
 }
 
 func (w *watcher) loop(key string, prev keyState, ch <-chan zk.Event) {
-	b := w.l.opts.backoff
+	b := w.l.opts.Backoff
 	for {
 		select {
 		case <-w.ctx.Done():
@@ -184,7 +186,7 @@ func (w *watcher) loop(key string, prev keyState, ch <-chan zk.Event) {
 					w.deliver(key)
 				}
 				prev, ch = cur, next
-				b = w.l.opts.backoff
+				b = w.l.opts.Backoff
 				break
 			}
 			// ZooKeeper unreachable: look again later; the watch set after
@@ -236,7 +238,7 @@ func (w *watcher) watchAll() error {
 		return err
 	}
 	w.wg.Go(func() {
-		b := w.l.opts.backoff
+		b := w.l.opts.Backoff
 		for {
 			select {
 			case <-w.ctx.Done():
@@ -254,7 +256,7 @@ func (w *watcher) watchAll() error {
 						}
 					}
 					ch = next
-					b = w.l.opts.backoff
+					b = w.l.opts.Backoff
 					break
 				}
 				select {
@@ -289,7 +291,7 @@ func (w *watcher) listKeys() ([]string, <-chan zk.Event, error) {
 // next one now, and a spurious wake-up costs a waiter one attempt. It
 // retries with backoff until it got through or the watch ends.
 func (w *watcher) resync() {
-	b := w.l.opts.backoff
+	b := w.l.opts.Backoff
 	for w.ctx.Err() == nil {
 		err := w.resyncOnce()
 		if err == nil {

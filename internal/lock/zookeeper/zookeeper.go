@@ -227,7 +227,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	l := &Locker{
 		cfg:     cfg,
 		opts:    o,
-		log:     o.log,
+		log:     o.Log,
 		root:    cfg.root(),
 		servers: strings.Join(cfg.Servers, ","),
 		timers:  map[int64]*leaseTimer{},
