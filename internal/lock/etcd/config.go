@@ -147,7 +147,11 @@ func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.Backoff = 
 // third of it. Default: lock.DefaultWaiterTTL (30s); at least lock.MinWaiterTTL.
 func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.WaiterTTL = d } }
 
-func buildOptions(opts []Option) (options, error) {
+// buildOptions checks cfg and builds the options of a new Locker.
+func buildOptions(cfg Config, opts []Option) (options, error) {
+	if err := cfg.Validate(); err != nil {
+		return options{}, err
+	}
 	o := options{Options: lock.DefaultOptions(), opTimeout: DefaultOpTimeout, dialTimeout: DefaultDialTimeout}
 	for _, opt := range opts {
 		if opt != nil {

@@ -161,10 +161,7 @@ var _ lock.Locker = (*Locker)(nil)
 // authenticates, waiting up to the dial timeout) and gRPC connects in the
 // background.
 func New(cfg Config, opts ...Option) (*Locker, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	o, err := buildOptions(opts)
+	o, err := buildOptions(cfg, opts)
 	if err != nil {
 		return nil, err
 	}

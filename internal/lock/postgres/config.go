@@ -197,7 +197,11 @@ func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.Backoff = 
 // WithMaxConns sets the size of the connection pool. Default: DefaultMaxConns.
 func WithMaxConns(n int) Option { return func(o *options) { o.maxConns = n } }
 
-func buildOptions(opts []Option) (options, error) {
+// buildOptions checks cfg and builds the options of a new Locker.
+func buildOptions(cfg Config, opts []Option) (options, error) {
+	if err := cfg.Validate(); err != nil {
+		return options{}, err
+	}
 	o := options{Options: lock.DefaultOptions(), opTimeout: DefaultOperationTimeout, maxConns: DefaultMaxConns}
 	for _, opt := range opts {
 		if opt != nil {

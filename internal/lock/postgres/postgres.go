@@ -182,10 +182,7 @@ var _ lock.Locker = (*Locker)(nil)
 // on first use, and the schema is created or migrated then. Use Ping to check
 // reachability.
 func New(cfg Config, opts ...Option) (*Locker, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	o, err := buildOptions(opts)
+	o, err := buildOptions(cfg, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -325,7 +325,11 @@ func WithReplicaTimeout(d time.Duration) Option {
 	return func(o *options) { o.replicaTimeout, o.replicaTimeoutSet = d, true }
 }
 
-func buildOptions(opts []Option) (options, error) {
+// buildOptions checks cfg and builds the options of a new Locker.
+func buildOptions(cfg Config, opts []Option) (options, error) {
+	if err := cfg.Validate(); err != nil {
+		return options{}, err
+	}
 	o := options{Options: lock.DefaultOptions(), nodeTimeout: DefaultNodeTimeout}
 	for _, opt := range opts {
 		opt(&o)

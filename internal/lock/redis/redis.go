@@ -138,10 +138,7 @@ var _ lock.Locker = (*Locker)(nil)
 // New builds a Locker. It validates cfg and the options but does not contact
 // Redis; use Ping to check reachability.
 func New(cfg Config, opts ...Option) (*Locker, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	o, err := buildOptions(opts)
+	o, err := buildOptions(cfg, opts)
 	if err != nil {
 		return nil, err
 	}

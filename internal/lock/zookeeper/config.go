@@ -216,7 +216,11 @@ func WithWaiterTTL(d time.Duration) Option { return func(o *options) { o.WaiterT
 // fired watch resets it. Default: lock.DefaultBackoff.
 func WithBackoff(b wait.Backoff) Option { return func(o *options) { o.Backoff = b } }
 
-func buildOptions(opts []Option) (options, error) {
+// buildOptions checks cfg and builds the options of a new Locker.
+func buildOptions(cfg Config, opts []Option) (options, error) {
+	if err := cfg.Validate(); err != nil {
+		return options{}, err
+	}
 	o := options{Options: lock.DefaultOptions(), opTimeout: DefaultOperationTimeout}
 	for _, opt := range opts {
 		opt(&o)

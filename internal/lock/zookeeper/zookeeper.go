@@ -217,10 +217,7 @@ var _ lock.Locker = (*Locker)(nil)
 // in the background; it does no blocking network I/O. Use Ping to check that
 // the ensemble answers.
 func New(cfg Config, opts ...Option) (*Locker, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	o, err := buildOptions(opts)
+	o, err := buildOptions(cfg, opts)
 	if err != nil {
 		return nil, err
 	}
