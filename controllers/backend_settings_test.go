@@ -30,7 +30,7 @@ func TestBackendWarnsOfEvictingRedis(t *testing.T) {
 	if err := admin.ConfigSet(context.Background(), "maxmemory-policy", "allkeys-lru").Err(); err != nil {
 		t.Fatal(err)
 	}
-	createBackend(t, ns, locksv1alpha1.LockBackendSpec{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{s.Addr}}})
+	createBackend(t, ns, locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{s.Addr}}}})
 	for _, name := range []string{"billing", "exports"} {
 		dl := makeLock(name, ns).holder("maintenance").obj()
 		dl.Spec.Keys = []string{name}

@@ -29,26 +29,28 @@ type storeCase struct {
 var storeCases = []storeCase{
 	{"redis", func(t *testing.T, ns string) string {
 		s := redistest.Start(t)
-		createBackend(t, ns, locksv1alpha1.LockBackendSpec{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{s.Addr}}})
+		createBackend(t, ns, locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{s.Addr}}}})
 		return s.Addr
 	}},
 	{"postgres", func(t *testing.T, ns string) string {
 		s := pgtest.Start(t)
 		create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "pg", Namespace: ns}, StringData: map[string]string{"password": s.Password}})
-		createBackend(t, ns, locksv1alpha1.LockBackendSpec{Postgres: &locksv1alpha1.PostgresBackend{
-			Host: s.Host, Port: int32(s.Port), Database: s.Database, User: s.User,
-			PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "pg", Key: "password"},
-		}})
+		createBackend(t, ns, locksv1alpha1.LockBackendSpec{
+			Store: locksv1alpha1.Store{Postgres: &locksv1alpha1.PostgresBackend{
+				Host: s.Host, Port: int32(s.Port), Database: s.Database, User: s.User,
+				PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "pg", Key: "password"},
+			}},
+		})
 		return net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
 	}},
 	{"zookeeper", func(t *testing.T, ns string) string {
 		e := zktest.StartEnsemble(t, 3)
-		createBackend(t, ns, locksv1alpha1.LockBackendSpec{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: e.Addrs(), SessionTimeoutSeconds: 20}})
+		createBackend(t, ns, locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: e.Addrs(), SessionTimeoutSeconds: 20}}})
 		return e.Addrs()[0]
 	}},
 	{"etcd", func(t *testing.T, ns string) string {
 		m := etcdtest.Start(t)
-		createBackend(t, ns, locksv1alpha1.LockBackendSpec{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{m.Addr}}})
+		createBackend(t, ns, locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{m.Addr}}}})
 		return m.Addr
 	}},
 }

@@ -166,7 +166,7 @@ func (r *DistributedLockReconciler) report(dl *locksv1alpha1.DistributedLock, ob
 		case locksv1alpha1.ReasonConnecting:
 		case locksv1alpha1.ReasonBackendUnreachable:
 			if !obs.backendWasDown {
-				r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Inspect", "Redis did not answer: %s", backend.Describe(obs.backendErr))
+				r.Recorder.Eventf(dl, nil, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Inspect", "The store did not answer: %s", backend.Describe(obs.backendErr))
 			}
 		case locksv1alpha1.ReasonBackendNotAllowed, locksv1alpha1.ReasonBackendNotFound:
 			r.warnOnce(dl, locksv1alpha1.EventBackendNotAllowed, "%s", backend.Describe(obs.backendErr))

@@ -3,10 +3,8 @@ package controllers
 import (
 	"context"
 	"fmt"
-	"net"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -84,17 +82,10 @@ func (c *callLog) observer(addr string) backend.Locker {
 
 // storeAddr names the store of a client configuration by its first address.
 func storeAddr(cfg backend.Config) string {
-	switch {
-	case cfg.Redis != nil && len(cfg.Redis.Addrs) > 0:
-		return cfg.Redis.Addrs[0]
-	case cfg.Postgres != nil:
-		return net.JoinHostPort(cfg.Postgres.Host, strconv.Itoa(cfg.Postgres.Port))
-	case cfg.ZooKeeper != nil && len(cfg.ZooKeeper.Servers) > 0:
-		return cfg.ZooKeeper.Servers[0]
-	case cfg.Etcd != nil && len(cfg.Etcd.Endpoints) > 0:
-		return cfg.Etcd.Endpoints[0]
+	if len(cfg.Endpoints) == 0 {
+		return ""
 	}
-	return ""
+	return cfg.Endpoints[0]
 }
 
 // countingLocker records every call to a backend client (besides Ping,

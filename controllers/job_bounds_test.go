@@ -341,7 +341,7 @@ func TestMaxHoldersOnAStoreWithoutSemaphoresIsAWarning(t *testing.T) {
 	startManager(t, managerOptions{})
 	ns := newNamespace(t, nil)
 	m := etcdtest.Start(t)
-	createBackend(t, ns, locksv1alpha1.LockBackendSpec{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{m.Addr}}})
+	createBackend(t, ns, locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{m.Addr}}}})
 	dl := makeLock("exports", ns).obj()
 	dl.Spec.Backend = locksv1alpha1.Backend{BackendRef: &locksv1alpha1.BackendRef{Name: "store"}}
 	dl.Spec.MaxHolders = 2

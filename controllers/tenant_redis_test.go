@@ -32,10 +32,12 @@ func TestLockBackendRunsOnItsNamespacesRedisUser(t *testing.T) {
 			t.Fatal(err)
 		}
 		create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "redis-user", Namespace: ns}, StringData: map[string]string{"password": "pw-" + ns}})
-		createBackend(t, ns, locksv1alpha1.LockBackendSpec{Redis: &locksv1alpha1.RedisBackend{
-			Endpoints: []string{srv.Addr}, Username: "lb-" + ns,
-			PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis-user", Key: "password"},
-		}})
+		createBackend(t, ns, locksv1alpha1.LockBackendSpec{
+			Store: locksv1alpha1.Store{Redis: &locksv1alpha1.RedisBackend{
+				Endpoints: []string{srv.Addr}, Username: "lb-" + ns,
+				PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis-user", Key: "password"},
+			}},
+		})
 		dl := makeLock("billing", ns).obj()
 		dl.Spec.Backend = locksv1alpha1.Backend{BackendRef: &locksv1alpha1.BackendRef{Name: "store"}}
 		create(t, dl)

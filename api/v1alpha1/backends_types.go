@@ -6,6 +6,43 @@ package v1alpha1
 // spec.backend is Redis only), so their credentials and endpoints are set up
 // once per namespace or cluster.
 
+// Store names the store that holds a backend's locks: exactly one member is
+// set. Both LockBackend and ClusterLockBackend inline it in their spec. The
+// Secrets a member names are read from the LockBackend's own namespace, or
+// for a ClusterLockBackend from the operator's namespace (lockwarden-system
+// by default), never from a lock's namespace. The endpoints of a
+// LockBackend are checked against the operator's endpoint policy, as
+// inline endpoints are.
+// +kubebuilder:validation:XValidation:rule="[has(self.redis), has(self.postgres), has(self.zookeeper), has(self.etcd)].filter(x, x).size() == 1",message="spec: set exactly one store: redis, postgres, zookeeper or etcd"
+// +kubebuilder:validation:XValidation:rule="!has(self.etcd) || has(self.etcd.username) == has(self.etcd.passwordSecretRef)",message="spec.etcd: set username and passwordSecretRef together"
+type Store struct {
+	// redis holds the locks in Redis: one server, a Sentinel-managed master,
+	// or 3, 5 or 7 independent masters (Redlock). Its Secrets are read from
+	// the LockBackend's own namespace, or for a ClusterLockBackend from the
+	// operator's namespace, never from a lock's namespace.
+	// +optional
+	Redis *RedisBackend `json:"redis,omitempty"`
+
+	// postgres holds the locks in a PostgreSQL database (a lease table the
+	// operator creates and migrates). Its Secrets are read from
+	// the LockBackend's own namespace, or for a ClusterLockBackend from the
+	// operator's namespace, never from a lock's namespace.
+	// +optional
+	Postgres *PostgresBackend `json:"postgres,omitempty"`
+
+	// zookeeper holds the locks in a ZooKeeper ensemble. Its Secrets are read from
+	// the LockBackend's own namespace, or for a ClusterLockBackend from the
+	// operator's namespace, never from a lock's namespace.
+	// +optional
+	ZooKeeper *ZooKeeperBackend `json:"zookeeper,omitempty"`
+
+	// etcd holds the locks in an etcd cluster. Its Secrets are read from
+	// the LockBackend's own namespace, or for a ClusterLockBackend from the
+	// operator's namespace, never from a lock's namespace.
+	// +optional
+	Etcd *EtcdBackend `json:"etcd,omitempty"`
+}
+
 // PostgresBackend holds locks in a PostgreSQL database: a lease table whose
 // expiry follows the database's clock, fencing tokens from a per-key counter
 // committed with the lease, the FIFO queue in a table, and LISTEN/NOTIFY for

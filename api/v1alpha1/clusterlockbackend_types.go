@@ -6,32 +6,9 @@ import (
 
 // ClusterLockBackendSpec says where locks that name this backend live and
 // which namespaces may use it.
-// +kubebuilder:validation:XValidation:rule="[has(self.redis), has(self.postgres), has(self.zookeeper), has(self.etcd)].filter(x, x).size() == 1",message="spec: set exactly one backend member: redis, postgres, zookeeper or etcd"
-// +kubebuilder:validation:XValidation:rule="!has(self.etcd) || has(self.etcd.username) == has(self.etcd.passwordSecretRef)",message="spec.etcd: set username and passwordSecretRef together"
 type ClusterLockBackendSpec struct {
-	// redis holds the locks in Redis: one server, a Sentinel-managed master,
-	// or 3, 5 or 7 independent masters (Redlock). The Secrets it names are
-	// read from the operator's namespace (lockwarden-system by default),
-	// never from a lock's namespace: tenants that use the backend cannot
-	// read its credentials, and cannot send them anywhere else.
-	// +optional
-	Redis *RedisBackend `json:"redis,omitempty"`
-
-	// postgres holds the locks in a PostgreSQL database (a lease table the
-	// operator creates and migrates). Its password Secret is read from the
-	// operator's namespace.
-	// +optional
-	Postgres *PostgresBackend `json:"postgres,omitempty"`
-
-	// zookeeper holds the locks in a ZooKeeper ensemble. Its digest Secret is
-	// read from the operator's namespace.
-	// +optional
-	ZooKeeper *ZooKeeperBackend `json:"zookeeper,omitempty"`
-
-	// etcd holds the locks in an etcd cluster. Its Secrets are read from the
-	// operator's namespace.
-	// +optional
-	Etcd *EtcdBackend `json:"etcd,omitempty"`
+	// The store: exactly one of redis, postgres, zookeeper or etcd.
+	Store `json:",inline"`
 
 	// namespaceSelector selects the namespaces whose DistributedLocks (and
 	// gated Jobs) may use this backend. {} selects every namespace. Locks in

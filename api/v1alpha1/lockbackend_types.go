@@ -5,34 +5,9 @@ import (
 )
 
 // LockBackendSpec says where the locks that name this backend live.
-// +kubebuilder:validation:XValidation:rule="[has(self.redis), has(self.postgres), has(self.zookeeper), has(self.etcd)].filter(x, x).size() == 1",message="spec: set exactly one backend member: redis, postgres, zookeeper or etcd"
-// +kubebuilder:validation:XValidation:rule="!has(self.etcd) || has(self.etcd.username) == has(self.etcd.passwordSecretRef)",message="spec.etcd: set username and passwordSecretRef together"
 type LockBackendSpec struct {
-	// redis holds the locks in Redis: one server, a Sentinel-managed master,
-	// or 3, 5 or 7 independent masters (Redlock). The Secrets it names are
-	// read from the LockBackend's own namespace. Its endpoints are checked
-	// against the operator's endpoint policy, as inline endpoints are.
-	// +optional
-	Redis *RedisBackend `json:"redis,omitempty"`
-
-	// postgres holds the locks in a PostgreSQL database (a lease table the
-	// operator creates and migrates). Its host is checked against the
-	// operator's endpoint policy; its password Secret is read from the
-	// LockBackend's namespace.
-	// +optional
-	Postgres *PostgresBackend `json:"postgres,omitempty"`
-
-	// zookeeper holds the locks in a ZooKeeper ensemble. Its servers are
-	// checked against the operator's endpoint policy; its digest Secret is
-	// read from the LockBackend's namespace.
-	// +optional
-	ZooKeeper *ZooKeeperBackend `json:"zookeeper,omitempty"`
-
-	// etcd holds the locks in an etcd cluster. Its endpoints are checked
-	// against the operator's endpoint policy; its Secrets are read from the
-	// LockBackend's namespace.
-	// +optional
-	Etcd *EtcdBackend `json:"etcd,omitempty"`
+	// The store: exactly one of redis, postgres, zookeeper or etcd.
+	Store `json:",inline"`
 }
 
 // +kubebuilder:object:root=true

@@ -213,47 +213,60 @@ func TestClusterLockBackendValidation(t *testing.T) {
 		spec locksv1alpha1.ClusterLockBackendSpec
 		want []string // empty: accepted
 	}{
-		"no backend member":     {locksv1alpha1.ClusterLockBackendSpec{NamespaceSelector: &metav1.LabelSelector{}}, []string{"spec", "exactly one backend member"}},
-		"no namespace selector": {locksv1alpha1.ClusterLockBackendSpec{Redis: redis}, []string{"spec.namespaceSelector", "Required"}},
+		"no backend member":     {locksv1alpha1.ClusterLockBackendSpec{NamespaceSelector: &metav1.LabelSelector{}}, []string{"spec", "exactly one store"}},
+		"no namespace selector": {locksv1alpha1.ClusterLockBackendSpec{Store: locksv1alpha1.Store{Redis: redis}}, []string{"spec.namespaceSelector", "Required"}},
 		"even number of masters": {locksv1alpha1.ClusterLockBackendSpec{
-			Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{"a:6379", "b:6379"}}, NamespaceSelector: &metav1.LabelSelector{},
+			Store:             locksv1alpha1.Store{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{"a:6379", "b:6379"}}},
+			NamespaceSelector: &metav1.LabelSelector{},
 		}, []string{"spec.redis", "1 server (standalone) or 3, 5 or 7"}},
 		"redis and postgres": {locksv1alpha1.ClusterLockBackendSpec{
-			Redis: redis, Postgres: pg, NamespaceSelector: &metav1.LabelSelector{},
-		}, []string{"spec", "exactly one backend member: redis, postgres, zookeeper or etcd"}},
-		"postgres": {locksv1alpha1.ClusterLockBackendSpec{Postgres: pg, NamespaceSelector: &metav1.LabelSelector{}}, nil},
+			Store:             locksv1alpha1.Store{Redis: redis, Postgres: pg},
+			NamespaceSelector: &metav1.LabelSelector{},
+		}, []string{"spec", "exactly one store: redis, postgres, zookeeper or etcd"}},
+		"postgres": {locksv1alpha1.ClusterLockBackendSpec{Store: locksv1alpha1.Store{Postgres: pg}, NamespaceSelector: &metav1.LabelSelector{}}, nil},
 		"postgres without a database": {locksv1alpha1.ClusterLockBackendSpec{
-			Postgres: &locksv1alpha1.PostgresBackend{Host: "pg.infra", User: "locks"}, NamespaceSelector: &metav1.LabelSelector{},
+			Store:             locksv1alpha1.Store{Postgres: &locksv1alpha1.PostgresBackend{Host: "pg.infra", User: "locks"}},
+			NamespaceSelector: &metav1.LabelSelector{},
 		}, []string{"spec.postgres.database", "at least 1 chars long"}},
 		"postgres schema with a quote": {locksv1alpha1.ClusterLockBackendSpec{
-			Postgres: &locksv1alpha1.PostgresBackend{Host: "pg.infra", Database: "locks", User: "locks", Schema: `x"; drop`}, NamespaceSelector: &metav1.LabelSelector{},
+			Store:             locksv1alpha1.Store{Postgres: &locksv1alpha1.PostgresBackend{Host: "pg.infra", Database: "locks", User: "locks", Schema: `x"; drop`}},
+			NamespaceSelector: &metav1.LabelSelector{},
 		}, []string{"spec.postgres.schema"}},
 		"zookeeper": {locksv1alpha1.ClusterLockBackendSpec{
-			ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk-0.zk:2181", "zk-1.zk:2181", "zk-2.zk:2181"}}, NamespaceSelector: &metav1.LabelSelector{},
+			Store:             locksv1alpha1.Store{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk-0.zk:2181", "zk-1.zk:2181", "zk-2.zk:2181"}}},
+			NamespaceSelector: &metav1.LabelSelector{},
 		}, nil},
 		"zookeeper root not absolute": {locksv1alpha1.ClusterLockBackendSpec{
-			ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk:2181"}, Root: "locks"}, NamespaceSelector: &metav1.LabelSelector{},
+			Store:             locksv1alpha1.Store{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk:2181"}, Root: "locks"}},
+			NamespaceSelector: &metav1.LabelSelector{},
 		}, []string{"spec.zookeeper.root"}},
 		"etcd": {locksv1alpha1.ClusterLockBackendSpec{
-			Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd:2379"}}, NamespaceSelector: &metav1.LabelSelector{},
+			Store:             locksv1alpha1.Store{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd:2379"}}},
+			NamespaceSelector: &metav1.LabelSelector{},
 		}, nil},
 		"etcd username without password": {locksv1alpha1.ClusterLockBackendSpec{
-			Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd:2379"}, Username: "locks"}, NamespaceSelector: &metav1.LabelSelector{},
+			Store:             locksv1alpha1.Store{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd:2379"}, Username: "locks"}},
+			NamespaceSelector: &metav1.LabelSelector{},
 		}, []string{"spec.etcd: set username and passwordSecretRef together"}},
 		"zookeeper and etcd": {locksv1alpha1.ClusterLockBackendSpec{
-			ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk:2181"}}, Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd:2379"}}, NamespaceSelector: &metav1.LabelSelector{},
-		}, []string{"exactly one backend member"}},
+			Store:             locksv1alpha1.Store{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk:2181"}}, Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd:2379"}}},
+			NamespaceSelector: &metav1.LabelSelector{},
+		}, []string{"exactly one store"}},
 		"every namespace, Global for some": {locksv1alpha1.ClusterLockBackendSpec{
-			Redis: redis, NamespaceSelector: &metav1.LabelSelector{},
+			Store:                        locksv1alpha1.Store{Redis: redis},
+			NamespaceSelector:            &metav1.LabelSelector{},
 			GlobalScopeNamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "billing"}},
 		}, nil},
 		"Global key prefixes": {locksv1alpha1.ClusterLockBackendSpec{
-			Redis: redis, NamespaceSelector: &metav1.LabelSelector{},
+			Store:                        locksv1alpha1.Store{Redis: redis},
+			NamespaceSelector:            &metav1.LabelSelector{},
 			GlobalScopeNamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "billing"}},
 			GlobalKeyPrefixes:            []string{"billing/", "shared/billing-"},
 		}, nil},
 		"an empty Global key prefix": {locksv1alpha1.ClusterLockBackendSpec{
-			Redis: redis, NamespaceSelector: &metav1.LabelSelector{}, GlobalKeyPrefixes: []string{"billing/", ""},
+			Store:             locksv1alpha1.Store{Redis: redis},
+			NamespaceSelector: &metav1.LabelSelector{},
+			GlobalKeyPrefixes: []string{"billing/", ""},
 		}, []string{"spec.globalKeyPrefixes[1]", "at least 1 chars long"}},
 	}
 	for name, tc := range cases {

@@ -27,10 +27,10 @@ func clusterBackend(name string, nsSel, globalSel *metav1.LabelSelector, globalK
 	return &locksv1alpha1.ClusterLockBackend{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: locksv1alpha1.ClusterLockBackendSpec{
-			Redis: &locksv1alpha1.RedisBackend{
+			Store: locksv1alpha1.Store{Redis: &locksv1alpha1.RedisBackend{
 				Endpoints:         []string{"redis.infra.svc:6379"},
 				PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "shared-redis", Key: "password"},
-			},
+			}},
 			NamespaceSelector:            nsSel,
 			GlobalScopeNamespaceSelector: globalSel,
 			GlobalKeyPrefixes:            globalKeyPrefixes,
@@ -210,8 +210,10 @@ func TestLockBackendPolicy(t *testing.T) {
 	lb := func(name string, endpoints ...string) *locksv1alpha1.LockBackend {
 		return &locksv1alpha1.LockBackend{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "team-a"},
-			Spec: locksv1alpha1.LockBackendSpec{Redis: &locksv1alpha1.RedisBackend{Endpoints: endpoints,
-				PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis-auth", Key: "password"}}},
+			Spec: locksv1alpha1.LockBackendSpec{
+				Store: locksv1alpha1.Store{Redis: &locksv1alpha1.RedisBackend{Endpoints: endpoints,
+					PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis-auth", Key: "password"}}},
+			},
 		}
 	}
 	objs := []client.Object{

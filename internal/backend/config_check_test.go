@@ -49,7 +49,7 @@ func TestConfigCheckFollowsTheServers(t *testing.T) {
 	ctx := context.Background()
 	var checker *countingChecker
 	r := NewRegistry(ctx, nil, func(cfg Config) (Locker, error) {
-		l, err := redislock.New(*cfg.Redis, redislock.WithNodeTimeout(time.Second))
+		l, err := redislock.New(*cfg.Engine.(*redislock.Config), redislock.WithNodeTimeout(time.Second))
 		if err != nil {
 			return nil, err
 		}

@@ -666,7 +666,7 @@ func ID(rb *locksv1alpha1.RedisBackend) string {
 	return fmt.Sprintf("%s/%s/db%d", mode, strings.Join(endpoints, ","), rb.DB)
 }
 
-// EngineKeys returns the Redis-side names of dl's keys: prefixed with the
+// EngineKeys returns the store-side names of dl's keys: prefixed with the
 // namespace unless the scope is Global, so that namespaces never share keys
 // by accident.
 func EngineKeys(dl *locksv1alpha1.DistributedLock) []string {
@@ -677,7 +677,7 @@ func EngineKeys(dl *locksv1alpha1.DistributedLock) []string {
 	return out
 }
 
-// EngineKey returns the Redis-side name of one key.
+// EngineKey returns the store-side name of one key.
 func EngineKey(namespace string, scope locksv1alpha1.Scope, key string) string {
 	if scope == locksv1alpha1.ScopeGlobal {
 		return "global/" + key

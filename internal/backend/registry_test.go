@@ -42,7 +42,7 @@ func TestLocksSharingASecretShareOneClientAndOneRead(t *testing.T) {
 	var built atomic.Int64
 	r := NewRegistry(ctx, reader, func(cfg Config) (Locker, error) {
 		built.Add(1)
-		return redislock.New(*cfg.Redis)
+		return redislock.New(*cfg.Engine.(*redislock.Config))
 	}, logr.Discard())
 
 	lockFor := func(i int) *locksv1alpha1.DistributedLock {
@@ -116,7 +116,7 @@ func TestLocksSharingASecretShareOneClientAndOneRead(t *testing.T) {
 func TestHealthFollowsTheBackend(t *testing.T) {
 	rdb := redistest.Start(t)
 	ctx := context.Background()
-	r := NewRegistry(ctx, nil, func(cfg Config) (Locker, error) { return redislock.New(*cfg.Redis) }, logr.Discard())
+	r := NewRegistry(ctx, nil, func(cfg Config) (Locker, error) { return redislock.New(*cfg.Engine.(*redislock.Config)) }, logr.Discard())
 	r.SetHealthInterval(50 * time.Millisecond)
 	changes := make(chan error, 16)
 	r.OnHealth(func(_ string, err error) { changes <- err })

@@ -492,10 +492,10 @@ func (r *Registry) resolveLock(ctx context.Context, dl *locksv1alpha1.Distribute
 		return redislock.Config{}, "", "", err
 	}
 	cfg, fingerprint, err := r.resolve(ctx, src)
-	if cfg.Redis == nil {
+	if _, ok := cfg.Engine.(*redislock.Config); !ok {
 		return redislock.Config{}, src.id, fingerprint, err
 	}
-	return *cfg.Redis, src.id, fingerprint, err
+	return *cfg.Engine.(*redislock.Config), src.id, fingerprint, err
 }
 
 // resolveAny is resolveLock for every store.

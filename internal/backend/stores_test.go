@@ -16,6 +16,7 @@ import (
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	etcdlock "github.com/lockwarden/lockwarden/internal/lock/etcd"
 	pglock "github.com/lockwarden/lockwarden/internal/lock/postgres"
+	redislock "github.com/lockwarden/lockwarden/internal/lock/redis"
 	zklock "github.com/lockwarden/lockwarden/internal/lock/zookeeper"
 	"github.com/lockwarden/lockwarden/internal/netguard"
 )
@@ -44,15 +45,21 @@ func TestResolveOtherStores(t *testing.T) {
 		secret("team-a", "pg", map[string]string{"password": "pg-secret"}),
 		secret("team-a", "zk", map[string]string{"digest": "locks:zk-secret"}),
 		secret("team-a", "etcd", map[string]string{"password": "etcd-secret"}),
-		storeLockBackend("pg", locksv1alpha1.LockBackendSpec{Postgres: &locksv1alpha1.PostgresBackend{
-			Host: "pg.team-a.svc", Database: "locks", User: "locker", PasswordSecretRef: ref("pg", "password"),
-		}}),
-		storeLockBackend("zk", locksv1alpha1.LockBackendSpec{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{
-			Servers: []string{"zk-0.zk:2181", "zk-1.zk:2181", "zk-2.zk:2181"}, SessionTimeoutSeconds: 20, MaxClockSkewMilliseconds: 750, DigestSecretRef: ref("zk", "digest"),
-		}}),
-		storeLockBackend("etcd", locksv1alpha1.LockBackendSpec{Etcd: &locksv1alpha1.EtcdBackend{
-			Endpoints: []string{"etcd.team-a.svc:2379"}, Username: "locker", PasswordSecretRef: ref("etcd", "password"),
-		}}),
+		storeLockBackend("pg", locksv1alpha1.LockBackendSpec{
+			Store: locksv1alpha1.Store{Postgres: &locksv1alpha1.PostgresBackend{
+				Host: "pg.team-a.svc", Database: "locks", User: "locker", PasswordSecretRef: ref("pg", "password"),
+			}},
+		}),
+		storeLockBackend("zk", locksv1alpha1.LockBackendSpec{
+			Store: locksv1alpha1.Store{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{
+				Servers: []string{"zk-0.zk:2181", "zk-1.zk:2181", "zk-2.zk:2181"}, SessionTimeoutSeconds: 20, MaxClockSkewMilliseconds: 750, DigestSecretRef: ref("zk", "digest"),
+			}},
+		}),
+		storeLockBackend("etcd", locksv1alpha1.LockBackendSpec{
+			Store: locksv1alpha1.Store{Etcd: &locksv1alpha1.EtcdBackend{
+				Endpoints: []string{"etcd.team-a.svc:2379"}, Username: "locker", PasswordSecretRef: ref("etcd", "password"),
+			}},
+		}),
 	}
 	r := registryWith(t, deepCopies(objs)...)
 	r.SetPolicy(Policy{}, nil)
@@ -61,25 +68,25 @@ func TestResolveOtherStores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p := cfg.Postgres; p == nil || p.Host != "pg.team-a.svc" || p.Port != 5432 || p.Database != "locks" || p.User != "locker" ||
+	if p, _ := cfg.Engine.(*pglock.Config); p == nil || p.Host != "pg.team-a.svc" || p.Port != 5432 || p.Database != "locks" || p.User != "locker" ||
 		p.Password != "pg-secret" || p.Schema != "lockwarden" || p.Dial == nil || p.TLS != nil {
-		t.Errorf("postgres config = %+v", cfg.Postgres)
+		t.Errorf("postgres config = %+v", cfg.Engine)
 	}
 	cfg, _, err = r.resolveAny(t.Context(), lockOnBackend("zk"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if z := cfg.ZooKeeper; z == nil || len(z.Servers) != 3 || z.Root != "/lockwarden" || z.SessionTimeout != 20*time.Second || z.MaxClockSkew != 750*time.Millisecond ||
+	if z, _ := cfg.Engine.(*zklock.Config); z == nil || len(z.Servers) != 3 || z.Root != "/lockwarden" || z.SessionTimeout != 20*time.Second || z.MaxClockSkew != 750*time.Millisecond ||
 		z.Digest != "locks:zk-secret" || z.Dial == nil {
-		t.Errorf("zookeeper config = %+v", cfg.ZooKeeper)
+		t.Errorf("zookeeper config = %+v", cfg.Engine)
 	}
 	cfg, _, err = r.resolveAny(t.Context(), lockOnBackend("etcd"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := cfg.Etcd; e == nil || !slices.Equal(e.Endpoints, []string{"etcd.team-a.svc:2379"}) || e.Prefix != "/lockwarden/" ||
+	if e, _ := cfg.Engine.(*etcdlock.Config); e == nil || !slices.Equal(e.Endpoints, []string{"etcd.team-a.svc:2379"}) || e.Prefix != "/lockwarden/" ||
 		e.Username != "locker" || e.Password != "etcd-secret" || e.Dial == nil {
-		t.Errorf("etcd config = %+v", cfg.Etcd)
+		t.Errorf("etcd config = %+v", cfg.Engine)
 	}
 }
 
@@ -93,11 +100,11 @@ func TestTenantStoresFollowTheEndpointPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	objs := []client.Object{
-		storeLockBackend("pg", locksv1alpha1.LockBackendSpec{Postgres: &locksv1alpha1.PostgresBackend{Host: "127.0.0.1", Port: 5432, Database: "x", User: "x"}}),
-		storeLockBackend("zk", locksv1alpha1.LockBackendSpec{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk.team-a.svc:2181", "169.254.169.254:80"}}}),
-		storeLockBackend("etcd", locksv1alpha1.LockBackendSpec{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"[::1]:2379"}}}),
+		storeLockBackend("pg", locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{Postgres: &locksv1alpha1.PostgresBackend{Host: "127.0.0.1", Port: 5432, Database: "x", User: "x"}}}),
+		storeLockBackend("zk", locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk.team-a.svc:2181", "169.254.169.254:80"}}}}),
+		storeLockBackend("etcd", locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"[::1]:2379"}}}}),
 		storeLockBackend("two", locksv1alpha1.LockBackendSpec{
-			Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd:2379"}}, ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk:2181"}},
+			Store: locksv1alpha1.Store{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd:2379"}}, ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk:2181"}}},
 		}),
 	}
 	cases := map[string]struct{ reason, field string }{
@@ -148,7 +155,7 @@ func TestStoreDialerEnforcesThePolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs := []client.Object{storeLockBackend("pg", locksv1alpha1.LockBackendSpec{Postgres: &locksv1alpha1.PostgresBackend{Host: "pg.team-a.svc", Database: "x", User: "x"}})}
+	objs := []client.Object{storeLockBackend("pg", locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{Postgres: &locksv1alpha1.PostgresBackend{Host: "pg.team-a.svc", Database: "x", User: "x"}}})}
 	for name, tc := range map[string]struct {
 		policy  *netguard.EndpointPolicy
 		refused bool
@@ -163,7 +170,7 @@ func TestStoreDialerEnforcesThePolicy(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 			defer cancel()
-			conn, err := cfg.Postgres.Dial(ctx, "tcp", ln.Addr().String())
+			conn, err := cfg.Engine.(*pglock.Config).Dial(ctx, "tcp", ln.Addr().String())
 			if tc.refused {
 				if !errors.Is(err, netguard.ErrDenied) {
 					t.Fatalf("dial = %v, want ErrDenied", err)
@@ -190,17 +197,19 @@ func TestStoreDialerEnforcesThePolicy(t *testing.T) {
 func TestTenantStoresGetShortOperationTimeouts(t *testing.T) {
 	t.Parallel()
 	specs := map[string]locksv1alpha1.LockBackendSpec{
-		"pg":    {Postgres: &locksv1alpha1.PostgresBackend{Host: "pg.infra.svc", Database: "locks", User: "locker"}},
-		"zk":    {ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk.infra.svc:2181"}}},
-		"etcd":  {Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd.infra.svc:2379"}}},
-		"redis": {Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{"redis.infra.svc:6379"}}},
+		"pg":    {Store: locksv1alpha1.Store{Postgres: &locksv1alpha1.PostgresBackend{Host: "pg.infra.svc", Database: "locks", User: "locker"}}},
+		"zk":    {Store: locksv1alpha1.Store{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{"zk.infra.svc:2181"}}}},
+		"etcd":  {Store: locksv1alpha1.Store{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{"etcd.infra.svc:2379"}}}},
+		"redis": {Store: locksv1alpha1.Store{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{"redis.infra.svc:6379"}}}},
 	}
 	var objs []client.Object
 	for name, spec := range specs {
 		objs = append(objs, storeLockBackend(name, spec), &locksv1alpha1.ClusterLockBackend{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: locksv1alpha1.ClusterLockBackendSpec{Postgres: spec.Postgres, ZooKeeper: spec.ZooKeeper, Etcd: spec.Etcd, Redis: spec.Redis,
-				NamespaceSelector: &metav1.LabelSelector{}},
+			Spec: locksv1alpha1.ClusterLockBackendSpec{
+				Store:             spec.Store,
+				NamespaceSelector: &metav1.LabelSelector{},
+			},
 		})
 	}
 	objs = append(objs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}})
@@ -233,9 +242,9 @@ func TestTenantStoresGetShortOperationTimeouts(t *testing.T) {
 func TestNewLockerHandsTheOperationTimeoutToTheEngine(t *testing.T) {
 	t.Parallel()
 	stores := map[string]Config{
-		"postgres":  {Postgres: &pglock.Config{Host: "127.0.0.1", Port: 1, Database: "locks", User: "locker"}},
-		"zookeeper": {ZooKeeper: &zklock.Config{Servers: []string{"127.0.0.1:1"}}},
-		"etcd":      {Etcd: &etcdlock.Config{Endpoints: []string{"127.0.0.1:1"}}},
+		"postgres":  {Store: "postgres", Engine: &pglock.Config{Host: "127.0.0.1", Port: 1, Database: "locks", User: "locker"}},
+		"zookeeper": {Store: "zookeeper", Engine: &zklock.Config{Servers: []string{"127.0.0.1:1"}}},
+		"etcd":      {Store: "etcd", Engine: &etcdlock.Config{Endpoints: []string{"127.0.0.1:1"}}},
 	}
 	defaults := map[string]time.Duration{"postgres": pglock.DefaultOperationTimeout, "zookeeper": zklock.DefaultOperationTimeout, "etcd": etcdlock.DefaultOpTimeout}
 	for name, cfg := range stores {
@@ -268,10 +277,12 @@ func TestLockBackendRedisScopes(t *testing.T) {
 	t.Parallel()
 	objs := []client.Object{
 		secret("team-a", "redis-user", map[string]string{"password": "pw"}),
-		storeLockBackend("redis", locksv1alpha1.LockBackendSpec{Redis: &locksv1alpha1.RedisBackend{
-			Endpoints: []string{"redis.team-a.svc:6379"}, Username: "team-a-locks",
-			PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis-user", Key: "password"},
-		}}),
+		storeLockBackend("redis", locksv1alpha1.LockBackendSpec{
+			Store: locksv1alpha1.Store{Redis: &locksv1alpha1.RedisBackend{
+				Endpoints: []string{"redis.team-a.svc:6379"}, Username: "team-a-locks",
+				PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "redis-user", Key: "password"},
+			}},
+		}),
 	}
 	for _, tc := range []struct {
 		name   string
@@ -289,8 +300,8 @@ func TestLockBackendRedisScopes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rc := cfg.Redis; rc == nil || rc.Username != "team-a-locks" || rc.Password != "pw" || !slices.Equal(rc.Scopes, tc.want) {
-				t.Errorf("redis config = %+v, want user team-a-locks with scopes %q", cfg.Redis, tc.want)
+			if rc, _ := cfg.Engine.(*redislock.Config); rc == nil || rc.Username != "team-a-locks" || rc.Password != "pw" || !slices.Equal(rc.Scopes, tc.want) {
+				t.Errorf("redis config = %+v, want user team-a-locks with scopes %q", cfg.Engine, tc.want)
 			}
 		})
 	}
@@ -300,7 +311,7 @@ func TestLockBackendRedisScopes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Redis == nil || cfg.Redis.Scopes != nil {
-		t.Errorf("inline redis config = %+v, want no scopes", cfg.Redis)
+	if cfg.Engine.(*redislock.Config).Scopes != nil {
+		t.Errorf("inline redis config = %+v, want no scopes", cfg.Engine)
 	}
 }

@@ -144,7 +144,7 @@ func TestGlobalScopeIsRefusedOnEveryPath(t *testing.T) {
 		create(t, env.Client, &locksv1alpha1.ClusterLockBackend{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: locksv1alpha1.ClusterLockBackendSpec{
-				Redis:                        &locksv1alpha1.RedisBackend{Endpoints: []string{rdb.Addr}},
+				Store:                        locksv1alpha1.Store{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{rdb.Addr}}},
 				NamespaceSelector:            &metav1.LabelSelector{},
 				GlobalScopeNamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"global-locks": "yes"}},
 				GlobalKeyPrefixes:            prefixes,
@@ -410,8 +410,8 @@ func TestClusterBackendCredentialsStayWithTheAdmins(t *testing.T) {
 	create(t, env.Client, &locksv1alpha1.ClusterLockBackend{
 		ObjectMeta: metav1.ObjectMeta{Name: "shared-redis"},
 		Spec: locksv1alpha1.ClusterLockBackendSpec{
-			Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{rdb.Addr},
-				PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "shared-redis-auth", Key: "password"}},
+			Store: locksv1alpha1.Store{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{rdb.Addr},
+				PasswordSecretRef: &locksv1alpha1.SecretKeyRef{Name: "shared-redis-auth", Key: "password"}}},
 			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "payments"}},
 		},
 	})
@@ -468,11 +468,11 @@ func TestTenantLockBackendFollowsTheEndpointPolicy(t *testing.T) {
 	rdb := redistest.Start(t)
 	create(t, asTenant, &locksv1alpha1.LockBackend{
 		ObjectMeta: metav1.ObjectMeta{Name: "sneaky", Namespace: ns},
-		Spec:       locksv1alpha1.LockBackendSpec{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{listener.Addr}}},
+		Spec:       locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{listener.Addr}}}},
 	})
 	create(t, asTenant, &locksv1alpha1.LockBackend{
 		ObjectMeta: metav1.ObjectMeta{Name: "team-redis", Namespace: ns},
-		Spec:       locksv1alpha1.LockBackendSpec{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{rdb.Addr}}},
+		Spec:       locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{rdb.Addr}}}},
 	})
 	onBackend := func(name, backendName string) *locksv1alpha1.DistributedLock {
 		return &locksv1alpha1.DistributedLock{

@@ -46,20 +46,22 @@ type hostileBackend struct {
 }
 
 func redisOn(srv *rawserver.Server) locksv1alpha1.LockBackendSpec {
-	return locksv1alpha1.LockBackendSpec{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{srv.Addr}}}
+	return locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{srv.Addr}}}}
 }
 
 func postgresOn(srv *rawserver.Server) locksv1alpha1.LockBackendSpec {
-	return locksv1alpha1.LockBackendSpec{Postgres: &locksv1alpha1.PostgresBackend{
-		Host: srv.Host, Port: int32(srv.Port), Database: "locks", User: "tenant"}}
+	return locksv1alpha1.LockBackendSpec{
+		Store: locksv1alpha1.Store{Postgres: &locksv1alpha1.PostgresBackend{
+			Host: srv.Host, Port: int32(srv.Port), Database: "locks", User: "tenant"}},
+	}
 }
 
 func zookeeperOn(srv *rawserver.Server) locksv1alpha1.LockBackendSpec {
-	return locksv1alpha1.LockBackendSpec{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{srv.Addr}}}
+	return locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{ZooKeeper: &locksv1alpha1.ZooKeeperBackend{Servers: []string{srv.Addr}}}}
 }
 
 func etcdOn(srv *rawserver.Server) locksv1alpha1.LockBackendSpec {
-	return locksv1alpha1.LockBackendSpec{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{srv.Addr}}}
+	return locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{srv.Addr}}}}
 }
 
 // zkLying answers a good connect, then every request for the lock's nodes

@@ -257,7 +257,7 @@ func devRedisClusterLockBackend(addr string) *locksv1alpha1.ClusterLockBackend {
 		TypeMeta:   metav1.TypeMeta{APIVersion: locksv1alpha1.GroupVersion.String(), Kind: "ClusterLockBackend"},
 		ObjectMeta: metav1.ObjectMeta{Name: DevRedisBackend},
 		Spec: locksv1alpha1.ClusterLockBackendSpec{
-			Redis:             &locksv1alpha1.RedisBackend{Endpoints: []string{addr}},
+			Store:             locksv1alpha1.Store{Redis: &locksv1alpha1.RedisBackend{Endpoints: []string{addr}}},
 			NamespaceSelector: &metav1.LabelSelector{},
 		},
 	}
