@@ -4,9 +4,14 @@
 //
 // A lease is held all-or-nothing on its keys, identified by a random owner
 // token that only its holder knows, and carries a fencing token that is
-// strictly larger than every token issued before it for any of its keys. The
-// Redis implementation lives in package lock/redis; every implementation must
-// pass the conformance suite in package lock/locktest.
+// strictly larger than every token issued before it for any of its keys.
+//
+// Each store is a package below this one (redis, postgres, zookeeper, etcd,
+// and memory, the in-process reference), built from the kit here: Options
+// and ConfigError (kit.go), the blocking Acquire over one attempt
+// (acquire.go) and the checks of requests and leases (request.go). Every
+// store must pass the conformance, semaphore and fault suites of package
+// lock/locktest.
 package lock
 
 import (
