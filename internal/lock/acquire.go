@@ -98,7 +98,7 @@ func BlockingAcquire[E any](ctx context.Context, o *Options, req Request, s Step
 		case <-s.Closed:
 		case e, ok := <-wake:
 			if !ok {
-				wake, closedC = nil, wake
+				closedC = wake
 			}
 			if s.Woken != nil {
 				s.Woken(e, ok)

@@ -271,12 +271,6 @@ func (l *Locker) opCtx(ctx context.Context) (context.Context, context.CancelFunc
 	return context.WithTimeout(ctx, l.opts.opTimeout)
 }
 
-// cleanupContext is for undoing and best-effort work that must run even when
-// the caller's context has ended.
-func (l *Locker) cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), l.opts.opTimeout)
-}
-
 // unavailable wraps an etcd or transport failure.
 func (l *Locker) unavailable(op string, err error) error {
 	if tooLarge := replyTooLarge(err); tooLarge != nil {
