@@ -96,6 +96,8 @@ func BlockingAcquire[E any](ctx context.Context, o *Options, req Request, s Step
 		select {
 		case <-ctx.Done():
 		case <-s.Closed:
+			stop()
+			return nil, fmt.Errorf("acquire keys %q: %w; last attempt: %w", req.Keys, s.ClosedErr, lastErr)
 		case e, ok := <-wake:
 			if !ok {
 				closedC = wake
