@@ -79,6 +79,8 @@ func Run(t *testing.T, newLocker func(t *testing.T) lock.Locker, opts ...Option)
 	t.Run("WatchDeliversRelease", s.watch)
 	t.Run("Inspect", s.inspect)
 	t.Run("RenewAll", s.renewAll)
+	t.Run("RenewExtendsTheLease", s.renewExtends)
+	t.Run("UnreadWatchNeverBlocksReleases", s.unreadWatch)
 	t.Run("InvalidRequests", s.invalid)
 }
 
@@ -399,7 +401,10 @@ func (s *suite) releaseLetsNextIn(t *testing.T) {
 func (s *suite) fencesIncrease(t *testing.T) {
 	lockers := []lock.Locker{s.newLocker(t), s.newLocker(t)}
 	ks := keys(t, 3)
-	sets := [][]string{{ks[0]}, {ks[0], ks[1]}, {ks[1]}, {ks[1], ks[2]}, {ks[2], ks[0]}, {ks[0], ks[1], ks[2]}}
+	// {ks[0], ks[1]} right after {ks[1]}: its first key has the older token,
+	// so a store that derived the token from the first key only would not
+	// go past ks[1]'s.
+	sets := [][]string{{ks[0]}, {ks[1]}, {ks[0], ks[1]}, {ks[1], ks[2]}, {ks[2], ks[0]}, {ks[0], ks[1], ks[2]}}
 	last := map[string]int64{}
 	for i := range 30 {
 		l := lockers[i%2]
@@ -885,5 +890,73 @@ func (s *suite) invalid(t *testing.T) {
 	}
 	if st.Held || len(st.Waiters) != 0 {
 		t.Fatalf("after invalid requests Inspect = %+v, want untouched", st)
+	}
+}
+
+// renewExtends: a lease renewed with a longer TTL still holds its key after
+// its first TTL has run out, and nobody else gets it. (A store whose Renew
+// only checked the owner would pass the other tests, whose holders renew
+// right after acquiring or release before the first TTL ends.)
+func (s *suite) renewExtends(t *testing.T) {
+	a, b := s.newLocker(t), s.newLocker(t)
+	ctx := ctxT(t, 30*time.Second)
+	key := keys(t, 1)[0]
+	const first = 2 * time.Second
+	lease := mustAcquire(t, a, lock.Request{Keys: []string{key}, TTL: first, Holder: "renewed"})
+	renewed, err := a.Renew(ctx, lease, longTTL)
+	if err != nil {
+		t.Fatalf("Renew: %v", err)
+	}
+	if !renewed.Expires.After(lease.Expires) {
+		t.Fatalf("Renew with TTL %v moved Expires from %v to %v, want later", longTTL, lease.Expires, renewed.Expires)
+	}
+	// Wait out the first TTL (the lease's own clock): a store that did not
+	// extend the lease has freed the key by then.
+	time.Sleep(time.Until(lease.Acquired.Add(first + 500*time.Millisecond)))
+	st, err := inspect1(ctx, b, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Held || st.Fence != lease.Fence {
+		t.Fatalf("after the first TTL of the renewed lease, Inspect = %+v, want held with fence %d", st, lease.Fence)
+	}
+	if _, err := b.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: longTTL}); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire of the renewed lease's key: %v, want ErrNotAcquired", err)
+	}
+	mustRelease(t, a, renewed)
+}
+
+// unreadWatch: a Watch whose channel nobody reads never holds up a
+// release: notifications beyond what it buffers are dropped (a waiter also
+// polls), not waited for.
+func (s *suite) unreadWatch(t *testing.T) {
+	l := s.newLocker(t)
+	key := keys(t, 1)[0]
+	wctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := l.Watch(wctx, key); err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		for range 100 {
+			lease, err := l.TryAcquire(wctx, lock.Request{Keys: []string{key}, TTL: longTTL})
+			if err == nil {
+				err = l.Release(wctx, lease)
+			}
+			if err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("acquire and release with an unread Watch: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("100 acquisitions and releases did not end within 30s while a Watch of the key went unread: releases wait for the reader")
 	}
 }
