@@ -81,6 +81,7 @@ func Run(t *testing.T, newLocker func(t *testing.T) lock.Locker, opts ...Option)
 	t.Run("RenewAll", s.renewAll)
 	t.Run("RenewExtendsTheLease", s.renewExtends)
 	t.Run("UnreadWatchNeverBlocksReleases", s.unreadWatch)
+	t.Run("ReleaseOfExpiredLeaseIsNotHeld", s.releaseExpired)
 	t.Run("InvalidRequests", s.invalid)
 }
 
@@ -958,5 +959,26 @@ func (s *suite) unreadWatch(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("100 acquisitions and releases did not end within 30s while a Watch of the key went unread: releases wait for the reader")
+	}
+}
+
+// releaseExpired: releasing a lease after its TTL ran out, with nothing
+// else done to the key since, reports ErrNotHeld: the lease was gone, and
+// the caller must not believe it held the key until the release.
+// (ExpiredLeaseIsLost renews first, which many stores treat as the release.)
+func (s *suite) releaseExpired(t *testing.T) {
+	a := s.newLocker(t)
+	ctx := ctxT(t, 20*time.Second)
+	key := keys(t, 1)[0]
+	old := mustAcquire(t, a, lock.Request{Keys: []string{key}, TTL: 500 * time.Millisecond, Holder: "old"})
+	eventually(t, 5*time.Second, "lease expires in the backend", func(ctx context.Context) (bool, error) {
+		st, err := inspect1(ctx, a, key)
+		return err == nil && !st.Held, err
+	})
+	// Redlock shows the key free once a quorum of nodes let it go; the
+	// others follow within the time the acquisition took to reach them.
+	time.Sleep(time.Until(old.Acquired.Add(old.TTL + 250*time.Millisecond)))
+	if err := a.Release(ctx, old); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("Release of an expired lease: %v, want ErrNotHeld", err)
 	}
 }
