@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
+	"github.com/lockwarden/lockwarden/internal/lock/locktest"
 	"github.com/lockwarden/lockwarden/internal/testutil/etcdtest"
 )
 
@@ -142,4 +143,13 @@ func BenchmarkHandover(b *testing.B) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[(len(lat)*99)/100].Microseconds())/1000, "p99-ms")
+}
+
+// BenchmarkRenewAll is one watchdog round over held leases (see
+// locktest.BenchRenewAll): each renewal is a Txn (the owner check) and a
+// KeepAliveOnce of the lease's own etcd lease.
+func BenchmarkRenewAll(b *testing.B) {
+	m := etcdtest.Start(b)
+	l := newTestLocker(b, Config{Endpoints: []string{m.Addr}, Prefix: "/bench/"})
+	locktest.BenchRenewAll(b, l, locktest.BenchLeases(b), "renew")
 }

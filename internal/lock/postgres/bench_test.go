@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
+	"github.com/lockwarden/lockwarden/internal/lock/locktest"
 	"github.com/lockwarden/lockwarden/internal/testutil/pgtest"
 )
 
@@ -132,4 +133,12 @@ func BenchmarkHandover(b *testing.B) {
 		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 	}
+}
+
+// BenchmarkRenewAll is one watchdog round over held leases (see
+// locktest.BenchRenewAll): one UPDATE statement per 100 leases' rows.
+func BenchmarkRenewAll(b *testing.B) {
+	s := pgtest.Start(b)
+	l := newTestLocker(b, configFor(s))
+	locktest.BenchRenewAll(b, l, locktest.BenchLeases(b), "renew")
 }

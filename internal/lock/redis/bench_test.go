@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
+	"github.com/lockwarden/lockwarden/internal/lock/locktest"
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 )
 
@@ -120,4 +121,12 @@ func benchHandover(b *testing.B, limit int) {
 		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 	}
+}
+
+// BenchmarkRenewAll is one watchdog round over held leases (see
+// locktest.BenchRenewAll): one renew script call per lease, pipelined.
+func BenchmarkRenewAll(b *testing.B) {
+	s := redistest.Start(b)
+	l := newTestLocker(b, Config{Addrs: []string{s.Addr}})
+	locktest.BenchRenewAll(b, l, locktest.BenchLeases(b), "renew")
 }

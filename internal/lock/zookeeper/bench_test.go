@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
+	"github.com/lockwarden/lockwarden/internal/lock/locktest"
 )
 
 // BenchmarkCycle is an uncontended TryAcquire + Release of one key on the
@@ -152,4 +153,14 @@ func warmUp(b *testing.B, servers []string) {
 			}
 		}
 	})
+}
+
+// BenchmarkRenewAll is one watchdog round over held leases (see
+// locktest.BenchRenewAll): each renewal writes its holder node (a quorum
+// write on an ensemble).
+func BenchmarkRenewAll(b *testing.B) {
+	e := sharedServers(b, 1)
+	warmUp(b, e.Addrs())
+	l := newTestLocker(b, Config{Servers: e.Addrs(), Root: "/benchrenew"})
+	locktest.BenchRenewAll(b, l, locktest.BenchLeases(b), "renew")
 }
