@@ -114,3 +114,22 @@ func (o *Options) backoffSteps() wait.Backoff {
 	}
 	return b
 }
+
+// Now reads the Clock.
+func (o *Options) Now() time.Time { return o.Clock.Now() }
+
+// Since is the time elapsed since t on the Clock.
+func (o *Options) Since(t time.Time) time.Duration { return o.Clock.Since(t) }
+
+// Until is the time left until t on the Clock.
+func (o *Options) Until(t time.Time) time.Duration { return t.Sub(o.Clock.Now()) }
+
+// AfterFunc runs f in its own goroutine after d on the Clock when it has
+// timers (a fake clock's then fire when the test steps it), and on the real
+// clock otherwise. stop cancels it, reporting whether it had not run yet.
+func (o *Options) AfterFunc(d time.Duration, f func()) (stop func() bool) {
+	if c, ok := o.Clock.(clock.WithDelayedExecution); ok {
+		return c.AfterFunc(d, f).Stop
+	}
+	return time.AfterFunc(d, f).Stop
+}

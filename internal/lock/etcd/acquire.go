@@ -119,7 +119,7 @@ const maxPasses = 3
 // attempt is one acquisition. It returns the lease, or what to wait for and
 // the error.
 func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, waitHint, error) {
-	start := time.Now()
+	start := l.opts.Now()
 	op := fmt.Sprintf("acquire keys %q", req.Keys)
 	tag := ownerTag(req.Owner)
 	if err := l.connect(); err != nil {
@@ -269,7 +269,7 @@ func (l *Locker) newLease(req lock.Request, fence int64, start time.Time) (*lock
 	// start: the keys are held at least until start + TTL (less the drift
 	// allowance for clock rates). The time the call took is already inside
 	// that window; subtracting it again would end the lease early.
-	elapsed := time.Since(start)
+	elapsed := l.opts.Since(start)
 	expires := start.Add(req.TTL - drift(req.TTL))
 	validity := req.TTL - elapsed - drift(req.TTL) // what is left now
 	if validity <= 0 {
@@ -426,7 +426,7 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 		}
 		waiterLease, granted = g.ID, true
 	}
-	value := encodeValue(tag, waiterRecord{Holder: req.Holder, Lease: int64(waiterLease), Since: time.Now().UnixMilli()})
+	value := encodeValue(tag, waiterRecord{Holder: req.Holder, Lease: int64(waiterLease), Since: l.opts.Now().UnixMilli()})
 	busy := slices.Index(req.Keys, held.Key)
 	var cmps []clientv3.Cmp
 	var puts []clientv3.Op

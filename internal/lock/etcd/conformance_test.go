@@ -1,9 +1,12 @@
 package etcd
 
 import (
+	testingclock "k8s.io/utils/clock/testing"
+
 	"testing"
 	"time"
 
+	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/lock/locktest"
 	"github.com/lockwarden/lockwarden/internal/testutil/etcdtest"
 )
@@ -45,4 +48,11 @@ func TestConformanceTLSDial(t *testing.T) {
 	if d.calls.Load() == 0 {
 		t.Fatal("no connection went through Config.Dial")
 	}
+}
+
+func TestLockerReadsItsClock(t *testing.T) {
+	m := etcdtest.Start(t)
+	locktest.CheckClock(t, func(t *testing.T, c *testingclock.FakeClock) lock.Locker {
+		return newTestLocker(t, Config{Endpoints: []string{m.Addr}, Prefix: "/clock/"}, WithClock(c))
+	})
 }

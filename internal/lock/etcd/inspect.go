@@ -116,7 +116,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 func (l *Locker) leaseExpiry(ctx context.Context, id clientv3.LeaseID) (time.Time, error) {
 	tctx, cancel := l.opCtx(ctx)
 	defer cancel()
-	now := time.Now()
+	now := l.opts.Now()
 	r, err := l.etcd().TimeToLive(tctx, id)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("lease time to live: %w", err)

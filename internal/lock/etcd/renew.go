@@ -96,7 +96,7 @@ func (l *Locker) notHeldGets(keys []string) []clientv3.Op {
 }
 
 func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
-	start := time.Now()
+	start := l.opts.Now()
 	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
 	tag := ownerTag(lease.Owner)
 	if err := l.connect(); err != nil {
@@ -164,7 +164,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 			return nil, fmt.Errorf("%s: %w: the keys were released or taken while moving them to a lease of the new TTL", op, lock.ErrLost)
 		}
 	}
-	elapsed := time.Since(start)
+	elapsed := l.opts.Since(start)
 	validity := ttl - elapsed - drift(ttl)
 	if validity <= 0 {
 		return nil, l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, ttl, drift(ttl)))

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	testingclock "k8s.io/utils/clock/testing"
+
 	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/lock/locktest"
 )
@@ -62,4 +64,14 @@ func TestConformanceNew(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = first.Close() })
 	locktest.Run(t, lockerFactory(first.Store(), WithWaiterTTL(time.Second)), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
+}
+
+func TestLockerReadsItsClock(t *testing.T) {
+	locktest.CheckClock(t, func(t *testing.T, c *testingclock.FakeClock) lock.Locker {
+		l, err := New(WithClock(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	})
 }

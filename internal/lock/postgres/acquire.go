@@ -101,7 +101,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	err := l.call(octx, fmt.Sprintf("acquire keys %q", req.Keys), func(ctx context.Context, c *pgx.Conn) error {
 		// The validity runs from when the statement goes out, after the
 		// connection (and the schema check) is ready.
-		start = time.Now()
+		start = l.opts.Now()
 		return c.QueryRow(ctx, l.sql.acquire,
 			encodeKeys(req.Keys), ownerDigest(req.Owner), req.Holder, req.TTL.Milliseconds(),
 			req.Queue, l.opts.WaiterTTL.Milliseconds(), lock.MaxFence-1,
@@ -144,13 +144,13 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	// and that is after start: the lease is valid until start + TTL, less
 	// the drift allowance. (The call's duration is already behind start;
 	// subtracting it again would shorten every lease by one round trip.)
-	expires, validity := leaseEnd(start, req.TTL)
+	expires, validity := l.leaseEnd(start, req.TTL)
 	if validity <= 0 {
 		// The database holds the lease until start+TTL at the earliest, but
 		// the caller would get it with nothing left: give it back (this
 		// acquisition only, by its token).
 		l.releaseQuietly(ctx, req.Keys, req.Owner, fence)
-		return nil, 0, l.unavailable("acquire", fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", time.Since(start), req.TTL, drift(req.TTL)))
+		return nil, 0, l.unavailable("acquire", fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", l.opts.Since(start), req.TTL, drift(req.TTL)))
 	}
 	lease := lock.NewLease(req, fence, start, expires)
 	if v := l.log.V(1); v.Enabled() {

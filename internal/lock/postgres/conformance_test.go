@@ -1,9 +1,12 @@
 package postgres
 
 import (
+	testingclock "k8s.io/utils/clock/testing"
+
 	"testing"
 	"time"
 
+	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/lock/locktest"
 	"github.com/lockwarden/lockwarden/internal/testutil/pgtest"
 )
@@ -27,4 +30,11 @@ func TestConformancePasswordTLS(t *testing.T) {
 	cfg := configFor(s)
 	cfg.Schema = "locks_tls"
 	locktest.Run(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
+}
+
+func TestLockerReadsItsClock(t *testing.T) {
+	s := pgtest.Start(t)
+	locktest.CheckClock(t, func(t *testing.T, c *testingclock.FakeClock) lock.Locker {
+		return newTestLocker(t, configFor(s), WithClock(c))
+	})
 }

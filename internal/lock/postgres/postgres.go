@@ -352,9 +352,9 @@ func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecon
 // leaseEnd returns the Expires of a lease whose acquire or renew statement
 // started at start (before it was sent), and the validity left now, which is
 // not positive when the call took all of it.
-func leaseEnd(start time.Time, ttl time.Duration) (time.Time, time.Duration) {
+func (l *Locker) leaseEnd(start time.Time, ttl time.Duration) (time.Time, time.Duration) {
 	expires := start.Add(ttl - drift(ttl))
-	return expires, time.Until(expires)
+	return expires, l.opts.Until(expires)
 }
 
 // retryable reports whether the server aborted the transaction for a reason

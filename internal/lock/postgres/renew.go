@@ -138,7 +138,7 @@ func (l *Locker) renewBatch(ctx context.Context, leases []*lock.Lease, idx, batc
 	seen := make([]bool, len(batch))
 	err := l.call(ctx, "renew", func(ctx context.Context, c *pgx.Conn) error {
 		// The validity runs from when the statement goes out.
-		start = time.Now()
+		start = l.opts.Now()
 		var (
 			numbers, results []int32
 			syncCommit       string
@@ -158,7 +158,7 @@ func (l *Locker) renewBatch(ctx context.Context, leases []*lock.Lease, idx, batc
 		return nil
 	})
 	// As in attempt: valid until start + TTL less the drift allowance.
-	expires, validity := leaseEnd(start, ttl)
+	expires, validity := l.leaseEnd(start, ttl)
 	for j, k := range batch {
 		lease := leases[idx[k]]
 		op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
@@ -175,7 +175,7 @@ func (l *Locker) renewBatch(ctx context.Context, leases []*lock.Lease, idx, batc
 			l.log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 			errs[k] = fmt.Errorf("%s: %w: %s is no longer held by this owner (expired, or taken by another owner)", op, lock.ErrLost, what)
 		case validity <= 0:
-			errs[k] = l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", time.Since(start), ttl, drift(ttl)))
+			errs[k] = l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", l.opts.Since(start), ttl, drift(ttl)))
 		default:
 			next := *lease
 			next.TTL = ttl

@@ -1,9 +1,12 @@
 package redis
 
 import (
+	testingclock "k8s.io/utils/clock/testing"
+
 	"testing"
 	"time"
 
+	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/lock/locktest"
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 )
@@ -34,4 +37,11 @@ func TestConformanceSentinel(t *testing.T) {
 	sentinels := redistest.StartSentinels(t, master, 3, "mymaster")
 	cfg := Config{Addrs: sentinels.Addrs(), MasterName: sentinels.MasterName, Password: "m4ster", DB: 2}
 	locktest.Run(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
+}
+
+func TestLockerReadsItsClock(t *testing.T) {
+	s := redistest.Start(t)
+	locktest.CheckClock(t, func(t *testing.T, c *testingclock.FakeClock) lock.Locker {
+		return newTestLocker(t, Config{Addrs: []string{s.Addr}, Prefix: "clock:"}, WithClock(c))
+	})
 }

@@ -119,7 +119,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 	synced := false
 	var lastHeld *lock.HeldError
 	for range maxTries {
-		start := time.Now()
+		start := l.opts.Now()
 		views, err := l.readKeys(ctx, req.Keys)
 		if err != nil {
 			return nil, "", l.unavailable(op, err)
@@ -180,7 +180,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 			if err != nil {
 				return nil, "", l.unavailable(op, err)
 			}
-		case othersQueued || heldByOther && mightBeStale(plans, hash, time.Now()):
+		case othersQueued || heldByOther && mightBeStale(plans, hash, l.opts.Now()):
 			if _, nowMs, err = l.serverNow(ctx); err != nil {
 				return nil, "", l.unavailable(op, err)
 			}
@@ -477,9 +477,9 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 	}
 	l.armTimer(fence, hash, req.Keys, start.Add(req.TTL), nodes)
 	expires := start.Add(l.validity(req.TTL))
-	if !time.Now().Before(expires) {
+	if !l.opts.Now().Before(expires) {
 		l.releaseQuietly(ctx, req.Keys, hash, fence)
-		return nil, l.unavailable(op, fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL", time.Since(start), req.TTL))
+		return nil, l.unavailable(op, fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL", l.opts.Since(start), req.TTL))
 	}
 	if v := l.log.V(1); v.Enabled() {
 		v.Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", expires.Sub(start).String())

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
@@ -194,6 +195,13 @@ type options struct {
 
 // Option configures a Locker.
 type Option func(*options)
+
+// WithClock sets the clock the Locker reads: the start of every acquisition
+// and renewal (Lease.Acquired, Lease.Expires and the validity left when the
+// call returns), the lease timers that delete the holder nodes of an expired lease, and, when it has timers, Acquire's waits. The store's
+// own expiry runs on its servers' clocks, so anything but the real clock is
+// for tests. Default: the real clock.
+func WithClock(c clock.PassiveClock) Option { return func(o *options) { o.Clock = c } }
 
 // WithLogger sets the logger. Acquisitions and releases are logged at V(1),
 // ZooKeeper failures and session events at V(2), renewals at V(4). The ZooKeeper

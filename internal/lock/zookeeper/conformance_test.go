@@ -1,9 +1,12 @@
 package zookeeper
 
 import (
+	testingclock "k8s.io/utils/clock/testing"
+
 	"testing"
 	"time"
 
+	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/lock/locktest"
 )
 
@@ -46,4 +49,11 @@ func TestQueueVisibility(t *testing.T) {
 	e := sharedServers(t, 3)
 	logsOnFailure(t, e)
 	locktest.CheckQueueVisibility(t, lockerFactory(Config{Servers: e.Addrs(), Root: "/conformance"}, WithWaiterTTL(30*time.Second)))
+}
+
+func TestLockerReadsItsClock(t *testing.T) {
+	e := sharedServers(t, 1)
+	locktest.CheckClock(t, func(t *testing.T, c *testingclock.FakeClock) lock.Locker {
+		return newTestLocker(t, Config{Servers: e.Addrs(), Root: "/clock"}, WithClock(c))
+	})
 }

@@ -77,7 +77,7 @@ func TestRenewPastTTLDoesNotRevive(t *testing.T) {
 	// The timer gives up (as the old one did after a session timeout).
 	l.timersMu.Lock()
 	for id, lt := range l.timers {
-		lt.timer.Stop()
+		lt.timer()
 		delete(l.timers, id)
 	}
 	l.timersMu.Unlock()

@@ -305,7 +305,7 @@ type leaseTimer struct {
 	hash     string
 	keys     []string
 	deadline time.Time
-	timer    *time.Timer
+	timer    func() bool // stops the timer
 	// nodes is what this Locker last wrote for each key, in keys order.
 	nodes []written
 	// unconfirmed: nodes are what an acquisition whose answer was lost
@@ -362,9 +362,9 @@ func (l *Locker) startTimer(lt *leaseTimer) {
 	l.timersMu.Lock()
 	defer l.timersMu.Unlock()
 	if old := l.timers[lt.id]; old != nil {
-		old.timer.Stop()
+		old.timer()
 	}
-	lt.timer = time.AfterFunc(time.Until(lt.deadline), func() { l.expire(lt) })
+	lt.timer = l.opts.AfterFunc(l.opts.Until(lt.deadline), func() { l.expire(lt) })
 	l.timers[lt.id] = lt
 }
 
@@ -378,7 +378,7 @@ func (l *Locker) disarmTimer(fence int64, hash string) {
 	l.timersMu.Lock()
 	defer l.timersMu.Unlock()
 	if t := l.timers[fence]; t != nil && t.hash == hash {
-		t.timer.Stop()
+		t.timer()
 		delete(l.timers, fence)
 	}
 }
@@ -472,7 +472,7 @@ func (l *Locker) expire(lt *leaseTimer) {
 	// the nodes are gone, not its own any more, or the Locker closes.
 	// Meanwhile acquirers treat the nodes as free once the TTL passed on
 	// the ensemble's clock (staleHolder), and renewals do not revive them.
-	warnAt := time.Now().Add(l.SessionTimeout())
+	warnAt := l.opts.Now().Add(l.SessionTimeout())
 	b := l.opts.Backoff
 	pending := make([]int, len(lt.keys))
 	for i := range pending {
@@ -498,7 +498,7 @@ func (l *Locker) expire(lt *leaseTimer) {
 		if l.ctx.Err() != nil {
 			return
 		}
-		if !warnAt.IsZero() && time.Now().After(warnAt) {
+		if !warnAt.IsZero() && l.opts.Now().After(warnAt) {
 			warnAt = time.Time{}
 			l.log.V(2).Info("Ending an expired lease keeps failing; retrying (acquirers take the keys past the TTL meanwhile)", "keys", lt.keys, "ttlEnded", lt.deadline, "err", err.Error())
 		}

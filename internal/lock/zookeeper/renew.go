@@ -61,7 +61,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		// The versions checked are the ones the TTL timer deletes, so a
 		// renewal racing with the timer either commits first (the timer's
 		// delete then fails) or fails (see expire).
-		start := time.Now()
+		start := l.opts.Now()
 		ops := make([]any, 0, 2*len(nodes))
 		next := make([]written, len(nodes))
 		for i, w := range nodes {
@@ -88,7 +88,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 	}
 	synced := false
 	for range maxTries {
-		start := time.Now()
+		start := l.opts.Now()
 		owned, first, err := l.readOwned(ctx, lease.Keys, hash, lease.Fence)
 		if err != nil {
 			return nil, l.unavailable(op, err)
@@ -225,8 +225,8 @@ func (l *Locker) ttlPassed(ctx context.Context, owned []*ownedKey, session int64
 func (l *Locker) renewed(op string, lease *lock.Lease, fence int64, hash string, ttl time.Duration, start time.Time, nodes []written) (*lock.Lease, error) {
 	l.armTimer(fence, hash, lease.Keys, start.Add(ttl), nodes)
 	expires := start.Add(l.validity(ttl))
-	if !time.Now().Before(expires) {
-		return nil, l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL", time.Since(start), ttl))
+	if !l.opts.Now().Before(expires) {
+		return nil, l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL", l.opts.Since(start), ttl))
 	}
 	next := *lease
 	next.TTL = ttl

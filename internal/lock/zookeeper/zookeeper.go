@@ -278,7 +278,7 @@ func (l *Locker) Close() error {
 	l.cancel()
 	l.timersMu.Lock()
 	for k, t := range l.timers {
-		t.timer.Stop()
+		t.timer()
 		delete(l.timers, k)
 	}
 	l.timersMu.Unlock()
