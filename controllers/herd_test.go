@@ -233,8 +233,8 @@ func testHandover(t *testing.T, sc storeCase, waiters int) {
 		}
 		quiet(t, calls, time.Second, 15*time.Second)
 		r := countHandover(calls.since(0), mark, current.Name)
-		t.Logf("%s: handover %d with %d waiters (%s -> %s), %v after the waiters were created: release to acquisition %v: %s; release to quiet (%v): %s; periodic attempts set aside: %d",
-			sc.name, handover, queueLength(s), holder.Decode(s.Holder).Name, next, time.Since(created).Round(time.Millisecond), r.acquiredAfter.Round(time.Millisecond), r.untilAcquired, r.tail.Round(time.Millisecond), r.total, r.periodic)
+		t.Logf("%s: handover %d with %d waiters (%s -> %s), %v after the waiters were created: release to acquisition %v: %s; release to quiet (%v): %s; periodic attempts set aside: %d, first attempts (joins) set aside: %d",
+			sc.name, handover, queueLength(s), holder.Decode(s.Holder).Name, next, time.Since(created).Round(time.Millisecond), r.acquiredAfter.Round(time.Millisecond), r.untilAcquired, r.tail.Round(time.Millisecond), r.total, r.periodic, r.joins)
 		if r.acquiredAfter == 0 {
 			t.Fatalf("handover %d: no acquisition by %s recorded", handover, next)
 		}
@@ -271,12 +271,17 @@ type handoverCounts struct {
 	// periodic is the number of acquisition attempts left out of the
 	// counts: a waiter's periodic one (see isPeriodic).
 	periodic int
+	// joins is the number of first attempts left out of the counts: a
+	// waiter joining the queue (its Job's first reconcile came late on a
+	// loaded machine), which no release caused.
+	joins int
 }
 
 // countHandover counts the calls from the first Release at or after index
 // from on, until the acquisition by the Job next and in all. The calls
-// before from give each waiter's previous attempt, to tell its periodic
-// attempt (isPeriodic) from one a wake-up caused.
+// before from give each waiter's previous attempt, to tell its first
+// attempt (joining the queue) and its periodic one (isPeriodic) from one a
+// wake-up caused.
 func countHandover(calls []storeCall, from int, next string) handoverCounts {
 	r := handoverCounts{untilAcquired: callCounts{n: map[string]int{}}, total: callCounts{n: map[string]int{}}}
 	start := -1
@@ -301,7 +306,12 @@ func countHandover(calls []storeCall, from int, next string) handoverCounts {
 		if c.method == "TryAcquire" {
 			prev, seen := last[c.holder]
 			last[c.holder] = c.at
-			if seen && !c.acquired && holder.Decode(c.holder).Name != next && isPeriodic(prev, c.at) {
+			waiter := !c.acquired && holder.Decode(c.holder).Name != next
+			switch {
+			case waiter && !seen:
+				r.joins++
+				continue
+			case waiter && isPeriodic(prev, c.at):
 				r.periodic++
 				continue
 			}
