@@ -180,7 +180,7 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	r.track(req.NamespacedName, obs)
 	r.report(&dl, obs)
 	if holderChanged && obs.handle.Locker != nil {
-		// Redis announces releases, not acquisitions: the other locks on
+		// Stores announce releases, not acquisitions: the other locks on
 		// these keys (scope Global, or a second lock on the same keys) learn
 		// of the new holder from here, not at their next resync.
 		for _, key := range obs.keys {

@@ -406,7 +406,7 @@ func (r *DistributedLockReconciler) releaseStale(ctx context.Context, dl *locksv
 		obs.mine = nil
 	}
 	// A lease held by a previous incarnation of this operator: its owner
-	// token is derived from the holder string in Redis.
+	// token is derived from the holder string in the store.
 	if len(obs.states) > 0 {
 		for _, hs := range holdersOf(obs.states[0]) {
 			if hs.Holder == wantStr {

@@ -23,7 +23,7 @@ const (
 
 // computeStatus rebuilds a lock's status from what was observed. Timestamps of
 // an unchanged holder are carried over, so that renewals, which move the
-// expiry in Redis, do not rewrite status.
+// expiry in the store, do not rewrite status.
 func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster string) locksv1alpha1.DistributedLockStatus {
 	old := dl.Status
 	st := locksv1alpha1.DistributedLockStatus{
@@ -42,7 +42,7 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 		return st
 	case obs.backendErr != nil:
 		set(locksv1alpha1.ConditionBackendReady, metav1.ConditionFalse, obs.backendReason, backend.Describe(obs.backendErr))
-		// What Redis holds is unknown: keep the last known holder, but say so.
+		// What the store holds is unknown: keep the last known holder, but say so.
 		st.Holder, st.FencingToken, st.AcquiredTime, st.ExpireTime, st.Waiting = old.Holder, old.FencingToken, old.AcquiredTime, old.ExpireTime, old.Waiting
 		st.Holders, st.HolderCount, st.Slots, st.QueueLength = old.Holders, old.HolderCount, old.Slots, old.QueueLength
 		msg := "The backend did not answer; the holder shown is the last one observed"

@@ -117,7 +117,7 @@ func stateDigest(states []lock.KeyState) uint64 {
 // statusResync keeps every lock's status current with changes made outside
 // this operator (a holder in another cluster, a key deleted by hand) without
 // a reconcile per lock: every period it inspects the keys of all the locks
-// of a backend in one batch (one pipelined round trip per Redis node) and
+// of a backend in one batch (one pipelined round trip per Redis node, one query on the other stores) and
 // asks for a reconcile of the locks whose backend state differs from what
 // their status was computed from. It runs on the leader, where the locks are
 // reconciled.

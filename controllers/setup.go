@@ -39,7 +39,7 @@ type Deps struct {
 	ClusterName string
 	// Clock tells the time (default: the real clock).
 	Clock clock.PassiveClock
-	// Log is for work done outside a reconcile: Redis notifications and
+	// Log is for work done outside a reconcile: store notifications and
 	// index lookups (default: controller-runtime's logger).
 	Log logr.Logger
 }

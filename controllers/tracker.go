@@ -19,7 +19,7 @@ import (
 const notifyBuffer = 1024
 
 // tracker is what a reconciler of lease holders remembers between reconciles
-// of one Kind: reconcile requests that come from Redis or the watchdog rather
+// of one Kind: reconcile requests that come from the store or the watchdog rather
 // than from informers, leases the watchdog lost, and when holders started
 // waiting. The zero value is not usable; use newTracker.
 type tracker struct {
