@@ -206,7 +206,7 @@ func TestDialIsUsedForEveryConnection(t *testing.T) {
 // handed out as a token (etcd revisions cannot be set, so this checks the
 // guard on a transaction reply).
 func TestFencePastMaxIsRefused(t *testing.T) {
-	l := &Locker{}
+	l := &Locker{opts: options{Options: lock.DefaultOptions()}}
 	req := lock.Request{Keys: []string{"k"}, TTL: time.Minute}
 	for _, rev := range []int64{0, lock.MaxFence, lock.MaxFence + 1} {
 		if lease, err := l.acquired(req, &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: rev}}, time.Now()); err == nil {
