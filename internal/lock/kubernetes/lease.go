@@ -1,0 +1,375 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
+)
+
+// Renew extends the lease to ttl from now (see lock.Locker): it checks that
+// the acquisition still holds every key and renews its session, the one
+// write that renews every lease of the session. A lease renewed with
+// another TTL than its session's moves to this Locker's session of that
+// TTL (one write per key). A lease of another Locker's session (an
+// operator that restarted) takes that session over while it has not
+// expired.
+func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
+	out, errs := l.RenewAll(ctx, []*lock.Lease{lease}, ttl)
+	if errs[0] != nil {
+		var ie *lock.InvalidRequestError
+		if errors.As(errs[0], &ie) {
+			return nil, ie
+		}
+		return nil, errs[0]
+	}
+	return out[0], nil
+}
+
+// listAbove is how many keys RenewAll reads with one paged list of the
+// store's Leases rather than one read each.
+const listAbove = 32
+
+// RenewAll renews many leases (see lock.Locker): it reads their keys (one
+// list when they are many) and writes each session once.
+func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
+	out := make([]*lock.Lease, len(leases))
+	errs := make([]error, len(leases))
+	var valid []int
+	var keys []string
+	for i, le := range leases {
+		err := lock.ValidateLease(le)
+		if err == nil {
+			err = lock.ValidateTTL(ttl)
+		}
+		if err == nil {
+			err = l.checkScopes("lease.keys", le.Keys)
+		}
+		if err != nil {
+			errs[i] = fmt.Errorf("leases[%d]: %w", i, err)
+			continue
+		}
+		valid = append(valid, i)
+		keys = append(keys, le.Keys...)
+	}
+	if len(valid) == 0 {
+		return out, errs
+	}
+	op := fmt.Sprintf("renew %d leases", len(valid))
+	fail := func(err error) ([]*lock.Lease, []error) {
+		for _, i := range valid {
+			errs[i] = err
+		}
+		return out, errs
+	}
+	if err := l.checkOpen(op); err != nil {
+		return fail(err)
+	}
+	slices.Sort(keys)
+	states, err := l.readKeys(ctx, op, slices.Compact(keys))
+	if err != nil {
+		return fail(err)
+	}
+	// The session each lease's holdings point at.
+	sess := make([]string, len(leases))
+	for _, i := range valid {
+		le := leases[i]
+		name, missing := holdingSession(states, le)
+		if missing != "" {
+			errs[i] = l.lost(ctx, le, fmt.Sprintf("key %q is no longer held by this acquisition (it expired, or another acquisition took it)", missing))
+			continue
+		}
+		sess[i] = name
+	}
+	renewed := map[string]error{}
+	for _, i := range valid {
+		if name := sess[i]; name != "" {
+			if _, done := renewed[name]; !done {
+				renewed[name] = l.renewFor(ctx, op, name)
+			}
+		}
+	}
+	for _, i := range valid {
+		name := sess[i]
+		if name == "" {
+			continue
+		}
+		le := leases[i]
+		lop := fmt.Sprintf("renew keys %q (fencing token %d)", le.Keys, le.Fence)
+		if err := renewed[name]; err != nil {
+			if errors.Is(err, lock.ErrLost) {
+				errs[i] = l.lost(ctx, le, err.Error())
+			} else {
+				errs[i] = fmt.Errorf("%s: %w", lop, err)
+			}
+			continue
+		}
+		s, _, _ := l.ownSession(name)
+		if s == nil || s.ttl != ttl {
+			if s, err = l.move(ctx, lop, le, name, ttl); err != nil {
+				errs[i] = err
+				continue
+			}
+		}
+		l.mu.Lock()
+		until := s.valid
+		l.mu.Unlock()
+		next := *le
+		next.TTL, next.Expires = ttl, until
+		if !l.opts.Now().Before(until) {
+			errs[i] = fmt.Errorf("%s: %w: the renewal took %v, leaving no validity of the %v TTL", lop, lock.ErrBackendUnavailable, l.opts.Since(until.Add(-ttl)), ttl)
+			continue
+		}
+		out[i] = &next
+	}
+	return out, errs
+}
+
+// holdingSession is the session the holdings of lease's acquisition point
+// at in states, or the first key it does not hold.
+func holdingSession(states map[string]*keyLease, lease *lock.Lease) (session, missing string) {
+	owner := digest(lease.Owner)
+	for _, k := range lease.Keys {
+		kl := states[k]
+		i := -1
+		if kl != nil {
+			i = slices.IndexFunc(kl.st.Holders, func(h holding) bool {
+				return h.Owner == owner && h.Fence == lease.Fence && h.mutex() == (lease.Limit <= 1)
+			})
+		}
+		if i < 0 {
+			return "", k
+		}
+		if session == "" {
+			session = kl.st.Holders[i].Session
+		}
+	}
+	return session, ""
+}
+
+// lost reports lease lost, releasing the keys it still holds (best effort):
+// a lost lease is never held again behind its caller's back.
+func (l *Locker) lost(ctx context.Context, lease *lock.Lease, why string) error {
+	l.opts.Log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence, "why", why)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.CleanupTimeout)
+	defer cancel()
+	owner := digest(lease.Owner)
+	for _, k := range lease.Keys {
+		_ = l.removeHolding(cctx, "release a lost lease", k, owner, lease.Fence, nil)
+	}
+	return fmt.Errorf("renew keys %q (fencing token %d): %w: %s", lease.Keys, lease.Fence, lock.ErrLost, why)
+}
+
+// renewFor renews session name once: the Locker's own while it is valid,
+// or another Locker's, taken over, while its last renewal (by its writer's
+// clock) is less than a TTL old. The error matches lock.ErrLost when the
+// session expired or was deleted.
+func (l *Locker) renewFor(ctx context.Context, op, name string) error {
+	l.smu.Lock()
+	defer l.smu.Unlock()
+	now := l.opts.Now()
+	s, valid, ok := l.ownSession(name)
+	if ok && !now.Before(valid) {
+		l.abandon(s)
+		return fmt.Errorf("%w: its session %s was not renewed within its TTL", lock.ErrLost, name)
+	}
+	if !ok {
+		cctx, cancel := l.callCtx(ctx)
+		obj, err := l.leases.Get(cctx, name, metav1.GetOptions{})
+		cancel()
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("%w: its session %s was deleted (a contender found it expired)", lock.ErrLost, name)
+		}
+		if err != nil {
+			return apiError(op+": read session "+name, err)
+		}
+		ttl := sessionTTL(obj)
+		last := obj.CreationTimestamp.Time
+		if obj.Spec.RenewTime != nil {
+			last = obj.Spec.RenewTime.Time
+		}
+		if !now.Before(last.Add(ttl)) {
+			return fmt.Errorf("%w: its session %s was last renewed at %s, more than its TTL %v ago", lock.ErrLost, name, last.UTC().Format(time.RFC3339Nano), ttl)
+		}
+		s = &session{name: name, ttl: ttl, version: obj.ResourceVersion, valid: validUntil(last, ttl)}
+		l.mu.Lock()
+		l.sessions[name] = s
+		l.mu.Unlock()
+		l.opts.Log.V(1).Info("Took over a session to renew its leases", "session", name, "ttl", ttl.String())
+	}
+	err := l.renewSession(ctx, op, s)
+	if errors.Is(err, errSessionGone) {
+		l.mu.Lock()
+		delete(l.sessions, name)
+		if l.current[s.ttl] == s {
+			delete(l.current, s.ttl)
+		}
+		l.mu.Unlock()
+		return fmt.Errorf("%w: %w", lock.ErrLost, err)
+	}
+	return err
+}
+
+// move points the holdings of lease at the Locker's session of ttl, from
+// session from (one write per key).
+func (l *Locker) move(ctx context.Context, op string, lease *lock.Lease, from string, ttl time.Duration) (*session, error) {
+	to, err := l.sessionFor(ctx, op, ttl)
+	if err != nil {
+		return nil, err
+	}
+	owner := digest(lease.Owner)
+	for _, k := range lease.Keys {
+		found := false
+		if err := l.update(ctx, op, k, func(st *state) bool {
+			i := slices.IndexFunc(st.Holders, func(h holding) bool {
+				return h.Owner == owner && h.Fence == lease.Fence && h.Session == from
+			})
+			if found = i >= 0; !found {
+				return false
+			}
+			st.Holders[i].Session = to.name
+			return true
+		}); err != nil {
+			return nil, err
+		}
+		if !found {
+			return nil, l.lost(ctx, lease, fmt.Sprintf("key %q is no longer held by this acquisition", k))
+		}
+	}
+	return to, nil
+}
+
+// readKeys reads the Leases of keys: one read each, or one paged list of
+// the store's key Leases when they are many.
+func (l *Locker) readKeys(ctx context.Context, op string, keys []string) (map[string]*keyLease, error) {
+	out := make(map[string]*keyLease, len(keys))
+	if len(keys) <= listAbove {
+		for _, k := range keys {
+			kl, err := l.getOne(ctx, op, k)
+			if err != nil {
+				return nil, err
+			}
+			out[k] = kl
+		}
+		return out, nil
+	}
+	want := make(map[string]string, len(keys))
+	for _, k := range keys {
+		want[l.leaseName(k)] = k
+		out[k] = &keyLease{key: k, st: state{Key: k}}
+	}
+	opts := metav1.ListOptions{LabelSelector: l.selector(roleKey), Limit: 500}
+	for {
+		cctx, cancel := l.callCtx(ctx)
+		list, err := l.leases.List(cctx, opts)
+		cancel()
+		if err != nil {
+			return nil, apiError(op+": list the keys' Leases", err)
+		}
+		for i := range list.Items {
+			obj := &list.Items[i]
+			k, ok := want[obj.Name]
+			if !ok {
+				continue
+			}
+			st, err := decode(k, obj)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w: %w", op, lock.ErrBackendUnavailable, err)
+			}
+			out[k] = &keyLease{key: k, obj: obj, st: st}
+		}
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			return out, nil
+		}
+	}
+}
+
+// selector selects the store's Leases of role.
+func (l *Locker) selector(role string) string {
+	return LabelStore + "=" + l.store + "," + LabelRole + "=" + role
+}
+
+// Release deletes the holdings of the lease's acquisition (see
+// lock.Locker): one write per key. It returns an error matching
+// lock.ErrNotHeld when none of them was still valid.
+func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
+	if err := lock.ValidateLease(lease); err != nil {
+		return err
+	}
+	if err := l.checkScopes("lease.keys", lease.Keys); err != nil {
+		return err
+	}
+	op := fmt.Sprintf("release keys %q (fencing token %d)", lease.Keys, lease.Fence)
+	if err := l.checkOpen(op); err != nil {
+		return err
+	}
+	owner := digest(lease.Owner)
+	cache := map[string]judgment{}
+	released := 0
+	for _, k := range lease.Keys {
+		var held *holding
+		if err := l.update(ctx, op, k, func(st *state) bool {
+			i := slices.IndexFunc(st.Holders, func(h holding) bool {
+				return h.Owner == owner && h.Fence == lease.Fence && h.mutex() == (lease.Limit <= 1)
+			})
+			if i < 0 {
+				held = nil
+				return false
+			}
+			h := st.Holders[i]
+			held = &h
+			st.Holders = slices.Delete(st.Holders, i, i+1)
+			return true
+		}); err != nil {
+			return err
+		}
+		if held == nil {
+			continue
+		}
+		if j, err := l.judge(ctx, op, held.Session, false, cache); err == nil && j.v == alive {
+			released++
+		}
+	}
+	if released == 0 {
+		return fmt.Errorf("%s: %w: the lease expired or another acquisition replaced it", op, lock.ErrNotHeld)
+	}
+	if v := l.opts.Log.V(1); v.Enabled() {
+		v.Info("Released lease", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
+	}
+	return nil
+}
+
+// Dequeue removes owner from the FIFO queues of keys (a waiter giving up):
+// one write per key it waited for.
+func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error {
+	if err := lock.ValidateKeyList("keys", keys); err != nil {
+		return err
+	}
+	if owner == "" {
+		return &lock.InvalidRequestError{Field: "owner", Reason: "the owner token of the waiter is required"}
+	}
+	op := fmt.Sprintf("dequeue from keys %q", keys)
+	if err := l.checkOpen(op); err != nil {
+		return err
+	}
+	d := digest(owner)
+	for _, k := range keys {
+		if err := l.update(ctx, op, k, func(st *state) bool {
+			i := position(st, d)
+			if i < 0 {
+				return false
+			}
+			st.Queue = slices.Delete(st.Queue, i, i+1)
+			return true
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
