@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/lru"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -93,6 +94,9 @@ type Registry struct {
 	policy    Policy
 	newLocker NewLockerFunc
 	log       logr.Logger
+	// cluster is where the operator runs, for stores kept in the cluster
+	// itself (SetCluster).
+	cluster Cluster
 
 	healthInterval time.Duration
 	configInterval time.Duration
@@ -167,6 +171,22 @@ func (r *Registry) SetPolicy(p Policy, objects client.Reader) {
 		r.objects = objects
 	}
 }
+
+// Cluster is the cluster the operator runs in, for a store that keeps its
+// locks in the cluster itself rather than on a server of its own.
+type Cluster struct {
+	// Config reaches the API server with the operator's identity.
+	Config *rest.Config
+	// Namespace is the operator's namespace, which only it writes.
+	Namespace string
+	// Identity names this replica to people reading what it wrote (its
+	// Pod's name).
+	Identity string
+}
+
+// SetCluster tells the registry, before first use, the cluster the
+// operator runs in; without it, stores kept in the cluster are refused.
+func (r *Registry) SetCluster(c Cluster) { r.cluster = c }
 
 // SetBulkhead bounds how many reconciles may use one backend at once (see
 // Handle.Enter); 0 (the default) sets no bound. It applies to backends

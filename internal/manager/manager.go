@@ -548,6 +548,9 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backe
 		return nil, nil, err
 	}
 	registry.SetPolicy(o.BackendPolicy(policy), mgr.GetClient())
+	// A Pod's hostname is its name.
+	podName, _ := os.Hostname()
+	registry.SetCluster(backend.Cluster{Config: mgr.GetConfig(), Namespace: o.namespace, Identity: podName})
 	dog := watchdog.New(nil, watchdog.WithLogger(log.WithName("watchdog")))
 	if err := mgr.Add(dog); err != nil {
 		return nil, nil, fmt.Errorf("add the renewal watchdog: %w", err)
