@@ -222,7 +222,7 @@ func TestClusterLockBackendValidation(t *testing.T) {
 		"redis and postgres": {locksv1alpha1.ClusterLockBackendSpec{
 			Store:             locksv1alpha1.Store{Redis: redis, Postgres: pg},
 			NamespaceSelector: &metav1.LabelSelector{},
-		}, []string{"spec", "exactly one store: redis, postgres, zookeeper or etcd"}},
+		}, []string{"spec", "exactly one store: redis, postgres, zookeeper"}},
 		"postgres": {locksv1alpha1.ClusterLockBackendSpec{Store: locksv1alpha1.Store{Postgres: pg}, NamespaceSelector: &metav1.LabelSelector{}}, nil},
 		"postgres without a database": {locksv1alpha1.ClusterLockBackendSpec{
 			Store:             locksv1alpha1.Store{Postgres: &locksv1alpha1.PostgresBackend{Host: "pg.infra", User: "locks"}},
