@@ -13,7 +13,7 @@ package v1alpha1
 // by default), never from a lock's namespace. The endpoints of a
 // LockBackend are checked against the operator's endpoint policy, as
 // inline endpoints are.
-// +kubebuilder:validation:XValidation:rule="[has(self.redis), has(self.postgres), has(self.zookeeper), has(self.etcd)].filter(x, x).size() == 1",message="spec: set exactly one store: redis, postgres, zookeeper or etcd"
+// +kubebuilder:validation:XValidation:rule="[has(self.redis), has(self.postgres), has(self.zookeeper), has(self.etcd), has(self.kubernetes)].filter(x, x).size() == 1",message="spec: set exactly one store: redis, postgres, zookeeper, etcd or kubernetes"
 // +kubebuilder:validation:XValidation:rule="!has(self.etcd) || has(self.etcd.username) == has(self.etcd.passwordSecretRef)",message="spec.etcd: set username and passwordSecretRef together"
 type Store struct {
 	// redis holds the locks in Redis: one server, a Sentinel-managed master,
@@ -41,6 +41,27 @@ type Store struct {
 	// operator's namespace, never from a lock's namespace.
 	// +optional
 	Etcd *EtcdBackend `json:"etcd,omitempty"`
+
+	// kubernetes holds the locks in the cluster's own API server, as Lease
+	// objects in the operator's namespace: nothing to install or run, for
+	// locks within one cluster. Each acquisition, release and queue change
+	// is an API write; renewals cost one write per operator and TTL,
+	// whatever the number of held locks.
+	// +optional
+	Kubernetes *KubernetesBackend `json:"kubernetes,omitempty"`
+}
+
+// KubernetesBackend holds locks as coordination.k8s.io Lease objects in the
+// operator's namespace, which only the operator may write.
+type KubernetesBackend struct {
+	// prefix separates the locks of this backend from those of other
+	// backends on the kubernetes store: backends with the same prefix share
+	// their keys. Default lockwarden.
+	// +optional
+	// +kubebuilder:default=lockwarden
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Prefix string `json:"prefix,omitempty"`
 }
 
 // PostgresBackend holds locks in a PostgreSQL database: a lease table whose

@@ -58,7 +58,7 @@ type storeKind struct {
 type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
 
 // stores are the stores a backend can name, in API order.
-var stores = []*storeKind{&redisStore, &postgresStore, &zookeeperStore, &etcdStore}
+var stores = []*storeKind{&redisStore, &postgresStore, &zookeeperStore, &etcdStore, &kubernetesStore}
 
 // Spec is the store a backend names: exactly one member is set (the API's
 // CEL rules see to that; Validate refuses anything else).
