@@ -7,7 +7,7 @@ import (
 // ClusterLockBackendSpec says where locks that name this backend live and
 // which namespaces may use it.
 type ClusterLockBackendSpec struct {
-	// The store: exactly one of redis, postgres, zookeeper or etcd.
+	// The store: exactly one of redis, postgres, zookeeper, etcd or kubernetes.
 	Store `json:",inline"`
 
 	// namespaceSelector selects the namespaces whose DistributedLocks (and

@@ -6,7 +6,7 @@ import (
 
 // LockBackendSpec says where the locks that name this backend live.
 type LockBackendSpec struct {
-	// The store: exactly one of redis, postgres, zookeeper or etcd.
+	// The store: exactly one of redis, postgres, zookeeper, etcd or kubernetes.
 	Store `json:",inline"`
 }
 
