@@ -141,7 +141,7 @@ FAULT_TIMEOUT ?= 90m
 .PHONY: test-faults
 test-faults: stores ## Run the fault tests of every store long (FAULT_RUNS runs of FAULT_DURATION each; FAULT_SEED=<seed> replays one) and print each nemesis table line.
 	@mkdir -p bin
-	LOCKWARDEN_REQUIRE_SERVERS=1 KUBEBUILDER_ASSETS="$$(hack/control-plane.sh etcd)" \
+	LOCKWARDEN_REQUIRE_SERVERS=1 KUBEBUILDER_ASSETS="$$(hack/control-plane.sh kube-apiserver etcd)" \
 	LOCKWARDEN_FAULT_RUNS=$(FAULT_RUNS) LOCKWARDEN_FAULT_DURATION=$(FAULT_DURATION) LOCKWARDEN_FAULT_SEED=$(FAULT_SEED) \
 	go test ./internal/lock/... -run 'TestFault' -count=1 -timeout $(FAULT_TIMEOUT) -v $(GO_TEST_FLAGS) | tee bin/test-faults.log | grep -E '^(=== RUN|--- |ok|FAIL|PASS)|nemesis table|exclusion violated|replay with'
 

@@ -89,6 +89,7 @@ type Options struct {
 	workers              int
 	namespaceQPS         float64
 	syncCronJobTemplates bool
+	defaultBackend       string
 	kubeAPIQPS           float64
 	kubeAPIBurst         int
 	pprofAddr            string
@@ -156,6 +157,8 @@ func ParseFlags(args []string) (*Options, error) {
 		"Serve the metrics and webhook endpoints over HTTP/2 as well (off by default: HTTP/2 Rapid Reset, CVE-2023-44487).")
 	fs.StringVar(&o.clusterName, "cluster-name", "",
 		"Name of this cluster, recorded with every lease so that operators in other clusters sharing a store can show who holds them, and tell their leases apart. Default: the name recorded in the owner-key Secret; a new installation records cluster- and the start of the kube-system namespace's UID (one installed before that record keeps \"default\").")
+	fs.StringVar(&o.defaultBackend, "default-cluster-lock-backend", DefaultClusterLockBackend,
+		"Name of the ClusterLockBackend on the kubernetes store (Lease objects in the manager's namespace) that the manager creates when missing, for locks in every namespace, so that a fresh install gates CronJobs with no store to run. It is created once and never changed after; empty: create none.")
 	fs.BoolVar(&o.allowGlobalScope, "allow-global-scope", false,
 		"Allow DistributedLocks with scope Global (keys shared across namespaces) in every namespace.")
 	fs.StringVar(&o.globalScopeLabel, "global-scope-namespace-label", "lockwarden.io/allow-global-scope",
@@ -249,6 +252,9 @@ func ParseFlags(args []string) (*Options, error) {
 	}
 	if o.namespaceQPS == 0 {
 		return nil, fmt.Errorf("--namespace-reconcile-qps must not be 0 (a negative value lifts the bound)")
+	}
+	if err := checkDefaultBackendName(o.defaultBackend); err != nil {
+		return nil, err
 	}
 	if slices.Contains(o.endpointAllow, AllowAnyEndpoint) && len(o.endpointAllow) > 1 {
 		return nil, fmt.Errorf("--endpoint-allow: %s (any address but the denied ones) stands alone; drop it, or the other entries %q", AllowAnyEndpoint, slices.DeleteFunc(slices.Clone(o.endpointAllow), func(s string) bool { return s == AllowAnyEndpoint }))
@@ -551,6 +557,11 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backe
 	// A Pod's hostname is its name.
 	podName, _ := os.Hostname()
 	registry.SetCluster(backend.Cluster{Config: mgr.GetConfig(), Namespace: o.namespace, Identity: podName})
+	if o.defaultBackend != "" {
+		if err := mgr.Add(&defaultBackend{c: direct, name: o.defaultBackend, log: log.WithName("default-backend")}); err != nil {
+			return nil, nil, fmt.Errorf("add the default ClusterLockBackend: %w", err)
+		}
+	}
 	dog := watchdog.New(nil, watchdog.WithLogger(log.WithName("watchdog")))
 	if err := mgr.Add(dog); err != nil {
 		return nil, nil, fmt.Errorf("add the renewal watchdog: %w", err)

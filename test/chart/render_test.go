@@ -33,6 +33,15 @@ type valueSet struct {
 
 // valueSets are the chart's defaults and each of its non-default switches.
 var valueSets = map[string]valueSet{
+	"no default backend": {
+		set: []string{"defaultClusterLockBackend="},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			args := managerArgs(t, find(t, objs, "Deployment", releasePrefix+"controller-manager"))
+			if !slices.Contains(args, "--default-cluster-lock-backend=") {
+				t.Errorf("manager args %q lack --default-cluster-lock-backend= (create none)", args)
+			}
+		},
+	},
 	"defaults": {
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			dep := find(t, objs, "Deployment", releasePrefix+"controller-manager")
@@ -50,6 +59,11 @@ var valueSets = map[string]valueSet{
 				if !slices.Contains(args, want) {
 					t.Errorf("manager args %q lack %s", args, want)
 				}
+			}
+			// The manager's own default creates the ClusterLockBackend
+			// "kubernetes": a default install gates with no store to run.
+			if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--default-cluster-lock-backend") }) {
+				t.Errorf("manager args %q change --default-cluster-lock-backend by default", args)
 			}
 			img := managerContainer(t, dep)["image"]
 			if img != "ghcr.io/lockwarden/lockwarden:v0.1.0" {
