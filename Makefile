@@ -83,11 +83,12 @@ faketime: ## Make sure libfaketime is installed (the clock-skew fault tests fake
 stores: redis-server postgres-server zookeeper-server faketime ## Make sure every store the tests start is installed (etcd comes from the control-plane cache), and libfaketime for the clock-skew tests.
 
 # BACKEND is the store `make dev` points the ClusterLockBackend dev at:
-# redis (default), postgres, zookeeper or etcd (started beside Redis).
+# redis (default), postgres, zookeeper or etcd (started beside Redis), or
+# kubernetes (Lease objects in the local API server: nothing to start).
 BACKEND ?=
 
 .PHONY: dev
-dev: redis-server ## Run a local control plane (kube-controller-manager, kwok node), Redis and the operator; REDLOCK=1 for three Redis masters, BACKEND=postgres|zookeeper|etcd for that store behind ClusterLockBackend dev. Ctrl-C stops it.
+dev: redis-server ## Run a local control plane (kube-controller-manager, kwok node), Redis and the operator; REDLOCK=1 for three Redis masters, BACKEND=postgres|zookeeper|etcd|kubernetes for that store behind ClusterLockBackend dev. Ctrl-C stops it.
 	@case "$(BACKEND)" in postgres) hack/ensure-postgres.sh >/dev/null ;; zookeeper) hack/ensure-zookeeper.sh ;; esac
 	@go build -o bin/lockwarden-dev ./hack/dev
 	@REDLOCK="$(REDLOCK)" BACKEND="$(BACKEND)" bin/lockwarden-dev

@@ -7,9 +7,11 @@
 // real install; a ClusterLockBackend dev-redis points at the (first) Redis.
 // With BACKEND=postgres, zookeeper or etcd it also starts that store on
 // loopback; the ClusterLockBackend dev, which config/samples' locks name,
-// points at that store (at the first Redis for BACKEND=redis, the default).
+// points at that store (at the first Redis for BACKEND=redis, the default;
+// at the local API server's Leases for BACKEND=kubernetes, which starts
+// nothing more).
 //
-// Usage (from the checkout): make dev [REDLOCK=1] [BACKEND=redis|postgres|zookeeper|etcd]
+// Usage (from the checkout): make dev [REDLOCK=1] [BACKEND=redis|postgres|zookeeper|etcd|kubernetes]
 //
 //	go run ./hack/dev [-redlock] [-backend redis] [-dir .dev] [-leader-elect]
 package main

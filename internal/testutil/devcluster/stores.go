@@ -33,6 +33,9 @@ const (
 	StorePostgres  = "postgres"
 	StoreZooKeeper = "zookeeper"
 	StoreEtcd      = "etcd"
+	// StoreKubernetes keeps the locks as Lease objects in the cluster's own
+	// API server: nothing to start.
+	StoreKubernetes = "kubernetes"
 
 	// DevBackend is the ClusterLockBackend the cluster creates for the
 	// store Options.Store chose (for redis, the first master, as
@@ -41,7 +44,7 @@ const (
 )
 
 // StoreKinds lists the valid values of Options.Store, the default first.
-var StoreKinds = []string{StoreRedis, StorePostgres, StoreZooKeeper, StoreEtcd}
+var StoreKinds = []string{StoreRedis, StorePostgres, StoreZooKeeper, StoreEtcd, StoreKubernetes}
 
 // ValidateStore returns nil when kind is one of StoreKinds (or empty: the
 // default, redis), else an error that lists them.
@@ -84,6 +87,9 @@ func (s *Store) Stop() {
 
 // String describes the store for logs: kind and addresses.
 func (s *Store) String() string {
+	if len(s.Addrs) == 0 {
+		return s.Kind + " (the cluster's API server)"
+	}
 	return s.Kind + " at " + strings.Join(s.Addrs, ",")
 }
 
@@ -115,6 +121,8 @@ func (c *Cluster) StartStore(ctx context.Context, kind string) (*Store, error) {
 		s, err = c.startZooKeeper()
 	case StoreEtcd:
 		s, err = c.startStoreEtcd(ctx)
+	case StoreKubernetes:
+		return &Store{Kind: StoreKubernetes}, nil
 	}
 	if s != nil {
 		c.storesMu.Lock()
@@ -281,7 +289,7 @@ func (c *Cluster) ApplyBackend(ctx context.Context, name string, s *Store) error
 // selecting every namespace, and the Secret it reads its password from (nil
 // when it needs none).
 func StoreClusterLockBackend(name string, s *Store) (*locksv1alpha1.ClusterLockBackend, *corev1.Secret, error) {
-	if len(s.Addrs) == 0 {
+	if len(s.Addrs) == 0 && s.Kind != StoreKubernetes {
 		return nil, nil, fmt.Errorf("store %s has no address", s.Kind)
 	}
 	b := &locksv1alpha1.ClusterLockBackend{
@@ -312,6 +320,8 @@ func StoreClusterLockBackend(name string, s *Store) (*locksv1alpha1.ClusterLockB
 		b.Spec.ZooKeeper = &locksv1alpha1.ZooKeeperBackend{Servers: s.Addrs}
 	case StoreEtcd:
 		b.Spec.Etcd = &locksv1alpha1.EtcdBackend{Endpoints: s.Addrs}
+	case StoreKubernetes:
+		b.Spec.Kubernetes = &locksv1alpha1.KubernetesBackend{}
 	default:
 		return nil, nil, ValidateStore(s.Kind)
 	}

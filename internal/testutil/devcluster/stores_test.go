@@ -67,6 +67,10 @@ func TestStoreClusterLockBackend(t *testing.T) {
 			t.Errorf("%s: spec %+v, want exactly the %s member naming %s", s.Kind, b.Spec, s.Kind, s.Addrs[0])
 		}
 	}
+	if b, secret, err := StoreClusterLockBackend("x", &Store{Kind: StoreKubernetes}); err != nil || secret != nil || b.Spec.Kubernetes == nil ||
+		b.Spec.Redis != nil || b.Spec.Postgres != nil || b.Spec.ZooKeeper != nil || b.Spec.Etcd != nil {
+		t.Errorf("kubernetes: %+v, secret %v, %v; want only spec.kubernetes", b, secret, err)
+	}
 	if _, _, err := StoreClusterLockBackend("x", &Store{Kind: "mysql", Addrs: []string{"a:1"}}); err == nil {
 		t.Error("a mysql store gave a backend")
 	}
