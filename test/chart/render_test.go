@@ -33,6 +33,17 @@ type valueSet struct {
 
 // valueSets are the chart's defaults and each of its non-default switches.
 var valueSets = map[string]valueSet{
+	"no lock-lease policy": {
+		set: []string{"lockLeasePolicy.enabled=false"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			for _, o := range objs {
+				if strings.HasSuffix(o.GetName(), "-lock-leases") {
+					t.Errorf("%s rendered with lockLeasePolicy.enabled=false", objectKey(o))
+				}
+			}
+			find(t, objs, "ValidatingAdmissionPolicy", releasePrefix+"job-gate")
+		},
+	},
 	"no default backend": {
 		set: []string{"defaultClusterLockBackend="},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
@@ -60,6 +71,8 @@ var valueSets = map[string]valueSet{
 					t.Errorf("manager args %q lack %s", args, want)
 				}
 			}
+			find(t, objs, "ValidatingAdmissionPolicy", releasePrefix+"lock-leases")
+			find(t, objs, "ValidatingAdmissionPolicyBinding", releasePrefix+"lock-leases")
 			// The manager's own default creates the ClusterLockBackend
 			// "kubernetes": a default install gates with no store to run.
 			if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--default-cluster-lock-backend") }) {

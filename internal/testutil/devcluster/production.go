@@ -34,6 +34,10 @@ import (
 // finalizer and suspension in the operator's hands.
 const JobGatePolicy = "lockwarden-job-gate"
 
+// LockLeasePolicy is config/default's policy that keeps the kubernetes
+// store's Leases to the operator.
+const LockLeasePolicy = "lockwarden-lock-leases"
+
 // fieldManager is the server-side apply field manager of what the cluster installs.
 const fieldManager = "lockwarden-devcluster"
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -74,18 +75,21 @@ func TestProductionObjects(t *testing.T) {
 		t.Error("no ClusterRoleBinding binds lockwarden-manager-role")
 	}
 	vaps, bindings := byKind["ValidatingAdmissionPolicy"], byKind["ValidatingAdmissionPolicyBinding"]
-	if len(vaps) != 1 || vaps[0].GetName() != JobGatePolicy || len(bindings) != 1 || bindings[0].GetName() != JobGatePolicy {
-		t.Fatalf("admission policies %v and bindings %v, want %s each", names(vaps), names(bindings), JobGatePolicy)
+	want := []string{JobGatePolicy, LockLeasePolicy}
+	if !slices.Equal(names(vaps), want) || !slices.Equal(names(bindings), want) {
+		t.Fatalf("admission policies %v and bindings %v, want %v each", names(vaps), names(bindings), want)
 	}
-	conds, _, _ := unstructured.NestedSlice(vaps[0].Object, "spec", "matchConditions")
-	exempts := false
-	for _, c := range conds {
-		if expr, _ := c.(map[string]any)["expression"].(string); strings.Contains(expr, "'"+OperatorUser+"'") {
-			exempts = true
+	for _, vap := range vaps {
+		conds, _, _ := unstructured.NestedSlice(vap.Object, "spec", "matchConditions")
+		exempts := false
+		for _, c := range conds {
+			if expr, _ := c.(map[string]any)["expression"].(string); strings.Contains(expr, "'"+OperatorUser+"'") {
+				exempts = true
+			}
 		}
-	}
-	if !exempts {
-		t.Errorf("the policy's matchConditions %v do not exempt %s, the user the operator runs as", conds, OperatorUser)
+		if !exempts {
+			t.Errorf("the policy %s's matchConditions %v do not exempt %s, the user the operator runs as", vap.GetName(), conds, OperatorUser)
+		}
 	}
 }
 

@@ -37,8 +37,12 @@ const (
 	// NamePrefix is config/default's namePrefix, given to the objects read
 	// from config/ so that they carry their deployed names.
 	NamePrefix = "lockwarden-"
-	// PolicyName is the ValidatingAdmissionPolicy (and binding) of config/policy, as deployed.
+	// PolicyName is the Job gate's ValidatingAdmissionPolicy (and binding)
+	// of config/policy, as deployed.
 	PolicyName = NamePrefix + "job-gate"
+	// LockLeasePolicyName is the policy (and binding) of config/policy that
+	// keeps the kubernetes store's Leases to the operator, as deployed.
+	LockLeasePolicyName = NamePrefix + "lock-leases"
 	// OperatorNamespace and OperatorServiceAccount are where and as whom
 	// config/default runs the manager.
 	OperatorNamespace      = "lockwarden-system"
@@ -165,27 +169,29 @@ func readConfig(paths ...string) ([]*unstructured.Unstructured, error) {
 	return objs, nil
 }
 
-// checkTypes waits for the API server to type-check the policy against the
-// Job schema and fails on any warning (a misspelt field, a type error): such
-// an expression would fail at admission and, with failurePolicy Fail, refuse
-// every Job.
+// checkTypes waits for the API server to type-check the policies against
+// the schemas they match and fails on any warning (a misspelt field, a type
+// error): such an expression would fail at admission and, with
+// failurePolicy Fail, refuse every request it matches.
 func checkTypes(ctx context.Context, env *kubetest.Env) error {
-	var p admissionregistrationv1.ValidatingAdmissionPolicy
-	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		if err := env.Client.Get(ctx, client.ObjectKey{Name: PolicyName}, &p); err != nil {
-			return false, err
+	for _, name := range []string{PolicyName, LockLeasePolicyName} {
+		var p admissionregistrationv1.ValidatingAdmissionPolicy
+		err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &p); err != nil {
+				return false, err
+			}
+			return p.Status.ObservedGeneration == p.Generation && p.Status.TypeChecking != nil, nil
+		})
+		if err != nil {
+			return fmt.Errorf("ValidatingAdmissionPolicy %s was not type-checked: %w", name, err)
 		}
-		return p.Status.ObservedGeneration == p.Generation && p.Status.TypeChecking != nil, nil
-	})
-	if err != nil {
-		return fmt.Errorf("ValidatingAdmissionPolicy %s was not type-checked: %w", PolicyName, err)
-	}
-	var warnings []string
-	for _, w := range p.Status.TypeChecking.ExpressionWarnings {
-		warnings = append(warnings, w.FieldRef+": "+w.Warning)
-	}
-	if len(warnings) > 0 {
-		return fmt.Errorf("ValidatingAdmissionPolicy %s does not type-check:\n%s", PolicyName, strings.Join(warnings, "\n"))
+		var warnings []string
+		for _, w := range p.Status.TypeChecking.ExpressionWarnings {
+			warnings = append(warnings, w.FieldRef+": "+w.Warning)
+		}
+		if len(warnings) > 0 {
+			return fmt.Errorf("ValidatingAdmissionPolicy %s does not type-check:\n%s", name, strings.Join(warnings, "\n"))
+		}
 	}
 	return nil
 }
