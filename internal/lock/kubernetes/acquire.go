@@ -59,6 +59,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		return nil, 0, err
 	}
 	l.takeBackOrphans(ctx)
+	l.collectSessions(ctx)
 	start := l.opts.Now()
 	for range maxConflicts {
 		lease, within, err := l.try(ctx, op, req, start)

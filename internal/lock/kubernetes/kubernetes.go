@@ -151,7 +151,15 @@ type options struct {
 	// by tests only): contenders take a session for expired this much
 	// before a whole TTL has passed.
 	earlyExpiry time.Duration
+	// collectEvery is how often the Locker looks for the sessions of
+	// processes that are gone (DefaultCollectEvery; tests shorten it).
+	collectEvery time.Duration
 }
+
+// DefaultCollectEvery is how often a Locker lists the store's sessions to
+// delete those nobody renews any more (a crashed or replaced operator's),
+// from its calls to TryAcquire, Acquire and RenewAll.
+const DefaultCollectEvery = 10 * time.Minute
 
 // WithClock sets the Locker's clock: it times leases (Acquired, Expires),
 // how long a contender has seen a session unchanged, and Acquire's waits.
@@ -196,6 +204,10 @@ type Locker struct {
 	// orphans are holdings this Locker wrote for acquisitions that failed
 	// and could not take back; they are released at the next chance.
 	orphans []orphan
+	// collected is when the Locker last looked for dead sessions; collecting
+	// is set while it does.
+	collected  time.Time
+	collecting bool
 
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -221,7 +233,7 @@ var (
 // New returns a Locker on cfg's namespace. The error is a *lock.ConfigError
 // naming what is wrong.
 func New(cfg Config, opts ...Option) (*Locker, error) {
-	o := options{Options: lock.DefaultOptions(), opTimeout: DefaultOpTimeout}
+	o := options{Options: lock.DefaultOptions(), opTimeout: DefaultOpTimeout, collectEvery: DefaultCollectEvery}
 	for _, opt := range opts {
 		opt(&o)
 	}

@@ -41,6 +41,9 @@ const listAbove = 32
 func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
 	out := make([]*lock.Lease, len(leases))
 	errs := make([]error, len(leases))
+	if l.checkOpen("renew") == nil {
+		l.collectSessions(ctx)
+	}
 	var valid []int
 	var keys []string
 	for i, le := range leases {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	testingclock "k8s.io/utils/clock/testing"
 
@@ -94,15 +95,53 @@ func TestLockerReadsItsClock(t *testing.T) {
 	})
 }
 
-// BenchmarkRenewAll measures one renewal round of held leases
-// (LOCKWARDEN_BENCH_LEASES, default 1000): one list of the keys and one
-// session write.
-func BenchmarkRenewAll(b *testing.B) {
-	if env == nil {
-		b.Skip("needs kube-apiserver and etcd")
+// TestDeadSessionsAreCollected: a process that held a lease and died
+// leaves its session behind; once another Locker has seen it unchanged for
+// its TTL, it deletes it (and the lease it carried is free), while its own
+// live session and another process's live one stay.
+func TestDeadSessionsAreCollected(t *testing.T) {
+	needEnv(t)
+	ctx := context.Background()
+	cfg := Config{Prefix: "collect"}
+	dead := newTestLocker(t, cfg)
+	if _, err := dead.TryAcquire(ctx, lock.Request{Keys: []string{"collect/a"}, TTL: 300 * time.Millisecond}); err != nil {
+		t.Fatal(err)
 	}
-	cfg := rest.CopyConfig(env.Config)
-	cfg.QPS, cfg.Burst = 1000, 2000
-	l := newTestLocker(b, Config{Client: clientFor(b, cfg), Prefix: "bench"})
-	locktest.BenchRenewAll(b, l, locktest.BenchLeases(b), b.Name())
+	_ = dead.Close() // a crash: nothing released, nothing deleted
+	alive := newTestLocker(t, cfg)
+	held, err := alive.TryAcquire(ctx, lock.Request{Keys: []string{"collect/b"}, TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	collector := newTestLocker(t, cfg, func(o *options) { o.collectEvery = 0 })
+	mine, err := collector.TryAcquire(ctx, lock.Request{Keys: []string{"collect/c"}, TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sessions := func() int {
+		list, err := collector.leases.List(ctx, metav1.ListOptions{LabelSelector: collector.selector(roleSession)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(list.Items)
+	}
+	if n := sessions(); n != 3 {
+		t.Fatalf("%d sessions, want 3 (dead, alive, collector)", n)
+	}
+	// The first pass sees the dead session; a pass after its TTL deletes it.
+	collector.RenewAll(ctx, nil, time.Minute)
+	time.Sleep(400 * time.Millisecond)
+	collector.RenewAll(ctx, nil, time.Minute)
+	if n := sessions(); n != 2 {
+		t.Fatalf("%d sessions after the dead one's TTL, want 2 (alive, collector)", n)
+	}
+	if _, err := alive.Renew(ctx, held, time.Minute); err != nil {
+		t.Fatalf("the live session's lease: %v", err)
+	}
+	if _, err := collector.Renew(ctx, mine, time.Minute); err != nil {
+		t.Fatalf("the collector's own lease: %v", err)
+	}
+	if _, err := alive.TryAcquire(ctx, lock.Request{Keys: []string{"collect/a"}, TTL: time.Minute}); err != nil {
+		t.Fatalf("the dead session's key: %v, want it free", err)
+	}
 }

@@ -271,3 +271,55 @@ func sessionTTL(obj *coordinationv1.Lease) time.Duration {
 	// A session that says nothing of its TTL: the longest a lease may wait.
 	return time.Hour
 }
+
+// collectSessions deletes the store's sessions that nobody renews any more,
+// at most once per collectEvery: a session of a process that crashed or was
+// replaced stays in the namespace until a contender meets it on a key, and
+// one whose leases were all released is met by nobody. Each is judged as a
+// contender judges it (unchanged for a whole TTL since this Locker first saw
+// it, then deleted on that version), so the first pass only records what it
+// saw. Best effort: errors wait for the next pass.
+func (l *Locker) collectSessions(ctx context.Context) {
+	l.mu.Lock()
+	now := l.opts.Now()
+	if l.collecting || (!l.collected.IsZero() && now.Sub(l.collected) < l.opts.collectEvery) {
+		l.mu.Unlock()
+		return
+	}
+	l.collecting, l.collected = true, now
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.collecting = false
+		l.mu.Unlock()
+	}()
+	const op = "collect expired sessions"
+	opts := metav1.ListOptions{LabelSelector: l.selector(roleSession), Limit: 500}
+	cache := map[string]judgment{}
+	deleted := 0
+	for {
+		cctx, cancel := l.callCtx(ctx)
+		list, err := l.leases.List(cctx, opts)
+		cancel()
+		if err != nil {
+			l.opts.Log.V(2).Info("Listing the sessions failed; trying at the next pass", "err", err.Error())
+			return
+		}
+		for i := range list.Items {
+			name := list.Items[i].Name
+			if _, _, own := l.ownSession(name); own {
+				continue
+			}
+			j, err := l.judge(ctx, op, name, true, cache)
+			if err == nil && j.v == gone {
+				deleted++
+			}
+		}
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			break
+		}
+	}
+	if deleted > 0 {
+		l.opts.Log.V(1).Info("Deleted the sessions nobody renews", "count", deleted)
+	}
+}
