@@ -1,6 +1,7 @@
 package zookeeper
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -197,33 +198,10 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 	}
 	for _, v := range views {
 		slices.SortFunc(v.waiters, func(a, b *waiterView) int {
-			if a.ticket != b.ticket {
-				return compareInt(a.ticket, b.ticket)
-			}
-			return compareString(a.hash, b.hash)
+			return cmp.Or(cmp.Compare(a.ticket, b.ticket), cmp.Compare(a.hash, b.hash))
 		})
 	}
 	return views, nil
-}
-
-func compareInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-func compareString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // sync makes the connected server catch up with the leader, so that the
