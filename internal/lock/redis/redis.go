@@ -401,6 +401,19 @@ type result[T any] struct {
 
 func (r result[T]) nodeErr() error { return &lock.NodeError{Node: r.node.name, Err: r.err} }
 
+// answers returns the replies of the nodes that answered and the errors of
+// the others, each naming its node.
+func answers[T any](res []result[T]) (vals []T, errs []error) {
+	for _, r := range res {
+		if r.err != nil {
+			errs = append(errs, r.nodeErr())
+			continue
+		}
+		vals = append(vals, r.val)
+	}
+	return vals, errs
+}
+
 // fanOut calls every node in parallel, each under its own timeout, and
 // returns the answers in node order.
 func fanOut[T any](ctx context.Context, nodes []*node, timeout time.Duration, call func(context.Context, *node) (T, error)) []result[T] {

@@ -19,16 +19,10 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	if err := l.validateLease(lease); err != nil {
 		return err
 	}
-	res := l.releaseOnAll(ctx, lease.Keys, lease.Owner, lease.Limit, lease.Fence)
-	responded, released := 0, 0
-	var errs []error
-	for _, r := range res {
-		if r.err != nil {
-			errs = append(errs, r.nodeErr())
-			continue
-		}
-		responded++
-		if r.val > 0 {
+	vals, errs := answers(l.releaseOnAll(ctx, lease.Keys, lease.Owner, lease.Limit, lease.Fence))
+	responded, released := len(vals), 0
+	for _, v := range vals {
+		if v > 0 {
 			released++
 		}
 	}
@@ -106,15 +100,8 @@ func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error
 	} else {
 		res = l.dequeueOn(ctx, l.nodes, keys, owner)
 	}
-	responded := 0
-	var errs []error
-	for _, r := range res {
-		if r.err != nil {
-			errs = append(errs, r.nodeErr())
-			continue
-		}
-		responded++
-	}
+	vals, errs := answers(res)
+	responded := len(vals)
 	l.tickets.Delete(owner)
 	if responded < l.quorum {
 		return l.failure(fmt.Sprintf("dequeue from keys %q", keys), responded, errs)
