@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -32,9 +33,61 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 	if err != nil {
 		return nil, err
 	}
+	return l.keyStates(ctx, op, kls, map[string]judgment{})
+}
+
+// InspectMany reports what Inspect would for each set of keys (see
+// lock.BatchInspector), reading every key once: one paged list of the
+// store's key Leases when they are many, so that refreshing the status of
+// thousands of locks does not cost a read per lock. An invalid set fails
+// alone.
+func (l *Locker) InspectMany(ctx context.Context, keys [][]string) ([][]lock.KeyState, []error) {
+	out := make([][]lock.KeyState, len(keys))
+	errs := make([]error, len(keys))
+	var valid []int
+	var all []string
+	for i, k := range keys {
+		if err := lock.ValidateKeyList(fmt.Sprintf("keys[%d]", i), k); err != nil {
+			errs[i] = err
+			continue
+		}
+		valid = append(valid, i)
+		all = append(all, k...)
+	}
+	if len(valid) == 0 {
+		return out, errs
+	}
+	op := fmt.Sprintf("inspect the keys of %d locks", len(valid))
+	fail := func(err error) ([][]lock.KeyState, []error) {
+		for _, i := range valid {
+			errs[i] = err
+		}
+		return out, errs
+	}
+	if err := l.checkOpen(op); err != nil {
+		return fail(err)
+	}
+	slices.Sort(all)
+	read, err := l.readKeys(ctx, op, slices.Compact(all))
+	if err != nil {
+		return fail(err)
+	}
 	cache := map[string]judgment{}
+	for _, i := range valid {
+		kls := make([]*keyLease, len(keys[i]))
+		for j, k := range keys[i] {
+			kls[j] = read[k]
+		}
+		out[i], errs[i] = l.keyStates(ctx, op, kls, cache)
+	}
+	return out, errs
+}
+
+// keyStates turns the keys' Leases into what Inspect reports, judging
+// each holder's session once per cache.
+func (l *Locker) keyStates(ctx context.Context, op string, kls []*keyLease, cache map[string]judgment) ([]lock.KeyState, error) {
 	now := l.opts.Now()
-	out := make([]lock.KeyState, len(keys))
+	out := make([]lock.KeyState, len(kls))
 	for i, kl := range kls {
 		st := lock.KeyState{Key: kl.key, Fence: kl.st.Fence}
 		for _, h := range kl.st.Holders {
@@ -50,7 +103,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 				st.Holders = append(st.Holders, lock.HolderState{Holder: h.Holder, Fence: h.Fence, Acquired: time.UnixMilli(h.Acquired), Expires: j.expires})
 			}
 		}
-		slices.SortFunc(st.Holders, func(a, b lock.HolderState) int { return int(a.Fence - b.Fence) })
+		slices.SortFunc(st.Holders, func(a, b lock.HolderState) int { return cmp.Compare(a.Fence, b.Fence) })
 		if len(st.Holders) > 0 {
 			h := st.Holders[0]
 			st.Held, st.Holder, st.Fence, st.Acquired, st.Expires = true, h.Holder, h.Fence, h.Acquired, h.Expires

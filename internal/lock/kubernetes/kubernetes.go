@@ -227,7 +227,8 @@ type orphan struct {
 }
 
 var (
-	_ lock.Locker = (*Locker)(nil)
+	_ lock.Locker         = (*Locker)(nil)
+	_ lock.BatchInspector = (*Locker)(nil)
 )
 
 // New returns a Locker on cfg's namespace. The error is a *lock.ConfigError

@@ -145,3 +145,78 @@ func TestDeadSessionsAreCollected(t *testing.T) {
 		t.Fatalf("the dead session's key: %v, want it free", err)
 	}
 }
+
+// readCounter counts the API reads (GET requests, lists included) made
+// through a rest.Config it wraps.
+type readCounter struct {
+	mu    sync.Mutex
+	reads int
+	next  http.RoundTripper
+}
+
+func (c *readCounter) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodGet {
+		c.mu.Lock()
+		c.reads++
+		c.mu.Unlock()
+	}
+	return c.next.RoundTrip(r)
+}
+
+// TestInspectManyAnswersAsInspect: InspectMany of 60 locks (one held, one
+// queued on, the others free or never used) reports what Inspect reports for
+// each, in a few reads (one list of the keys, and the holders' sessions)
+// rather than one read per lock; an invalid set fails alone.
+func TestInspectManyAnswersAsInspect(t *testing.T) {
+	needEnv(t)
+	ctx := context.Background()
+	c := &readCounter{}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = 1000, 2000
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { c.next = rt; return c }
+	l := newTestLocker(t, Config{Client: clientFor(t, cfg), Prefix: "inspect-many"})
+	other := newTestLocker(t, Config{Prefix: "inspect-many"}, WithWaiterTTL(30*time.Second))
+	const locks = 60
+	keys := make([][]string, locks)
+	for i := range keys {
+		keys[i] = []string{fmt.Sprintf("im/%d", i), fmt.Sprintf("im/%d/b", i)}
+	}
+	if _, err := l.TryAcquire(ctx, lock.Request{Keys: keys[0], TTL: time.Minute, Holder: "first"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.TryAcquire(ctx, lock.Request{Keys: keys[0][:1], TTL: time.Minute, Holder: "waiter", Owner: "waiter-owner", Queue: true}); err == nil {
+		t.Fatal("the waiter took a held key")
+	}
+	for i := 2; i < locks; i += 2 {
+		lease, err := other.TryAcquire(ctx, lock.Request{Keys: keys[i], TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := other.Release(ctx, lease); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := c.reads
+	states, errs := l.InspectMany(ctx, append(keys, nil))
+	if reads := c.reads - before; reads > 3 {
+		t.Errorf("InspectMany of %d locks made %d reads, want a list and the sessions' reads", locks, reads)
+	}
+	if errs[locks] == nil {
+		t.Error("an empty set of keys: no error")
+	}
+	for i := range keys {
+		if errs[i] != nil {
+			t.Fatalf("locks[%d]: %v", i, errs[i])
+		}
+		want, err := l.Inspect(ctx, keys[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(states[i]) != fmt.Sprint(want) {
+			t.Fatalf("locks[%d]: InspectMany = %+v, Inspect = %+v", i, states[i], want)
+		}
+	}
+	if !states[0][0].Held || states[0][0].Holder != "first" || states[0][0].Queued != 1 || states[2][0].Held || states[2][0].Fence == 0 {
+		t.Fatalf("InspectMany = %+v / %+v: want the first lock held with one waiter, the third free with a token", states[0], states[2])
+	}
+}
