@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/go-logr/logr"
 	kubeclient "k8s.io/client-go/kubernetes"
@@ -15,10 +16,31 @@ import (
 // TypeKubernetes is status.type of a kubernetes store.
 const TypeKubernetes = "Kubernetes"
 
-// kubernetesQPS bounds the API calls of one kubernetes-store client (burst
-// twice that), apart from the operator's own client: locks cannot starve
-// the controllers of their API budget, nor the other way round.
+// kubernetesQPS bounds the API calls of the kubernetes store (burst twice
+// that), apart from the operator's own client: locks cannot starve the
+// controllers of their API budget, nor the other way round. Every backend
+// on the store shares the one client (kubernetesClients), so that a
+// namespace cannot multiply the budget by making LockBackends.
 const kubernetesQPS = 50
+
+// kubernetesClients holds the kubernetes store's client of each cluster
+// configuration (one per operator), by *rest.Config.
+var kubernetesClients sync.Map
+
+// kubernetesClient returns the store's client for cfg, made once.
+func kubernetesClient(cfg *rest.Config) (kubeclient.Interface, error) {
+	if c, ok := kubernetesClients.Load(cfg); ok {
+		return c.(kubeclient.Interface), nil
+	}
+	rc := rest.CopyConfig(cfg)
+	rc.QPS, rc.Burst = kubernetesQPS, 2*kubernetesQPS
+	c, err := kubeclient.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	actual, _ := kubernetesClients.LoadOrStore(cfg, c)
+	return actual.(kubeclient.Interface), nil
+}
 
 // The kubernetes store writes Leases in the operator's namespace only: the
 // leader-election Role (config/rbac) grants what it needs, and nothing
@@ -44,9 +66,7 @@ var kubernetesStore = storeKind{
 		if cl.Config == nil || cl.Namespace == "" {
 			return nil, nil, "", &ConfigError{Field: src.field, Err: fmt.Errorf("this operator was started without the cluster it runs in, so it cannot keep locks in it; use another store")}
 		}
-		rc := rest.CopyConfig(cl.Config)
-		rc.QPS, rc.Burst = kubernetesQPS, 2*kubernetesQPS
-		client, err := kubeclient.NewForConfig(rc)
+		client, err := kubernetesClient(cl.Config)
 		if err != nil {
 			return nil, nil, "", &ConfigError{Field: src.field, Err: err}
 		}

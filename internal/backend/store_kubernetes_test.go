@@ -46,3 +46,32 @@ func TestResolveKubernetesStore(t *testing.T) {
 		t.Fatalf("spec: type %q, validate %v, summary %q", s.Type(), s.Validate(), s.Summary())
 	}
 }
+
+// TestKubernetesBackendsShareOneClient: every backend on the kubernetes
+// store of one operator uses the same client, and so the same request
+// budget: a namespace that makes LockBackends with other prefixes gets no
+// more of the API server.
+func TestKubernetesBackendsShareOneClient(t *testing.T) {
+	t.Parallel()
+	objs := []client.Object{
+		storeLockBackend("one", locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{Kubernetes: &locksv1alpha1.KubernetesBackend{Prefix: "one"}}}),
+		storeLockBackend("two", locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{Kubernetes: &locksv1alpha1.KubernetesBackend{Prefix: "two"}}}),
+	}
+	r := registryWith(t, deepCopies(objs)...)
+	r.SetPolicy(Policy{}, nil)
+	r.SetCluster(Cluster{Config: &rest.Config{Host: "https://127.0.0.1:6443"}, Namespace: "lockwarden-system"})
+	var clients []any
+	for _, name := range []string{"one", "two"} {
+		cfg, fp, err := r.resolveAny(t.Context(), lockOnBackend(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fp == "" {
+			t.Fatal("no fingerprint")
+		}
+		clients = append(clients, cfg.Engine.(*kubelock.Config).Client)
+	}
+	if clients[0] != clients[1] {
+		t.Fatal("two backends on the kubernetes store got two clients (two request budgets)")
+	}
+}

@@ -102,7 +102,8 @@ func TestLockerReadsItsClock(t *testing.T) {
 func TestDeadSessionsAreCollected(t *testing.T) {
 	needEnv(t)
 	ctx := context.Background()
-	cfg := Config{Prefix: "collect"}
+	// A prefix of its own: only this run's sessions are listed.
+	cfg := Config{Prefix: "collect-" + newName()}
 	dead := newTestLocker(t, cfg)
 	if _, err := dead.TryAcquire(ctx, lock.Request{Keys: []string{"collect/a"}, TTL: 300 * time.Millisecond}); err != nil {
 		t.Fatal(err)

@@ -297,6 +297,7 @@ func (l *Locker) collectSessions(ctx context.Context) {
 	opts := metav1.ListOptions{LabelSelector: l.selector(roleSession), Limit: 500}
 	cache := map[string]judgment{}
 	deleted := 0
+	listed := map[string]bool{}
 	for {
 		cctx, cancel := l.callCtx(ctx)
 		list, err := l.leases.List(cctx, opts)
@@ -307,6 +308,7 @@ func (l *Locker) collectSessions(ctx context.Context) {
 		}
 		for i := range list.Items {
 			name := list.Items[i].Name
+			listed[name] = true
 			if _, _, own := l.ownSession(name); own {
 				continue
 			}
@@ -319,6 +321,14 @@ func (l *Locker) collectSessions(ctx context.Context) {
 			break
 		}
 	}
+	// Forget the sessions that are gone, however they went.
+	l.mu.Lock()
+	for name := range l.seen {
+		if !listed[name] {
+			delete(l.seen, name)
+		}
+	}
+	l.mu.Unlock()
 	if deleted > 0 {
 		l.opts.Log.V(1).Info("Deleted the sessions nobody renews", "count", deleted)
 	}
