@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -125,33 +126,37 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 	if err := l.connect(); err != nil {
 		return nil, waitHint{}, l.unavailable(op, err)
 	}
-	gctx, cancel := l.opCtx(ctx)
-	grant, err := l.etcd().Grant(gctx, ttlSeconds(req.TTL))
-	cancel()
+	// A session with at least half the TTL left: the acquisition is valid
+	// for at least that long.
+	s, err := l.sessionFor(ctx, req.TTL, start.Add(-req.TTL/2))
 	if err != nil {
 		return nil, waitHint{}, l.unavailable(op, err)
 	}
-	leaseID := grant.ID
-	used := false
-	defer func() {
-		// An unused lease holds nothing; revoking it also undoes a
-		// transaction whose answer was lost.
-		if !used {
-			l.revokeLater(leaseID)
+	// The attempt number needs to be unique, not secret.
+	rec := holderRecord{Holder: req.Holder, Lease: int64(s.id), TTLMilli: req.TTL.Milliseconds(), Acquired: start.UnixMilli(), Session: true, Attempt: rand.Uint64()} //nolint:gosec // G404: uniqueness only
+	value := encodeValue(tag, rec)
+	// failed ends an attempt whose transaction may have written the keys
+	// (its answer was lost, or the acquisition cannot be used): they are
+	// deleted in the background, unless the session is gone with them.
+	failed := func(err error) (*lock.Lease, waitHint, error) {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			l.forget(s.id)
+		} else {
+			l.undoLater(req.Keys, value)
 		}
-	}()
+		return nil, waitHint{}, l.unavailable(op, err)
+	}
 	var myRevs []int64
 	for range maxPasses {
-		resp, err := l.acquireTxn(ctx, req, tag, leaseID, start, myRevs)
+		resp, err := l.acquireTxn(ctx, req, tag, value, s.id, myRevs)
 		if err != nil {
-			return nil, waitHint{}, l.unavailable(op, err)
+			return failed(err)
 		}
 		if resp.Succeeded {
-			lease, err := l.acquired(req, resp, start)
+			lease, err := l.acquired(req, resp, start, s)
 			if err != nil {
-				return nil, waitHint{}, l.unavailable(op, err)
+				return failed(err)
 			}
-			used = true
 			if req.Queue {
 				l.revokeLater(waiterLeases(resp)...)
 			}
@@ -164,26 +169,22 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 		rev := resp.Header.Revision
 		if fence, ok := ownsAll(views, tag); ok {
 			// The owner already holds every key (a restarted operator
-			// acquiring again): re-put them with the new lease, as a new
+			// acquiring again): re-put them on the session, as a new
 			// acquisition with a new fencing token (the relet's revision).
-			rec := holderRecord{Holder: req.Holder, Lease: int64(leaseID), TTLMilli: req.TTL.Milliseconds(), Acquired: start.UnixMilli()}
-			next, err := l.relet(ctx, req.Keys, tag, fence, leaseID, rec, true)
+			next, err := l.relet(ctx, req.Keys, tag, fence, s.id, rec, true)
 			if err != nil {
-				return nil, waitHint{}, l.unavailable(op, err)
+				return failed(err)
 			}
 			if next == 0 {
 				continue
 			}
 			if next >= lock.MaxFence {
-				// The keys are on the unused lease now: the deferred
-				// revoke frees them.
-				return nil, waitHint{}, l.unavailable(op, fmt.Errorf("etcd revision %d is outside the fencing token range (0, %d)", next, lock.MaxFence))
+				return failed(fmt.Errorf("etcd revision %d is outside the fencing token range (0, %d)", next, lock.MaxFence))
 			}
-			lease, err := l.newLease(req, next, start)
+			lease, err := l.newLease(req, next, start, s)
 			if err != nil {
-				return nil, waitHint{}, l.unavailable(op, err)
+				return failed(err)
 			}
-			used = true
 			return lease, waitHint{}, nil
 		}
 		held, hint := l.firstBusy(req, views, rev)
@@ -209,8 +210,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 // acquireTxn takes every key of req when it is free for req, or reads the
 // keys' state. myRevs (Queue only) are the caller's waiter revisions once it
 // knows it heads every queue; nil on the first pass.
-func (l *Locker) acquireTxn(ctx context.Context, req lock.Request, tag string, leaseID clientv3.LeaseID, start time.Time, myRevs []int64) (*clientv3.TxnResponse, error) {
-	value := encodeValue(tag, holderRecord{Holder: req.Holder, Lease: int64(leaseID), TTLMilli: req.TTL.Milliseconds(), Acquired: start.UnixMilli()})
+func (l *Locker) acquireTxn(ctx context.Context, req lock.Request, tag, value string, leaseID clientv3.LeaseID, myRevs []int64) (*clientv3.TxnResponse, error) {
 	var (
 		cmps     []clientv3.Cmp
 		then, el []clientv3.Op
@@ -255,27 +255,33 @@ func (l *Locker) acquireTxn(ctx context.Context, req lock.Request, tag string, l
 }
 
 // acquired turns a successful acquire transaction into the lease.
-func (l *Locker) acquired(req lock.Request, resp *clientv3.TxnResponse, start time.Time) (*lock.Lease, error) {
+func (l *Locker) acquired(req lock.Request, resp *clientv3.TxnResponse, start time.Time, s *session) (*lock.Lease, error) {
 	fence := resp.Header.Revision
 	if fence <= 0 || fence >= lock.MaxFence {
 		return nil, fmt.Errorf("etcd revision %d is outside the fencing token range (0, %d)", fence, lock.MaxFence)
 	}
-	return l.newLease(req, fence, start)
+	return l.newLease(req, fence, start, s)
 }
 
-// newLease builds the lease of an acquisition that started at start.
-func (l *Locker) newLease(req lock.Request, fence int64, start time.Time) (*lock.Lease, error) {
-	// etcd counts the TTL from when the leader granted the lease, after
-	// start: the keys are held at least until start + TTL (less the drift
-	// allowance for clock rates). The time the call took is already inside
-	// that window; subtracting it again would end the lease early.
-	elapsed := l.opts.Since(start)
-	expires := start.Add(req.TTL - drift(req.TTL))
-	validity := req.TTL - elapsed - drift(req.TTL) // what is left now
+// newLease builds the lease of an acquisition that started at start on the
+// session s.
+func (l *Locker) newLease(req lock.Request, fence int64, start time.Time, s *session) (*lock.Lease, error) {
+	// etcd counts the session's TTL from its last keepalive (or grant),
+	// which started at s.refreshed: the keys are held at least until then
+	// + TTL (less the drift allowance for clock rates); when the session
+	// was confirmed during this attempt, at least until start + TTL. The
+	// time the call took is already inside that window; subtracting it
+	// again would end the lease early.
+	expires := s.expires(req.TTL)
+	if start.Before(s.refreshed) {
+		expires = start.Add(req.TTL - drift(req.TTL))
+	}
+	now := l.opts.Now()
+	validity := expires.Sub(now) // what is left now
 	if validity <= 0 {
 		// Held in etcd, but the caller could not rely on it for any time:
-		// the deferred revoke in attempt drops it.
-		return nil, fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, req.TTL, drift(req.TTL))
+		// attempt undoes it.
+		return nil, fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", now.Sub(start), req.TTL, drift(req.TTL))
 	}
 	if v := l.log.V(1); v.Enabled() {
 		v.Info("Acquired lease", "keys", req.Keys, "holder", req.Holder, "fence", fence, "validity", validity.String())

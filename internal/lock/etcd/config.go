@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 
@@ -118,6 +119,8 @@ type options struct {
 	lock.Options
 	opTimeout   time.Duration
 	dialTimeout time.Duration
+	// grpc are extra dial options (tests count the calls with them).
+	grpc []grpc.DialOption
 }
 
 // Option configures a Locker.

@@ -10,7 +10,7 @@
 // collide.
 //
 //	P h/E          holder key: exists while a lease holds K; attached to the
-//	               acquisition's etcd lease.
+//	               holding Locker's session (an etcd lease, see below).
 //	P f/E          fence record: written (empty) by every acquisition of K and
 //	               never attached to a lease, so its ModRevision is the last
 //	               fencing token issued for K, also when K is free.
@@ -26,16 +26,22 @@
 //
 // # Acquisition and fencing
 //
-// One etcd lease per acquisition: TryAcquire grants a lease with the TTL
-// rounded up to whole seconds (etcd raises it further to its minimum lease
-// TTL, 1.5 election timeouts, when smaller: the keys may then stay held
-// longer than asked, never shorter), then runs one transaction that compares
-// every holder key absent (CreateRevision 0) and the queue condition, and on
-// success puts every holder key with the lease and touches every fence
-// record. Taking all keys in one transaction makes multi-key leases
-// all-or-nothing without a lock order, so two requests for the same keys in
-// different orders cannot deadlock. A failed attempt revokes the unused
-// lease in the background.
+// Holder keys are attached to a session: one etcd lease per Locker and TTL
+// (in whole seconds; etcd raises it further to its minimum lease TTL, 1.5
+// election timeouts, when smaller: the keys may then stay held longer than
+// asked, never shorter), as the concurrency package's Session. TryAcquire
+// keeps the session alive first when less than half the TTL of it is left,
+// then runs one transaction that compares every holder key absent
+// (CreateRevision 0) and the queue condition, and on success puts every
+// holder key with the session and touches every fence record. Taking all
+// keys in one transaction makes multi-key leases all-or-nothing without a
+// lock order, so two requests for the same keys in different orders cannot
+// deadlock. Each value carries a random attempt number: when the answer of
+// a transaction is lost (or its lease cannot be used), the keys whose value
+// is still exactly the one it wrote are deleted in the background until
+// etcd answers, since the session would otherwise keep them held for as long
+// as the Locker lives; a later acquisition (of the same owner too) is never
+// touched.
 //
 // The fencing token is the revision of the acquiring transaction: the
 // ModRevision of the keys' fence records, which only acquisitions write
@@ -50,28 +56,44 @@
 // Renew and Release need only Keys, Owner and Fence: the transaction compares
 // each holder key's value with the owner's tag (so the key must exist) and
 // the ModRevision of its fence record with the fence, and reads the etcd
-// lease ID from the value. So a new Locker (a
-// new process) renews and releases a lease an older one acquired, with the
-// same token. Renew with the TTL the lease was granted with is one
-// KeepAliveOnce on that lease; with a different TTL (in whole seconds) it
-// grants a new lease and re-puts the holder keys with it in a transaction
-// that checks the owner again (the fence records are left alone, so the
-// token is unchanged), then revokes the old lease. Release deletes the holder
-// keys in a transaction that checks the owner and revokes the lease. A
+// lease ID from the value. So a new Locker (a new process) renews and
+// releases a lease an older one acquired, with the same token.
+//
+// RenewAll (and Renew, RenewAll of one lease) keeps the Locker's session
+// for the TTL alive once (KeepAliveOnce), then reads the holder keys and
+// fence records of the leases in read-only transactions of up to 64 keys
+// (linearizable reads: nothing is written) and checks each lease's owner
+// and token. Renewing any number of leases is one keepalive per TTL, not
+// one per lease. A lease whose keys are attached to another etcd lease (one
+// acquired by another Locker, a process before a restart, or with another
+// TTL) is moved to the session once, in a transaction that checks the owner
+// again and leaves the fence records alone (the token is unchanged); the
+// other etcd lease is not revoked unless it was granted for that acquisition
+// alone (by an earlier version). The reads come after the keepalive: a key
+// found attached to the session is held until the keepalive's start + TTL
+// at least. Release deletes the holder keys in a transaction that checks the
+// owner, and tries again in the background when etcd does not answer. A
 // TryAcquire by an owner that already holds all the keys (from one
-// acquisition) re-puts them with a fresh lease and rewrites their fence
-// records in one transaction that checks the owner and the old token: it is
-// a new acquisition with a new, larger token (the transaction's revision), as
-// on the other stores, and the lease with the old token is lost (Renew fails
+// acquisition) re-puts them on the session and rewrites their fence records
+// in one transaction that checks the owner and the old token: it is a new
+// acquisition with a new, larger token (the transaction's revision), as on
+// the other stores, and the lease with the old token is lost (Renew fails
 // with lock.ErrLost, Release with lock.ErrNotHeld, neither touching the new
 // acquisition).
+//
+// A lease on a session stays held while the session is kept alive, that is
+// while the Locker renews any lease of that TTL: a caller ends a lease by
+// releasing it. When the session expires (nothing renewed it for its TTL:
+// the process died, or etcd was out of reach), etcd deletes every key on
+// it, and each lease on it is lost.
 //
 // # TTL and server failures
 //
 // etcd expires the lease on its leader, which deletes the holder keys (and
 // sends the watch events that wake waiters), whether or not the acquiring
-// process is alive. Lease.Expires is the start of the acquire or renew round
-// trip plus the TTL minus a drift allowance (1% + 2ms), never later than the
+// process is alive. Lease.Expires is the start of the session's last
+// confirmed keepalive (or grant; for a renewal, one made during the call)
+// plus the TTL minus a drift allowance (1% + 2ms), never later than the
 // leader may free the keys. A new leader restarts every lease's TTL (plus an
 // election timeout) when it takes over: after a leader change the keys may
 // stay held up to a TTL longer than asked, which delays others but never
@@ -148,6 +170,12 @@ type Locker struct {
 	cli    atomic.Pointer[clientv3.Client]
 	closed bool
 
+	// sessions are the etcd leases holder keys are attached to, by TTL in
+	// whole seconds (see sessionFor); smu guards them and serializes their
+	// grants and keepalives.
+	smu      sync.Mutex
+	sessions map[int64]*session
+
 	// ctx ends with Close: it stops Watch goroutines and background revokes.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -191,6 +219,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 			return dial(ctx, "tcp", addr)
 		}))
 	}
+	ccfg.DialOptions = append(ccfg.DialOptions, o.grpc...)
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Locker{
 		cfg:    cfg,
@@ -407,6 +436,14 @@ type holderRecord struct {
 	TTLMilli int64  `json:"ttlMs"`
 	// Acquired is the acquiring client's clock (unix ms): etcd has no clock of its own to offer.
 	Acquired int64 `json:"acquiredMs"`
+	// Session: Lease is a session, shared by many acquisitions, never
+	// revoked for one of them. Records of earlier versions lack it: their
+	// etcd lease was granted for that acquisition alone.
+	Session bool `json:"session,omitempty"`
+	// Attempt is random, so that the value is the acquisition's own: an
+	// acquisition whose answer was lost is undone by deleting the keys
+	// whose value is still exactly the one it wrote (undoLater).
+	Attempt uint64 `json:"attempt,omitempty"`
 }
 
 // waiterRecord is the JSON part of a waiter key's value.

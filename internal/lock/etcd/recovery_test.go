@@ -208,12 +208,13 @@ func TestDialIsUsedForEveryConnection(t *testing.T) {
 func TestFencePastMaxIsRefused(t *testing.T) {
 	l := &Locker{opts: options{Options: lock.DefaultOptions()}}
 	req := lock.Request{Keys: []string{"k"}, TTL: time.Minute}
+	s := &session{id: 1, ttl: 60, refreshed: time.Now()}
 	for _, rev := range []int64{0, lock.MaxFence, lock.MaxFence + 1} {
-		if lease, err := l.acquired(req, &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: rev}}, time.Now()); err == nil {
+		if lease, err := l.acquired(req, &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: rev}}, time.Now(), s); err == nil {
 			t.Errorf("revision %d became the lease %+v, want an error", rev, lease)
 		}
 	}
-	if lease, err := l.acquired(req, &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: lock.MaxFence - 1}}, time.Now()); err != nil || lease.Fence != lock.MaxFence-1 {
+	if lease, err := l.acquired(req, &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: lock.MaxFence - 1}}, time.Now(), s); err != nil || lease.Fence != lock.MaxFence-1 {
 		t.Errorf("revision MaxFence-1: %+v, %v", lease, err)
 	}
 }

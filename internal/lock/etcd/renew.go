@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -20,42 +22,39 @@ import (
 // acquired. When the keys are gone or held by another acquisition the error
 // matches lock.ErrLost. When etcd could not be reached the error matches
 // lock.ErrBackendUnavailable: the lease may still be held until its Expires,
-// so the caller may try again before then.
-//
-// With the TTL the lease was granted with (in whole seconds) it is one
-// transaction (the owner check, reading the etcd lease ID) and one
-// KeepAliveOnce; with another TTL the holder keys move to a new etcd lease of
-// that TTL (see the package documentation).
+// so the caller may try again before then. It is RenewAll of one lease.
 func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
 	if err := validateRenew(lease, ttl); err != nil {
 		return nil, err
 	}
-	return l.renew(ctx, lease, ttl)
+	out, errs := make([]*lock.Lease, 1), make([]error, 1)
+	l.renewAll(ctx, []*lock.Lease{lease}, []int{0}, ttl, out, errs)
+	return out[0], errs[0]
 }
 
-// RenewAll renews many leases concurrently over the client's one connection
-// (see lock.Locker). Results and errors are by index, with the meaning of
-// Renew. etcd has no batch keepalive that checks owners, so each lease is
-// its own transaction and keepalive; they are pipelined on the shared gRPC
-// connection rather than sent one after the other.
+// RenewAll renews many leases (see lock.Locker): one KeepAliveOnce of the
+// Locker's session for ttl (every lease this Locker acquired or renewed with
+// that TTL is attached to it), then one read-only transaction per
+// maxTxnOps/2 keys that checks the leases still hold their keys. A lease
+// whose keys are attached to another etcd lease (acquired by another Locker,
+// for example before a restart, or with another TTL) is moved to the
+// session once, in a transaction that checks the owner and keeps the
+// fencing token. Results and errors are by index, with the meaning of
+// Renew.
 func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
 	out := make([]*lock.Lease, len(leases))
 	errs := make([]error, len(leases))
-	// Bounded so that thousands of leases do not open thousands of streams at once.
-	sem := make(chan struct{}, 32)
-	var wg sync.WaitGroup
+	var idx []int
 	for i, le := range leases {
 		if err := validateRenew(le, ttl); err != nil {
 			errs[i] = fmt.Errorf("leases[%d]: %w", i, err)
 			continue
 		}
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			out[i], errs[i] = l.renew(ctx, le, ttl)
-		})
+		idx = append(idx, i)
 	}
-	wg.Wait()
+	if len(idx) > 0 {
+		l.renewAll(ctx, leases, idx, ttl, out, errs)
+	}
 	return out, errs
 }
 
@@ -82,8 +81,8 @@ func (l *Locker) heldCmps(keys []string, tag string, fence int64) []clientv3.Cmp
 	return cmps
 }
 
-// notHeldGets are the Else reads of a transaction guarded by heldCmps, for
-// whyNotHeld: every holder key, then every fence record.
+// notHeldGets read every holder key, then every fence record of keys: what
+// heldBy needs, and the Else reads of a transaction guarded by heldCmps.
 func (l *Locker) notHeldGets(keys []string) []clientv3.Op {
 	gets := make([]clientv3.Op, 0, 2*len(keys))
 	for _, k := range keys {
@@ -95,91 +94,214 @@ func (l *Locker) notHeldGets(keys []string) []clientv3.Op {
 	return gets
 }
 
-func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
+// maxTxnOps is etcd's default bound of the operations of one transaction
+// (--max-txn-ops); a renewal reads two keys (holder and fence record) per
+// lock key, and lock.MaxKeys keeps one lease's reads well under it.
+const maxTxnOps = 128
+
+// renewReaders bounds the read transactions of one RenewAll in flight, and
+// renewMovers the transactions that move leases to the session.
+const (
+	renewReaders = 8
+	renewMovers  = 32
+)
+
+func renewOp(lease *lock.Lease) string {
+	return fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
+}
+
+// renewAll renews leases[idx...] (all valid), storing results and errors at
+// their indices of out and errs.
+func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, ttl time.Duration, out []*lock.Lease, errs []error) {
 	start := l.opts.Now()
-	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
-	tag := ownerTag(lease.Owner)
+	fail := func(err error) {
+		for _, i := range idx {
+			errs[i] = l.unavailable(renewOp(leases[i]), err)
+		}
+	}
 	if err := l.connect(); err != nil {
-		return nil, l.unavailable(op, err)
+		fail(err)
+		return
 	}
-	var gets []clientv3.Op
-	for _, k := range lease.Keys {
-		gets = append(gets, clientv3.OpGet(l.holderKey(k)))
-	}
-	tctx, cancel := l.opCtx(ctx)
-	resp, err := l.etcd().Txn(tctx).If(l.heldCmps(lease.Keys, tag, lease.Fence)...).Then(gets...).Else(l.notHeldGets(lease.Keys)...).Commit()
-	cancel()
+	// The session is confirmed after start: every key attached to it that
+	// the reads below find is held until start + ttl at least.
+	s, err := l.sessionFor(ctx, ttl, start)
 	if err != nil {
-		return nil, l.unavailable(op, err)
-	}
-	if !resp.Succeeded {
-		return nil, l.lost(op, lease, tag, resp)
+		fail(err)
+		return
 	}
 	var (
-		recs []holderRecord
-		ids  []clientv3.LeaseID
+		wg    sync.WaitGroup
+		read  = make(chan struct{}, renewReaders)
+		moves = make(chan struct{}, renewMovers)
 	)
-	for i, r := range resp.Responses {
-		kvs := r.GetResponseRange().GetKvs()
+	for _, batch := range renewBatches(leases, idx) {
+		read <- struct{}{}
+		wg.Go(func() {
+			views, err := l.readHeld(ctx, leases, batch)
+			<-read
+			for j, i := range batch {
+				le := leases[i]
+				switch {
+				case err != nil:
+					errs[i] = l.unavailable(renewOp(le), err)
+				case views[j].why != "":
+					l.log.Info("Lease lost", "keys", le.Keys, "holder", le.Holder, "fence", le.Fence)
+					errs[i] = fmt.Errorf("%s: %w: %s", renewOp(le), lock.ErrLost, views[j].why)
+				case views[j].onlyOn(s.id):
+					out[i], errs[i] = l.renewed(le, ttl, s, start)
+				default:
+					moves <- struct{}{}
+					wg.Go(func() {
+						defer func() { <-moves }()
+						out[i], errs[i] = l.moveToSession(ctx, le, views[j].rec, ttl, s, start)
+					})
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// renewBatches splits idx into runs whose leases have at most maxTxnOps/2
+// keys in all (a lease is never split).
+func renewBatches(leases []*lock.Lease, idx []int) [][]int {
+	var (
+		out  [][]int
+		cur  []int
+		keys int
+	)
+	for _, i := range idx {
+		n := len(leases[i].Keys)
+		if len(cur) > 0 && keys+n > maxTxnOps/2 {
+			out, cur, keys = append(out, cur), nil, 0
+		}
+		cur, keys = append(cur, i), keys+n
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// heldView is what a renewal read of one lease's keys found.
+type heldView struct {
+	// why is empty when the owner's acquisition with the lease's token
+	// still holds every key, else why it does not.
+	why string
+	// ids are the etcd leases the holder keys are attached to.
+	ids []clientv3.LeaseID
+	// rec is the first key's holder record.
+	rec holderRecord
+}
+
+// onlyOn reports whether every key is attached to the etcd lease id.
+func (v heldView) onlyOn(id clientv3.LeaseID) bool {
+	return len(v.ids) == 1 && v.ids[0] == id
+}
+
+// readHeld reads the holder keys and fence records of leases[batch...] in
+// one read-only transaction (a linearizable read; nothing is written) and
+// tells for each lease whether its acquisition still holds every key.
+func (l *Locker) readHeld(ctx context.Context, leases []*lock.Lease, batch []int) ([]heldView, error) {
+	var gets []clientv3.Op
+	for _, i := range batch {
+		gets = append(gets, l.notHeldGets(leases[i].Keys)...)
+	}
+	tctx, cancel := l.opCtx(ctx)
+	resp, err := l.etcd().Txn(tctx).Then(gets...).Commit()
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Responses) != len(gets) {
+		return nil, fmt.Errorf("unexpected transaction reply: %d results for %d reads", len(resp.Responses), len(gets))
+	}
+	views := make([]heldView, len(batch))
+	rs := resp.Responses
+	for j, i := range batch {
+		le := leases[i]
+		n := len(le.Keys)
+		views[j] = l.heldBy(le, ownerTag(le.Owner), rs[:2*n])
+		rs = rs[2*n:]
+	}
+	return views, nil
+}
+
+// heldBy reads the answers of notHeldGets for lease (every holder key, then
+// every fence record).
+func (l *Locker) heldBy(lease *lock.Lease, tag string, rs []*etcdserverpb.ResponseOp) heldView {
+	var v heldView
+	n := len(lease.Keys)
+	for i, k := range lease.Keys {
+		kvs := rs[i].GetResponseRange().GetKvs()
 		if len(kvs) == 0 {
-			return nil, fmt.Errorf("%s: %w: key %q vanished", op, lock.ErrLost, lease.Keys[i])
+			v.why = fmt.Sprintf("key %q is free (released or expired)", k)
+			return v
 		}
 		var rec holderRecord
-		if _, err := decodeValue(kvs[0].Value, &rec); err != nil {
-			return nil, l.unavailable(op, err)
+		t, _ := decodeValue(kvs[0].Value, &rec)
+		var fence int64
+		if fk := rs[n+i].GetResponseRange().GetKvs(); len(fk) > 0 {
+			fence = fk[0].ModRevision
 		}
-		recs = append(recs, rec)
-		if id := clientv3.LeaseID(kvs[0].Lease); !slices.Contains(ids, id) {
-			ids = append(ids, id)
-		}
-	}
-	if len(ids) == 1 && ttlSeconds(ttl) == ttlSeconds(time.Duration(recs[0].TTLMilli)*time.Millisecond) {
-		kctx, cancel := l.opCtx(ctx)
-		_, err := l.keepAliveOnce(kctx, ids[0])
-		cancel()
 		switch {
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			return nil, fmt.Errorf("%s: %w: the etcd lease expired", op, lock.ErrLost)
-		case err != nil:
-			return nil, l.unavailable(op, err)
+		case t != tag:
+			v.why = fmt.Sprintf("key %q is held by %q with fencing token %d", k, rec.Holder, fence)
+			return v
+		case fence != lease.Fence:
+			v.why = fmt.Sprintf("key %q is held by a later acquisition of the same owner (%q), with fencing token %d", k, rec.Holder, fence)
+			return v
 		}
-	} else {
-		gctx, cancel := l.opCtx(ctx)
-		g, err := l.etcd().Grant(gctx, ttlSeconds(ttl))
-		cancel()
-		if err != nil {
-			return nil, l.unavailable(op, err)
+		if i == 0 {
+			v.rec = rec
 		}
-		rec := recs[0]
-		rec.Holder, rec.Lease, rec.TTLMilli = firstNonEmpty(lease.Holder, rec.Holder), int64(g.ID), ttl.Milliseconds()
-		rev, err := l.relet(ctx, lease.Keys, tag, lease.Fence, g.ID, rec, false)
-		ok := rev != 0
-		if err != nil || !ok {
-			l.revokeLater(g.ID)
-		}
-		if err != nil {
-			return nil, l.unavailable(op, err)
-		}
-		if !ok {
-			return nil, fmt.Errorf("%s: %w: the keys were released or taken while moving them to a lease of the new TTL", op, lock.ErrLost)
+		if id := clientv3.LeaseID(kvs[0].Lease); !slices.Contains(v.ids, id) {
+			v.ids = append(v.ids, id)
 		}
 	}
-	elapsed := l.opts.Since(start)
-	validity := ttl - elapsed - drift(ttl)
-	if validity <= 0 {
-		return nil, l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, ttl, drift(ttl)))
+	return v
+}
+
+// renewed is the lease renewed at start on the session s.
+func (l *Locker) renewed(lease *lock.Lease, ttl time.Duration, s *session, start time.Time) (*lock.Lease, error) {
+	expires := s.expires(ttl)
+	if start.Before(s.refreshed) {
+		expires = start.Add(ttl - drift(ttl))
+	}
+	if now := l.opts.Now(); !expires.After(now) {
+		return nil, l.unavailable(renewOp(lease), fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", now.Sub(start), ttl, drift(ttl)))
 	}
 	next := *lease
 	next.Keys = slices.Clone(lease.Keys)
 	next.TTL = ttl
-	next.Expires = start.Add(ttl - drift(ttl)) // as in newLease: the call's time is inside the TTL
+	next.Expires = expires
 	if next.Acquired.IsZero() {
 		next.Acquired = start
 	}
 	if v := l.log.V(4); v.Enabled() {
-		v.Info("Renewed lease", "keys", lease.Keys, "fence", lease.Fence, "validity", validity.String())
+		v.Info("Renewed lease", "keys", lease.Keys, "fence", lease.Fence, "expires", expires)
 	}
 	return &next, nil
+}
+
+// moveToSession attaches the keys of lease (held by its acquisition, on
+// another etcd lease) to the session s, keeping its fencing token, and
+// returns it renewed.
+func (l *Locker) moveToSession(ctx context.Context, lease *lock.Lease, rec holderRecord, ttl time.Duration, s *session, start time.Time) (*lock.Lease, error) {
+	op := renewOp(lease)
+	rec.Holder, rec.Lease, rec.TTLMilli, rec.Session = firstNonEmpty(lease.Holder, rec.Holder), int64(s.id), ttl.Milliseconds(), true
+	rev, err := l.relet(ctx, lease.Keys, ownerTag(lease.Owner), lease.Fence, s.id, rec, false)
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		l.forget(s.id)
+		return nil, l.unavailable(op, err)
+	case err != nil:
+		return nil, l.unavailable(op, err)
+	case rev == 0:
+		return nil, fmt.Errorf("%s: %w: the keys were released or taken while moving them to the session", op, lock.ErrLost)
+	}
+	return l.renewed(lease, ttl, s, start)
 }
 
 func firstNonEmpty(a, b string) string {
@@ -189,36 +311,12 @@ func firstNonEmpty(a, b string) string {
 	return b
 }
 
-// lost explains a failed owner check from the transaction's Else reads
-// (notHeldGets).
-func (l *Locker) lost(op string, lease *lock.Lease, tag string, resp *clientv3.TxnResponse) error {
-	l.log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
-	return fmt.Errorf("%s: %w: %s", op, lock.ErrLost, l.whyNotHeld(lease, tag, resp))
-}
-
+// whyNotHeld explains a failed owner check from the transaction's Else
+// reads (notHeldGets).
 func (l *Locker) whyNotHeld(lease *lock.Lease, tag string, resp *clientv3.TxnResponse) string {
-	n := len(lease.Keys)
-	for i, r := range resp.Responses {
-		if i >= n {
-			break
-		}
-		kvs := r.GetResponseRange().GetKvs()
-		if len(kvs) == 0 {
-			return fmt.Sprintf("key %q is free (released or expired)", lease.Keys[i])
-		}
-		var rec holderRecord
-		t, _ := decodeValue(kvs[0].Value, &rec)
-		var fence int64
-		if n+i < len(resp.Responses) {
-			if fk := resp.Responses[n+i].GetResponseRange().GetKvs(); len(fk) > 0 {
-				fence = fk[0].ModRevision
-			}
-		}
-		switch {
-		case t != tag:
-			return fmt.Sprintf("key %q is held by %q with fencing token %d", lease.Keys[i], rec.Holder, fence)
-		case fence != lease.Fence:
-			return fmt.Sprintf("key %q is held by a later acquisition of the same owner (%q), with fencing token %d", lease.Keys[i], rec.Holder, fence)
+	if len(resp.Responses) == 2*len(lease.Keys) {
+		if v := l.heldBy(lease, tag, resp.Responses); v.why != "" {
+			return v.why
 		}
 	}
 	return "the keys are no longer held by this owner"
@@ -231,9 +329,11 @@ func (l *Locker) whyNotHeld(lease *lock.Lease, tag string, resp *clientv3.TxnRes
 // (reacquire true) also writes every fence record, so the transaction's
 // revision becomes the keys' new token, strictly larger than every earlier
 // one, and leases with the old token no longer match heldCmps. On success
-// the old etcd leases are revoked (no key is attached to them any more). It
-// returns the transaction's revision (the new token of a re-acquisition),
-// or 0 when the owner no longer holds the keys with this fence.
+// the etcd leases of an earlier version, one per acquisition, are revoked
+// (no key is attached to them any more); a session is never revoked, since
+// other keys are attached to it. It returns the transaction's revision (the
+// new token of a re-acquisition), or 0 when the owner no longer holds the
+// keys with this fence.
 func (l *Locker) relet(ctx context.Context, keys []string, tag string, fence int64, newLease clientv3.LeaseID, rec holderRecord, reacquire bool) (int64, error) {
 	value := encodeValue(tag, rec)
 	var puts []clientv3.Op
@@ -252,21 +352,42 @@ func (l *Locker) relet(ctx context.Context, keys []string, tag string, fence int
 	if !resp.Succeeded {
 		return 0, nil
 	}
-	var old []clientv3.LeaseID
+	var old []*mvccpb.KeyValue
 	for _, r := range resp.Responses {
-		if p := r.GetResponsePut().GetPrevKv(); p != nil && p.Lease != 0 && clientv3.LeaseID(p.Lease) != newLease && !slices.Contains(old, clientv3.LeaseID(p.Lease)) {
-			old = append(old, clientv3.LeaseID(p.Lease))
+		if p := r.GetResponsePut().GetPrevKv(); p != nil && clientv3.LeaseID(p.Lease) != newLease {
+			old = append(old, p)
 		}
 	}
-	l.revokeLater(old...)
+	l.revokeLater(perAcquisition(old)...)
 	return resp.Header.Revision, nil
 }
 
+// perAcquisition returns the etcd leases of holder keys (their values before
+// a change) that were granted for one acquisition, by an earlier version of
+// the Locker: they hold nothing once those keys are gone or moved. Sessions
+// (this Locker's or another's) are left alone.
+func perAcquisition(kvs []*mvccpb.KeyValue) []clientv3.LeaseID {
+	var ids []clientv3.LeaseID
+	for _, kv := range kvs {
+		var rec holderRecord
+		if kv.Lease == 0 || slices.Contains(ids, clientv3.LeaseID(kv.Lease)) {
+			continue
+		}
+		if _, err := decodeValue(kv.Value, &rec); err != nil || rec.Session {
+			continue
+		}
+		ids = append(ids, clientv3.LeaseID(kv.Lease))
+	}
+	return ids
+}
+
 // Release deletes the holder keys when the owner token still holds them with
-// the lease's fencing token, in one transaction, and revokes the etcd lease
-// (see lock.Locker); like Renew it needs only Keys, Owner and Fence. The
+// the lease's fencing token, in one transaction (see lock.Locker); like
+// Renew it needs only Keys, Owner and Fence. The
 // deletion wakes the waiters watching the keys. It returns an error matching
-// lock.ErrNotHeld when the owner holds none of the keys.
+// lock.ErrNotHeld when the owner holds none of the keys. When etcd could not
+// be reached the release is tried again in the background until etcd
+// answers or the Locker is closed.
 func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	if err := validateLease(lease); err != nil {
 		return err
@@ -280,24 +401,28 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	for _, k := range lease.Keys {
 		dels = append(dels, clientv3.OpDelete(l.holderKey(k), clientv3.WithPrevKV()))
 	}
+	cmps, gets := l.heldCmps(lease.Keys, tag, lease.Fence), l.notHeldGets(lease.Keys)
 	tctx, cancel := l.opCtx(ctx)
-	resp, err := l.etcd().Txn(tctx).If(l.heldCmps(lease.Keys, tag, lease.Fence)...).Then(dels...).Else(l.notHeldGets(lease.Keys)...).Commit()
+	resp, err := l.etcd().Txn(tctx).If(cmps...).Then(dels...).Else(gets...).Commit()
 	cancel()
 	if err != nil {
+		// The keys are on a session this Locker keeps alive: they would
+		// stay held as long as it lives. Delete them in the background (the
+		// owner check spares any later acquisition).
+		l.cleanUpLater(op, func(ctx context.Context) error {
+			_, err := l.etcd().Txn(ctx).If(cmps...).Then(dels...).Commit()
+			return err
+		})
 		return l.unavailable(op, err)
 	}
 	if !resp.Succeeded {
 		return fmt.Errorf("%s: %w: %s", op, lock.ErrNotHeld, l.whyNotHeld(lease, tag, resp))
 	}
-	var ids []clientv3.LeaseID
+	var prev []*mvccpb.KeyValue
 	for _, r := range resp.Responses {
-		for _, kv := range r.GetResponseDeleteRange().GetPrevKvs() {
-			if kv.Lease != 0 && !slices.Contains(ids, clientv3.LeaseID(kv.Lease)) {
-				ids = append(ids, clientv3.LeaseID(kv.Lease))
-			}
-		}
+		prev = append(prev, r.GetResponseDeleteRange().GetPrevKvs()...)
 	}
-	l.revokeLater(ids...)
+	l.revokeLater(perAcquisition(prev)...)
 	if v := l.log.V(1); v.Enabled() {
 		v.Info("Released lease", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 	}
