@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -138,4 +139,26 @@ func adminClient(t *testing.T, c *etcdtest.Cluster) *clientv3.Client {
 	}
 	t.Cleanup(func() { _ = cli.Close() })
 	return cli
+}
+
+// TestFaultHarnessCatchesAMutant is the negative control of the fault
+// suites above: a Locker that reports its leases valid 3s longer than etcd
+// keeps their session (locktest.LateExpiry; the 2s TTL is kept up to half a
+// second longer by the leader's expiry checks, so a smaller error could hide
+// in that slack) must fail the exclusion check.
+func TestFaultHarnessCatchesAMutant(t *testing.T) {
+	m := etcdtest.Start(t)
+	cfg := Config{Endpoints: []string{m.Addr}, Prefix: "/mutant/"}
+	err := locktest.FindViolation(t, 5, locktest.Faults{
+		NewLocker: func(t *testing.T) lock.Locker {
+			return locktest.LateExpiry(newTestLocker(t, cfg, WithOpTimeout(2*time.Second)), 3*time.Second)
+		},
+		TTL:            2 * time.Second,
+		Duration:       8 * time.Second,
+		AcquireTimeout: 4 * time.Second,
+	})
+	var ex *locktest.ExclusionError
+	if !errors.As(err, &ex) {
+		t.Fatalf("the fault harness passed the late-expiry mutant (%v): it cannot catch two valid holders", err)
+	}
 }
