@@ -18,7 +18,6 @@ import (
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/holder"
 	"github.com/lockwarden/lockwarden/internal/lock"
-	"github.com/lockwarden/lockwarden/internal/testutil/etcdtest"
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 )
 
@@ -311,37 +310,45 @@ func TestSkipEndsAPlainJobAsSkipped(t *testing.T) {
 	}
 }
 
+// TestMaxHoldersRunsThatManyJobsAtOnce: a lock with maxHolders 2 runs two
+// Jobs at once, with rising tokens, and the third when one ends; on each
+// store with semaphores that runs here as a process (the kubernetes store
+// has its own suites).
 func TestMaxHoldersRunsThatManyJobsAtOnce(t *testing.T) {
-	rdb := redistest.Start(t)
 	startManager(t, managerOptions{})
-	ns := newNamespace(t, nil)
-	c := env.Client
-	dl := makeLock("exports", ns, rdb.Addr).obj()
-	dl.Spec.MaxHolders = 2
-	create(t, dl)
-	a := makeJob("a", ns).lock("exports").obj()
-	create(t, a)
-	ja := waitRunning(t, c, 10*time.Second, ns, "a")
-	create(t, makeJob("b", ns).lock("exports").obj())
-	jb := waitRunning(t, c, 10*time.Second, ns, "b")
-	if fence(t, jb) <= fence(t, ja) {
-		t.Errorf("b's fencing token %d is not larger than a's %d", fence(t, jb), fence(t, ja))
-	}
-	create(t, makeJob("c", ns).lock("exports").obj())
-	waitPosition(t, ns, "c", "1/1")
+	for _, sc := range []storeCase{storeCases[0], storeCases[3]} { // redis, etcd
+		t.Run(sc.name, func(t *testing.T) {
+			ns := newNamespace(t, nil)
+			c := env.Client
+			sc.setup(t, ns)
+			dl := makeLock("exports", ns).obj()
+			dl.Spec.Backend = locksv1alpha1.Backend{BackendRef: &locksv1alpha1.BackendRef{Name: "store"}}
+			dl.Spec.MaxHolders = 2
+			create(t, dl)
+			a := makeJob("a", ns).lock("exports").obj()
+			create(t, a)
+			ja := waitRunning(t, c, 10*time.Second, ns, "a")
+			create(t, makeJob("b", ns).lock("exports").obj())
+			jb := waitRunning(t, c, 10*time.Second, ns, "b")
+			if fence(t, jb) <= fence(t, ja) {
+				t.Errorf("b's fencing token %d is not larger than a's %d", fence(t, jb), fence(t, ja))
+			}
+			create(t, makeJob("c", ns).lock("exports").obj())
+			waitPosition(t, ns, "c", "1/1")
 
-	complete(t, c, ja)
-	waitRunning(t, c, 10*time.Second, ns, "c")
-	if !running(getJob(t, c, ns, "b")) {
-		t.Fatal("b stopped running")
+			complete(t, c, ja)
+			waitRunning(t, c, 10*time.Second, ns, "c")
+			if !running(getJob(t, c, ns, "b")) {
+				t.Fatal("b stopped running")
+			}
+		})
 	}
 }
 
 func TestMaxHoldersOnAStoreWithoutSemaphoresIsAWarning(t *testing.T) {
 	startManager(t, managerOptions{})
 	ns := newNamespace(t, nil)
-	m := etcdtest.Start(t)
-	createBackend(t, ns, locksv1alpha1.LockBackendSpec{Store: locksv1alpha1.Store{Etcd: &locksv1alpha1.EtcdBackend{Endpoints: []string{m.Addr}}}})
+	storeCases[1].setup(t, ns) // postgres
 	dl := makeLock("exports", ns).obj()
 	dl.Spec.Backend = locksv1alpha1.Backend{BackendRef: &locksv1alpha1.BackendRef{Name: "store"}}
 	dl.Spec.MaxHolders = 2

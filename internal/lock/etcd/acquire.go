@@ -28,11 +28,12 @@ import (
 // (live: etcd deletes a waiter key when its lease expires), the caller
 // included.
 //
-// This backend holds one lease per key: a req.Limit above 1 (a semaphore)
-// is refused with a *lock.InvalidRequestError naming limit, before anything
-// is sent to etcd.
+// With req.Limit above 1 the keys are semaphores: each holds up to Limit
+// leases at once (and no more than the smallest Limit a holder took its slot
+// with), each with its own fencing token; a mutex lease (Limit 0 or 1) and a
+// semaphore slot never hold one key at once (see semAttempt).
 func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareMutex(req, true)
+	req, err := lock.PrepareRequest(req, true)
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +50,7 @@ func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease,
 // With Queue it leaves the queues when ctx ends. When ctx ends the error wraps
 // both ctx.Err() and the last attempt's error.
 func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareMutex(req, false)
+	req, err := lock.PrepareRequest(req, false)
 	if err != nil {
 		return nil, err
 	}
@@ -111,6 +112,8 @@ type keyView struct {
 	pos       int // index of the caller's waiter key in queue, -1 when absent
 	own       *waiterRecord
 	ownRev    int64
+	// slots are the key's semaphore holders, oldest token first.
+	slots []slot
 }
 
 // maxPasses bounds the transactions of one attempt: a queued request that
@@ -134,6 +137,16 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 	}
 	// The attempt number needs to be unique, not secret.
 	rec := holderRecord{Holder: req.Holder, Lease: int64(s.id), TTLMilli: req.TTL.Milliseconds(), Acquired: start.UnixMilli(), Session: true, Attempt: rand.Uint64()} //nolint:gosec // G404: uniqueness only
+	written := make([]string, len(req.Keys))
+	for i, k := range req.Keys {
+		written[i] = l.holderKey(k)
+	}
+	if req.Limit > 1 {
+		rec.Limit = req.Limit
+		for i, k := range req.Keys {
+			written[i] = l.slotKey(k, tag)
+		}
+	}
 	value := encodeValue(tag, rec)
 	// failed ends an attempt whose transaction may have written the keys
 	// (its answer was lost, or the acquisition cannot be used): they are
@@ -142,9 +155,12 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			l.forget(s.id)
 		} else {
-			l.undoLater(req.Keys, value)
+			l.undoLater(written, value)
 		}
 		return nil, waitHint{}, l.unavailable(op, err)
+	}
+	if req.Limit > 1 {
+		return l.semAttempt(ctx, req, tag, value, s, start, failed)
 	}
 	var myRevs []int64
 	for range maxPasses {
@@ -153,14 +169,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 			return failed(err)
 		}
 		if resp.Succeeded {
-			lease, err := l.acquired(req, resp, start, s)
-			if err != nil {
-				return failed(err)
-			}
-			if req.Queue {
-				l.revokeLater(waiterLeases(resp)...)
-			}
-			return lease, waitHint{}, nil
+			return l.took(req, resp, start, s, failed)
 		}
 		views, err := l.parseViews(req, tag, resp)
 		if err != nil {
@@ -187,7 +196,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 			}
 			return lease, waitHint{}, nil
 		}
-		held, hint := l.firstBusy(req, views, rev)
+		held, hint := l.firstBusy(req, tag, views, rev)
 		if held == nil {
 			if req.Queue {
 				myRevs = make([]int64, len(views))
@@ -207,51 +216,50 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 	return nil, waitHint{}, fmt.Errorf("%s: %w: the keys changed under %d attempts in a row", op, lock.ErrNotAcquired, maxPasses)
 }
 
-// acquireTxn takes every key of req when it is free for req, or reads the
-// keys' state. myRevs (Queue only) are the caller's waiter revisions once it
-// knows it heads every queue; nil on the first pass.
+// acquireTxn takes every key of req (a mutex) when it is free for req, or
+// reads the keys' state. myRevs (Queue only) are the caller's waiter
+// revisions once it knows it heads every queue; nil on the first pass.
 func (l *Locker) acquireTxn(ctx context.Context, req lock.Request, tag, value string, leaseID clientv3.LeaseID, myRevs []int64) (*clientv3.TxnResponse, error) {
 	var (
 		cmps     []clientv3.Cmp
 		then, el []clientv3.Op
 	)
 	for i, k := range req.Keys {
-		hk, qp := l.holderKey(k), l.queuePrefix(k)
-		qend := clientv3.GetPrefixRangeEnd(qp)
-		own := l.waiterKey(k, tag)
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(hk), "=", 0))
-		switch {
-		case !req.Queue:
-			// An empty range compares as a key with CreateRevision 0.
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(qp).WithRange(qend), "=", 0))
-		case myRevs == nil:
-			// Nobody but the caller queued: everything before and after its key is empty.
-			cmps = append(cmps,
-				clientv3.Compare(clientv3.CreateRevision(qp).WithRange(own), "=", 0),
-				clientv3.Compare(clientv3.CreateRevision(own+"\x00").WithRange(qend), "=", 0))
-		default:
-			// The caller's waiter key is alive and no waiter is older.
-			cmps = append(cmps,
-				clientv3.Compare(clientv3.CreateRevision(own), "=", myRevs[i]),
-				clientv3.Compare(clientv3.CreateRevision(qp).WithRange(qend), ">", myRevs[i]-1))
+		hk, sp := l.holderKey(k), l.slotPrefix(k)
+		var myRev int64
+		if myRevs != nil {
+			myRev = myRevs[i]
 		}
+		// The key is free of holders of either kind: no holder key, and
+		// no semaphore slot (an empty range compares as CreateRevision 0).
+		cmps = append(cmps,
+			clientv3.Compare(clientv3.CreateRevision(hk), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(sp).WithRange(clientv3.GetPrefixRangeEnd(sp)), "=", 0))
+		cmps = append(cmps, l.queueCmps(req, k, tag, myRev)...)
 		then = append(then,
 			clientv3.OpPut(hk, value, clientv3.WithLease(leaseID)),
 			clientv3.OpPut(l.fenceKey(k), ""))
 		if req.Queue {
-			then = append(then, clientv3.OpDelete(own, clientv3.WithPrevKV()))
+			then = append(then, clientv3.OpDelete(l.waiterKey(k, tag), clientv3.WithPrevKV()))
 		}
-		el = append(el,
-			clientv3.OpGet(hk),
-			clientv3.OpGet(l.fenceKey(k), clientv3.WithKeysOnly()),
-			clientv3.OpGet(qp, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithKeysOnly()))
-		if req.Queue {
-			el = append(el, clientv3.OpGet(own))
-		}
+		el = append(el, l.keyReads(req, k, tag)...)
 	}
 	tctx, cancel := l.opCtx(ctx)
 	defer cancel()
 	return l.etcd().Txn(tctx).If(cmps...).Then(then...).Else(el...).Commit()
+}
+
+// took ends an attempt whose transaction took the keys: the lease, and the
+// waiter leases of the queue places it left revoked.
+func (l *Locker) took(req lock.Request, resp *clientv3.TxnResponse, start time.Time, s *session, failed func(error) (*lock.Lease, waitHint, error)) (*lock.Lease, waitHint, error) {
+	lease, err := l.acquired(req, resp, start, s)
+	if err != nil {
+		return failed(err)
+	}
+	if req.Queue {
+		l.revokeLater(waiterLeases(resp)...)
+	}
+	return lease, waitHint{}, nil
 }
 
 // acquired turns a successful acquire transaction into the lease.
@@ -306,12 +314,48 @@ func waiterLeases(resp *clientv3.TxnResponse) []clientv3.LeaseID {
 	return out
 }
 
-// parseViews reads the Else branch of acquireTxn.
-func (l *Locker) parseViews(req lock.Request, tag string, resp *clientv3.TxnResponse) ([]keyView, error) {
-	stride := 3
-	if req.Queue {
-		stride = 4
+// keyReads are the reads of one key that parseViews expects: its holder
+// key, fence record, queue (oldest first), semaphore slots and, with Queue,
+// the caller's waiter key.
+func (l *Locker) keyReads(req lock.Request, k, tag string) []clientv3.Op {
+	ops := []clientv3.Op{
+		clientv3.OpGet(l.holderKey(k)),
+		clientv3.OpGet(l.fenceKey(k), clientv3.WithKeysOnly()),
+		clientv3.OpGet(l.queuePrefix(k), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithKeysOnly()),
+		clientv3.OpGet(l.slotPrefix(k), clientv3.WithPrefix()),
 	}
+	if req.Queue {
+		ops = append(ops, clientv3.OpGet(l.waiterKey(k, tag)))
+	}
+	return ops
+}
+
+// queueCmps is the queue condition of taking key k: without Queue an empty
+// queue; with Queue and myRev 0 nobody but the caller queued; else the
+// caller's waiter key (created at myRev) is alive and no waiter is older.
+func (l *Locker) queueCmps(req lock.Request, k, tag string, myRev int64) []clientv3.Cmp {
+	qp := l.queuePrefix(k)
+	qend := clientv3.GetPrefixRangeEnd(qp)
+	own := l.waiterKey(k, tag)
+	switch {
+	case !req.Queue:
+		// An empty range compares as a key with CreateRevision 0.
+		return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(qp).WithRange(qend), "=", 0)}
+	case myRev == 0:
+		// Nobody but the caller queued: everything before and after its key is empty.
+		return []clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(qp).WithRange(own), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(own+"\x00").WithRange(qend), "=", 0)}
+	default:
+		return []clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(own), "=", myRev),
+			clientv3.Compare(clientv3.CreateRevision(qp).WithRange(qend), ">", myRev-1)}
+	}
+}
+
+// parseViews reads the answers of keyReads for every key of req.
+func (l *Locker) parseViews(req lock.Request, tag string, resp *clientv3.TxnResponse) ([]keyView, error) {
+	stride := len(l.keyReads(req, "", tag))
 	if len(resp.Responses) != stride*len(req.Keys) {
 		return nil, fmt.Errorf("unexpected transaction reply: %d results for %d keys", len(resp.Responses), len(req.Keys))
 	}
@@ -338,8 +382,13 @@ func (l *Locker) parseViews(req lock.Request, tag string, resp *clientv3.TxnResp
 				v.pos = j
 			}
 		}
+		slots, err := parseSlots(rs[3].GetResponseRange().GetKvs())
+		if err != nil {
+			return nil, fmt.Errorf("semaphore slot of key %q: %w", k, err)
+		}
+		v.slots = slots
 		if req.Queue {
-			if kvs := rs[3].GetResponseRange().GetKvs(); len(kvs) > 0 {
+			if kvs := rs[4].GetResponseRange().GetKvs(); len(kvs) > 0 {
 				var rec waiterRecord
 				if _, err := decodeValue(kvs[0].Value, &rec); err != nil {
 					return nil, fmt.Errorf("waiter of key %q: %w", k, err)
@@ -363,24 +412,48 @@ func ownsAll(views []keyView, tag string) (int64, bool) {
 }
 
 // firstBusy returns the HeldError for the first key that is not free for
-// req (nil when every key is free for it) and what to wait for.
-func (l *Locker) firstBusy(req lock.Request, views []keyView, rev int64) (*lock.HeldError, waitHint) {
+// req (nil when every key is free for it) and what to wait for. A key is busy
+// for a mutex request while any lease holds it, and for a semaphore request
+// while a mutex holds it or its other slots reach the bound (full).
+func (l *Locker) firstBusy(req lock.Request, tag string, views []keyView, rev int64) (*lock.HeldError, waitHint) {
 	for i, v := range views {
 		k := req.Keys[i]
 		he := &lock.HeldError{Key: k, Position: v.pos, Waiters: len(v.queue)}
-		if v.held {
-			he.Holders = 1
+		var (
+			busy  bool
+			watch waitHint
+		)
+		switch {
+		case v.held:
+			busy, watch = true, waitHint{key: l.holderKey(k), rev: rev}
+			he.Holders, he.Holder, he.Fence = 1, v.holder.Holder, v.fence
+		case len(v.slots) > 0:
+			busy, watch = req.Limit <= 1, waitHint{key: l.slotPrefix(k), prefix: true, rev: rev}
+			he.Holders, he.Holder, he.Fence = len(v.slots), v.slots[0].rec.Holder, v.slots[0].token
+		}
+		if req.Limit > 1 && !v.held {
+			// A semaphore's turn: fewer waiters ahead than free slots.
+			free := freeSlots(v.slots, tag, req.Limit)
+			slotsWatch := waitHint{key: l.slotPrefix(k), prefix: true, rev: rev}
+			switch {
+			case req.Queue && v.pos < 0 && len(v.queue) > 0:
+				// Not queued yet: enqueue sets the position.
+				return he, slotsWatch
+			case !req.Queue && len(v.queue) > 0 && free > 0:
+				return he, waitHint{key: l.queuePrefix(k), prefix: true, rev: rev}
+			case free <= 0 || (req.Queue && v.pos >= free):
+				return he, slotsWatch
+			}
+			continue
 		}
 		switch {
-		case v.held && req.Queue && v.pos > 0:
-			// Only the head watches the holder: the others wait for the
+		case busy && req.Queue && v.pos > 0:
+			// Only the head watches the holders: the others wait for the
 			// waiter just ahead of them to leave (one wake-up per
 			// handover, not a herd).
-			he.Holder, he.Fence = v.holder.Holder, v.fence
 			return he, waitHint{key: v.queue[v.pos-1], rev: rev}
-		case v.held:
-			he.Holder, he.Fence = v.holder.Holder, v.fence
-			return he, waitHint{key: l.holderKey(k), rev: rev}
+		case busy:
+			return he, watch
 		case req.Queue && v.pos > 0:
 			return he, waitHint{key: v.queue[v.pos-1], rev: rev}
 		case req.Queue && v.pos < 0 && len(v.queue) > 0:
@@ -391,6 +464,23 @@ func (l *Locker) firstBusy(req lock.Request, views []keyView, rev int64) (*lock.
 		}
 	}
 	return nil, waitHint{}
+}
+
+// freeSlots is how many more slots owners other than tag may take: limit
+// is the request's, and no slot is taken past the smallest limit a holder
+// took its slot with.
+func freeSlots(slots []slot, tag string, limit int) int {
+	others := 0
+	for _, sl := range slots {
+		if sl.tag == tag {
+			continue
+		}
+		others++
+		if sl.rec.Limit > 0 {
+			limit = min(limit, sl.rec.Limit)
+		}
+	}
+	return limit - others
 }
 
 // enqueue puts the caller's waiter key into every queue it is missing from
@@ -479,6 +569,12 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 	}
 	held.Position = pos
 	switch {
+	case !views[busy].held && len(views[busy].slots) > 0 && (pos == 0 || req.Limit > 1):
+		// Semaphore slots block it: a slot released frees its turn (a
+		// semaphore waiter's turn comes while its position is below the
+		// free slots, not only at the head). Watched from the read, which
+		// saw the slots.
+		*hint = waitHint{key: l.slotPrefix(held.Key), prefix: true, rev: hint.rev}
 	case pos > 0:
 		*hint = waitHint{key: string(kvs[pos-1].Key), rev: rev}
 	case views[busy].held:

@@ -15,8 +15,9 @@ func TestConformanceSingle(t *testing.T) {
 	m := etcdtest.Start(t)
 	cfg := Config{Endpoints: []string{m.Addr}}
 	locktest.Run(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second))
-	// One lease per key: a semaphore (Limit > 1) is refused.
-	t.Run("MutexOnly", func(t *testing.T) { locktest.CheckMutexOnly(t, lockerFactory(cfg)) })
+	t.Run("Semaphore", func(t *testing.T) {
+		locktest.RunSemaphore(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second))
+	})
 	// A queue longer than Inspect lists: the exact count, holder and places.
 	// The waiters keep their place for 30 s: the check takes seconds.
 	t.Run("QueueVisibility", func(t *testing.T) {

@@ -117,7 +117,7 @@
 //
 // # Wake-ups
 //
-// Watch is an etcd watch for DELETE events on the holder keys (a release and
+// Watch is an etcd watch for DELETE events on the holder and slot keys (a release and
 // a lease expiry both delete them) and the waiter keys (a waiter leaving may
 // make the next one the head of a free key), re-established after errors
 // and leader loss; after a compaction it delivers the keys that have
@@ -130,6 +130,7 @@
 package etcd
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -137,12 +138,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -413,6 +416,11 @@ func (l *Locker) queuePrefix(k string) string { return l.queueRoot() + escapeKey
 func (l *Locker) waiterKey(k, tag string) string {
 	return l.queuePrefix(k) + tag
 }
+func (l *Locker) slotRoot() string           { return l.prefix + "s/" }
+func (l *Locker) slotPrefix(k string) string { return l.slotRoot() + escapeKey(k) + "/" }
+func (l *Locker) slotKey(k, tag string) string {
+	return l.slotPrefix(k) + tag
+}
 
 // ownerTag is what etcd stores of an owner token: 128 bits of its SHA-256.
 func ownerTag(owner string) string {
@@ -444,6 +452,48 @@ type holderRecord struct {
 	// acquisition whose answer was lost is undone by deleting the keys
 	// whose value is still exactly the one it wrote (undoLater).
 	Attempt uint64 `json:"attempt,omitempty"`
+	// Limit is the semaphore's number of slots the slot was taken with
+	// (slot keys only): no acquisition takes the key past it.
+	Limit int `json:"limit,omitempty"`
+	// Fence is the slot's fencing token once a renewal moved it to another
+	// session (slot keys only); until then the token is the slot key's
+	// ModRevision, the revision of the transaction that took it.
+	Fence int64 `json:"fence,omitempty"`
+}
+
+// slot is one holder of a semaphore key, read from its slot key.
+type slot struct {
+	tag string
+	rec holderRecord
+	// token is the slot's fencing token; mod the key's ModRevision.
+	token, mod int64
+	lease      clientv3.LeaseID
+}
+
+// parseSlot reads a slot key.
+func parseSlot(kv *mvccpb.KeyValue) (slot, error) {
+	var sl slot
+	tag, err := decodeValue(kv.Value, &sl.rec)
+	if err != nil {
+		return sl, err
+	}
+	sl.tag, sl.mod, sl.lease = tag, kv.ModRevision, clientv3.LeaseID(kv.Lease)
+	sl.token = cmp.Or(sl.rec.Fence, kv.ModRevision)
+	return sl, nil
+}
+
+// parseSlots reads the slot keys of one key, oldest token first.
+func parseSlots(kvs []*mvccpb.KeyValue) ([]slot, error) {
+	out := make([]slot, 0, len(kvs))
+	for _, kv := range kvs {
+		sl, err := parseSlot(kv)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sl)
+	}
+	slices.SortFunc(out, func(a, b slot) int { return cmp.Compare(a.token, b.token) })
+	return out, nil
 }
 
 // waiterRecord is the JSON part of a waiter key's value.
@@ -476,11 +526,9 @@ func validateLease(lease *lock.Lease) error {
 	if err := lock.ValidateLease(lease); err != nil {
 		return err
 	}
-	if err := lock.RequireMutex(lease.Limit); err != nil {
-		return err
-	}
-	if lease.Fence <= 0 || lease.Fence >= lock.MaxFence {
-		return &lock.InvalidRequestError{Field: "lease.fence", Reason: fmt.Sprintf("%d: the fencing token the acquisition returned is required, in (0, %d)", lease.Fence, lock.MaxFence)}
+	// A lease without its token (0) names no acquisition: it is not held.
+	if lease.Fence < 0 || lease.Fence >= lock.MaxFence {
+		return &lock.InvalidRequestError{Field: "lease.fence", Reason: fmt.Sprintf("%d: the fencing token the acquisition returned, in (0, %d)", lease.Fence, lock.MaxFence)}
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package etcd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -29,7 +30,33 @@ import (
 func TestFaultsFencedRegister(t *testing.T) {
 	c := etcdtest.StartCluster(t, 3)
 	links := locktest.NewLinks(t, c.Endpoints())
-	nemeses := append([]locktest.Nemesis{
+	runEtcdFaults(t, c, links, memberNemeses(t, c, links))
+}
+
+// TestFaultsSemaphore runs the semaphore fault test (at most Limit leases
+// valid at once, tokens strictly increasing) under the same faults, with 2
+// and 3 slots.
+func TestFaultsSemaphore(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	links := locktest.NewLinks(t, c.Endpoints())
+	cfg := configFor(c)
+	cfg.Prefix = "/semfaults/"
+	cfg.Endpoints = locktest.Addrs(links)
+	var tally locktest.FaultTally
+	for seed := range tally.Seeds(t, 4) {
+		limit := 2 + int(seed%2)
+		locktest.RunFaults(t, fmt.Sprintf("limit-%d", limit), seed, &tally, etcdFaults(cfg, memberNemeses(t, c, links), limit))
+		if _, err := c.WaitLeader(time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tally.Check(t)
+}
+
+// memberNemeses kill and restart the leader, pause a member, and cut,
+// black-hole or slow one member's link to the clients.
+func memberNemeses(t *testing.T, c *etcdtest.Cluster, links []*locktest.Link) []locktest.Nemesis {
+	return append([]locktest.Nemesis{
 		{Name: "kill-restart-leader", Inject: func(ctx context.Context, rng *rand.Rand) {
 			leader, err := c.Leader()
 			if err != nil {
@@ -47,7 +74,6 @@ func TestFaultsFencedRegister(t *testing.T) {
 			return m.Pause, m.Resume
 		}),
 	}, locktest.LinkNemeses(links, 1500*time.Millisecond)...)
-	runEtcdFaults(t, c, links, nemeses)
 }
 
 // TestFaultsEtcdFailover runs the same fault test through etcd's own
@@ -109,25 +135,33 @@ func runEtcdFaultSeries(t *testing.T, c *etcdtest.Cluster, name string, cfg Conf
 	t.Helper()
 	var tally locktest.FaultTally
 	for seed := range tally.Seeds(t, runs) {
-		locktest.RunFaults(t, name, seed, &tally, locktest.Faults{
-			NewLocker: func(t *testing.T) lock.Locker {
-				return newTestLocker(t, cfg, WithOpTimeout(2*time.Second))
-			},
-			Nemeses:        nemeses,
-			TTL:            2 * time.Second,
-			Duration:       duration,
-			AcquireTimeout: 4 * time.Second,
-			// A leader change resets every etcd lease to its full TTL
-			// (plus an election timeout): with faults every second no
-			// lease would ever expire under a stalled client.
-			FaultGap: 3 * time.Second,
-		})
+		f := etcdFaults(cfg, nemeses, 1)
+		f.Duration = duration
+		locktest.RunFaults(t, name, seed, &tally, f)
 		// The next run starts with every member up and one leader.
 		if _, err := c.WaitLeader(time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}
 	tally.Check(t)
+}
+
+// etcdFaults is the fault test of Lockers on cfg: a 2s TTL, 12s runs.
+func etcdFaults(cfg Config, nemeses []locktest.Nemesis, limit int) locktest.Faults {
+	return locktest.Faults{
+		NewLocker: func(t *testing.T) lock.Locker {
+			return newTestLocker(t, cfg, WithOpTimeout(2*time.Second))
+		},
+		Nemeses:        nemeses,
+		TTL:            2 * time.Second,
+		Duration:       12 * time.Second,
+		AcquireTimeout: 4 * time.Second,
+		// A leader change resets every etcd lease to its full TTL
+		// (plus an election timeout): with faults every second no
+		// lease would ever expire under a stalled client.
+		FaultGap: 3 * time.Second,
+		Limit:    limit,
+	}
 }
 
 // adminClient is a plain etcd client of c, beside the Lockers under test.
@@ -148,17 +182,18 @@ func adminClient(t *testing.T, c *etcdtest.Cluster) *clientv3.Client {
 // in that slack) must fail the exclusion check.
 func TestFaultHarnessCatchesAMutant(t *testing.T) {
 	m := etcdtest.Start(t)
-	cfg := Config{Endpoints: []string{m.Addr}, Prefix: "/mutant/"}
-	err := locktest.FindViolation(t, 5, locktest.Faults{
-		NewLocker: func(t *testing.T) lock.Locker {
-			return locktest.LateExpiry(newTestLocker(t, cfg, WithOpTimeout(2*time.Second)), 3*time.Second)
-		},
-		TTL:            2 * time.Second,
-		Duration:       8 * time.Second,
-		AcquireTimeout: 4 * time.Second,
-	})
-	var ex *locktest.ExclusionError
-	if !errors.As(err, &ex) {
-		t.Fatalf("the fault harness passed the late-expiry mutant (%v): it cannot catch two valid holders", err)
+	for kind, limit := range map[string]int{"mutex": 1, "semaphore": 2} {
+		t.Run(kind, func(t *testing.T) {
+			cfg := Config{Endpoints: []string{m.Addr}, Prefix: "/mutant-" + kind + "/"}
+			f := etcdFaults(cfg, nil, limit)
+			newLocker := f.NewLocker
+			f.NewLocker = func(t *testing.T) lock.Locker { return locktest.LateExpiry(newLocker(t), 3*time.Second) }
+			f.Duration, f.FaultGap = 8*time.Second, 0
+			err := locktest.FindViolation(t, 5, f)
+			var ex *locktest.ExclusionError
+			if !errors.As(err, &ex) {
+				t.Fatalf("the fault harness passed the late-expiry mutant (%v): it cannot catch two valid holders", err)
+			}
+		})
 	}
 }

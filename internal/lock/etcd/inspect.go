@@ -10,16 +10,17 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// inspectChunk is how many keys one read transaction covers: three reads a
-// key stay well below etcd's default limit of 128 operations a transaction.
+// inspectChunk is how many keys one read transaction covers: four reads a
+// key stay within etcd's default limit of 128 operations a transaction.
 const inspectChunk = 32
 
 // Inspect reports what etcd holds for each key, in order (see lock.Locker):
 // the holder and its fencing token (the fence record's ModRevision: the
 // last token issued, also when the key is free), Acquired as the acquiring client's clock
 // recorded it (etcd has no clock to offer), Expires from the etcd lease's
-// remaining TTL, the lease as the one entry of Holders (HolderCount 0 or 1:
-// one lease per key), the oldest waiters (at most lock.MaxInspectWaiters)
+// remaining TTL (of the session it is on), the lease as the one entry of
+// Holders or, for a semaphore, its slots oldest token first (at most
+// lock.MaxInspectHolders, HolderCount all of them), the oldest waiters (at most lock.MaxInspectWaiters)
 // with the time they joined, on the joining client's clock, and the exact
 // number of waiters (Queued). A waiter key lives as long as its waiter's
 // etcd lease, so every waiter key is a live waiter, as acquisitions count
@@ -45,7 +46,8 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 			gets = append(gets,
 				clientv3.OpGet(l.holderKey(k)),
 				clientv3.OpGet(l.fenceKey(k), clientv3.WithKeysOnly()),
-				clientv3.OpGet(l.queuePrefix(k), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(lock.MaxInspectWaiters)))
+				clientv3.OpGet(l.queuePrefix(k), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(lock.MaxInspectWaiters)),
+				clientv3.OpGet(l.slotPrefix(k), clientv3.WithPrefix()))
 		}
 		tctx, cancel := l.opCtx(ctx)
 		resp, err := l.etcd().Txn(tctx).Then(gets...).Commit()
@@ -53,12 +55,12 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 		if err != nil {
 			return nil, l.unavailable(op, err)
 		}
-		if len(resp.Responses) != 3*len(chunk) {
+		if len(resp.Responses) != 4*len(chunk) {
 			return nil, l.unavailable(op, fmt.Errorf("unexpected transaction reply: %d results for %d keys", len(resp.Responses), len(chunk)))
 		}
 		for i, k := range chunk {
 			st := lock.KeyState{Key: k}
-			rs := resp.Responses[3*i : 3*i+3]
+			rs := resp.Responses[4*i : 4*i+4]
 			if kvs := rs[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
 				var rec holderRecord
 				if _, err := decodeValue(kvs[0].Value, &rec); err != nil {
@@ -76,20 +78,33 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 				if rec.Acquired > 0 {
 					st.Acquired = time.UnixMilli(rec.Acquired)
 				}
-				if id := kvs[0].Lease; id != 0 {
-					exp, ok := ttls[id]
-					if !ok {
-						exp, err = l.leaseExpiry(ctx, clientv3.LeaseID(id))
-						if err != nil {
-							return nil, l.unavailable(op, err)
-						}
-						ttls[id] = exp
-					}
-					st.Expires = exp
+				if st.Expires, err = l.expiryOf(ctx, kvs[0].Lease, ttls); err != nil {
+					return nil, l.unavailable(op, err)
 				}
 				st.Holders = []lock.HolderState{{Holder: st.Holder, Fence: st.Fence, Acquired: st.Acquired, Expires: st.Expires}}
 			} else if kvs := rs[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
 				st.Fence = kvs[0].ModRevision
+			}
+			slots, err := parseSlots(rs[3].GetResponseRange().GetKvs())
+			if err != nil {
+				return nil, l.unavailable(op, fmt.Errorf("semaphore slot of key %q: %w", k, err))
+			}
+			for j, sl := range slots {
+				st.HolderCount++
+				if len(st.Holders) >= lock.MaxInspectHolders {
+					continue
+				}
+				h := lock.HolderState{Holder: sl.rec.Holder, Fence: sl.token}
+				if sl.rec.Acquired > 0 {
+					h.Acquired = time.UnixMilli(sl.rec.Acquired)
+				}
+				if h.Expires, err = l.expiryOf(ctx, int64(sl.lease), ttls); err != nil {
+					return nil, l.unavailable(op, err)
+				}
+				st.Holders = append(st.Holders, h)
+				if j == 0 && !st.Held {
+					st.Held, st.Holder, st.Fence, st.Acquired, st.Expires = true, h.Holder, h.Fence, h.Acquired, h.Expires
+				}
 			}
 			// A range response's Count is the number of keys in the whole
 			// range, whatever its limit.
@@ -110,6 +125,23 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 		}
 	}
 	return out, nil
+}
+
+// expiryOf is when the etcd lease id ends (zero for none), asked once per
+// lease and Inspect call (ttls).
+func (l *Locker) expiryOf(ctx context.Context, id int64, ttls map[int64]time.Time) (time.Time, error) {
+	if id == 0 {
+		return time.Time{}, nil
+	}
+	if exp, ok := ttls[id]; ok {
+		return exp, nil
+	}
+	exp, err := l.leaseExpiry(ctx, clientv3.LeaseID(id))
+	if err != nil {
+		return time.Time{}, err
+	}
+	ttls[id] = exp
+	return exp, nil
 }
 
 // leaseExpiry asks etcd how long the lease has left.

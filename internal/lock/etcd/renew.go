@@ -154,7 +154,7 @@ func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, 
 					moves <- struct{}{}
 					wg.Go(func() {
 						defer func() { <-moves }()
-						out[i], errs[i] = l.moveToSession(ctx, le, views[j].rec, ttl, s, start)
+						out[i], errs[i] = l.moveToSession(ctx, le, views[j].rec, views[j].mods, ttl, s, start)
 					})
 				}
 			}
@@ -163,8 +163,8 @@ func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, 
 	wg.Wait()
 }
 
-// renewBatches splits idx into runs whose leases have at most maxTxnOps/2
-// keys in all (a lease is never split).
+// renewBatches splits idx into runs whose leases need at most maxTxnOps
+// reads in all (a lease is never split).
 func renewBatches(leases []*lock.Lease, idx []int) [][]int {
 	var (
 		out  [][]int
@@ -173,7 +173,10 @@ func renewBatches(leases []*lock.Lease, idx []int) [][]int {
 	)
 	for _, i := range idx {
 		n := len(leases[i].Keys)
-		if len(cur) > 0 && keys+n > maxTxnOps/2 {
+		if leases[i].Limit <= 1 {
+			n *= 2 // a holder key and a fence record per key
+		}
+		if len(cur) > 0 && keys+n > maxTxnOps {
 			out, cur, keys = append(out, cur), nil, 0
 		}
 		cur, keys = append(cur, i), keys+n
@@ -193,6 +196,24 @@ type heldView struct {
 	ids []clientv3.LeaseID
 	// rec is the first key's holder record.
 	rec holderRecord
+	// mods are the slot keys' ModRevisions (semaphore leases).
+	mods []int64
+}
+
+// addLease records the etcd lease of one more key.
+func (v *heldView) addLease(id clientv3.LeaseID) {
+	if !slices.Contains(v.ids, id) {
+		v.ids = append(v.ids, id)
+	}
+}
+
+// reads are the reads that tell whether lease is held: its holder keys and
+// fence records, or for a semaphore lease its slot keys.
+func (l *Locker) reads(lease *lock.Lease) []clientv3.Op {
+	if lease.Limit > 1 {
+		return l.slotGets(lease)
+	}
+	return l.notHeldGets(lease.Keys)
 }
 
 // onlyOn reports whether every key is attached to the etcd lease id.
@@ -206,7 +227,7 @@ func (v heldView) onlyOn(id clientv3.LeaseID) bool {
 func (l *Locker) readHeld(ctx context.Context, leases []*lock.Lease, batch []int) ([]heldView, error) {
 	var gets []clientv3.Op
 	for _, i := range batch {
-		gets = append(gets, l.notHeldGets(leases[i].Keys)...)
+		gets = append(gets, l.reads(leases[i])...)
 	}
 	tctx, cancel := l.opCtx(ctx)
 	resp, err := l.etcd().Txn(tctx).Then(gets...).Commit()
@@ -221,9 +242,13 @@ func (l *Locker) readHeld(ctx context.Context, leases []*lock.Lease, batch []int
 	rs := resp.Responses
 	for j, i := range batch {
 		le := leases[i]
-		n := len(le.Keys)
-		views[j] = l.heldBy(le, ownerTag(le.Owner), rs[:2*n])
-		rs = rs[2*n:]
+		n := len(l.reads(le))
+		if le.Limit > 1 {
+			views[j] = slotsHeldBy(le, ownerTag(le.Owner), rs[:n])
+		} else {
+			views[j] = l.heldBy(le, ownerTag(le.Owner), rs[:n])
+		}
+		rs = rs[n:]
 	}
 	return views, nil
 }
@@ -256,9 +281,7 @@ func (l *Locker) heldBy(lease *lock.Lease, tag string, rs []*etcdserverpb.Respon
 		if i == 0 {
 			v.rec = rec
 		}
-		if id := clientv3.LeaseID(kvs[0].Lease); !slices.Contains(v.ids, id) {
-			v.ids = append(v.ids, id)
-		}
+		v.addLease(clientv3.LeaseID(kvs[0].Lease))
 	}
 	return v
 }
@@ -288,10 +311,19 @@ func (l *Locker) renewed(lease *lock.Lease, ttl time.Duration, s *session, start
 // moveToSession attaches the keys of lease (held by its acquisition, on
 // another etcd lease) to the session s, keeping its fencing token, and
 // returns it renewed.
-func (l *Locker) moveToSession(ctx context.Context, lease *lock.Lease, rec holderRecord, ttl time.Duration, s *session, start time.Time) (*lock.Lease, error) {
+func (l *Locker) moveToSession(ctx context.Context, lease *lock.Lease, rec holderRecord, mods []int64, ttl time.Duration, s *session, start time.Time) (*lock.Lease, error) {
 	op := renewOp(lease)
 	rec.Holder, rec.Lease, rec.TTLMilli, rec.Session = firstNonEmpty(lease.Holder, rec.Holder), int64(s.id), ttl.Milliseconds(), true
-	rev, err := l.relet(ctx, lease.Keys, ownerTag(lease.Owner), lease.Fence, s.id, rec, false)
+	var (
+		rev int64
+		err error
+	)
+	if lease.Limit > 1 {
+		rec.Fence = lease.Fence
+		rev, err = l.moveSlots(ctx, lease, mods, rec, s.id)
+	} else {
+		rev, err = l.relet(ctx, lease.Keys, ownerTag(lease.Owner), lease.Fence, s.id, rec, false)
+	}
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		l.forget(s.id)
@@ -396,6 +428,23 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	tag := ownerTag(lease.Owner)
 	if err := l.connect(); err != nil {
 		return l.unavailable(op, err)
+	}
+	if lease.Limit > 1 {
+		why, err := l.releaseSlots(ctx, lease)
+		switch {
+		case err != nil:
+			l.cleanUpLater(op, func(ctx context.Context) error {
+				_, err := l.releaseSlots(ctx, lease)
+				return err
+			})
+			return l.unavailable(op, err)
+		case why != "":
+			return fmt.Errorf("%s: %w: %s", op, lock.ErrNotHeld, why)
+		}
+		if v := l.log.V(1); v.Enabled() {
+			v.Info("Released semaphore slots", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
+		}
+		return nil
 	}
 	var dels []clientv3.Op
 	for _, k := range lease.Keys {

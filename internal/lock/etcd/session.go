@@ -111,20 +111,19 @@ func (l *Locker) cleanUpLater(what string, txn func(ctx context.Context) error) 
 	})
 }
 
-// undoLater deletes, in the background, the holder keys of keys whose value
-// is value: what an acquisition wrote whose answer was lost, or that could
-// not be used. value is unique to that acquisition (it carries a random
-// attempt number), so a later acquisition, of the same owner included, is
-// never touched.
+// undoLater deletes, in the background, the etcd keys (holder or slot keys)
+// whose value is value: what an acquisition wrote whose answer was lost, or
+// that could not be used. value is unique to that acquisition (it carries a
+// random attempt number), so a later acquisition, of the same owner
+// included, is never touched.
 func (l *Locker) undoLater(keys []string, value string) {
 	ops := make([]clientv3.Op, 0, len(keys))
 	for _, k := range keys {
-		hk := l.holderKey(k)
 		ops = append(ops, clientv3.OpTxn(
-			[]clientv3.Cmp{clientv3.Compare(clientv3.Value(hk), "=", value)},
-			[]clientv3.Op{clientv3.OpDelete(hk)}, nil))
+			[]clientv3.Cmp{clientv3.Compare(clientv3.Value(k), "=", value)},
+			[]clientv3.Op{clientv3.OpDelete(k)}, nil))
 	}
-	l.cleanUpLater(fmt.Sprintf("undo an acquisition of keys %q", keys), func(ctx context.Context) error {
+	l.cleanUpLater(fmt.Sprintf("undo an acquisition (%d keys)", len(keys)), func(ctx context.Context) error {
 		_, err := l.etcd().Txn(ctx).Then(ops...).Commit()
 		return err
 	})

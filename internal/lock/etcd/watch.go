@@ -13,7 +13,7 @@ import (
 
 // Watch delivers the names of released keys until ctx ends or the Locker is
 // closed (see lock.Locker); with no keys, of every key under the prefix. It
-// is an etcd watch for DELETE events on the holder keys (a release and a
+// is an etcd watch for DELETE events on the holder and slot keys (a release and a
 // lease expiry both delete them) and on the waiter keys (a waiter that
 // leaves the queue, by Dequeue or by its lease running out, may make the
 // next one the head of a free key). A watch that fails (a member lost its
@@ -50,10 +50,12 @@ func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, erro
 	var wg sync.WaitGroup
 	if len(keys) == 0 {
 		wg.Go(func() { l.watchLoop(wctx, l.holderPrefix(), "", from, out) })
+		wg.Go(func() { l.watchLoop(wctx, l.slotRoot(), "", from, out) })
 		wg.Go(func() { l.watchLoop(wctx, l.queueRoot(), "", from, out) })
 	}
 	for _, k := range keys {
 		wg.Go(func() { l.watchLoop(wctx, l.holderKey(k), k, from, out) })
+		wg.Go(func() { l.watchLoop(wctx, l.slotPrefix(k), k, from, out) })
 		wg.Go(func() { l.watchLoop(wctx, l.queuePrefix(k), k, from, out) })
 	}
 	go func() {
@@ -163,13 +165,13 @@ func (l *Locker) resync(ctx context.Context, hk, key string, send func(string) b
 	return true
 }
 
-// lockKeyOf returns the lock key whose holder key ("P h/E") or waiter key
-// ("P q/E/T") is k.
+// lockKeyOf returns the lock key whose holder key ("P h/E"), slot key
+// ("P s/E/T") or waiter key ("P q/E/T") is k.
 func (l *Locker) lockKeyOf(k string) (string, bool) {
 	var e string
 	if rest, ok := strings.CutPrefix(k, l.holderPrefix()); ok {
 		e = rest
-	} else if rest, ok := strings.CutPrefix(k, l.queueRoot()); ok {
+	} else if rest, ok := cutEither(k, l.queueRoot(), l.slotRoot()); ok {
 		e, _, ok = strings.Cut(rest, "/")
 		if !ok {
 			return "", false
@@ -179,4 +181,12 @@ func (l *Locker) lockKeyOf(k string) (string, bool) {
 	}
 	key, err := unescapeKey(e)
 	return key, err == nil && key != ""
+}
+
+// cutEither is strings.CutPrefix with the first of two prefixes k has.
+func cutEither(k, a, b string) (string, bool) {
+	if rest, ok := strings.CutPrefix(k, a); ok {
+		return rest, true
+	}
+	return strings.CutPrefix(k, b)
 }
