@@ -413,9 +413,9 @@ func perAcquisition(kvs []*mvccpb.KeyValue) []clientv3.LeaseID {
 	return ids
 }
 
-// Release deletes the holder keys when the owner token still holds them with
-// the lease's fencing token, in one transaction (see lock.Locker); like
-// Renew it needs only Keys, Owner and Fence. The
+// Release deletes the holder keys (or, for a semaphore lease, the slots)
+// when the owner token still holds them with the lease's fencing token
+// (see lock.Locker); like Renew it needs only Keys, Owner and Fence. The
 // deletion wakes the waiters watching the keys. It returns an error matching
 // lock.ErrNotHeld when the owner holds none of the keys. When etcd could not
 // be reached the release is tried again in the background until etcd
@@ -425,27 +425,48 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 		return err
 	}
 	op := fmt.Sprintf("release keys %q (fencing token %d)", lease.Keys, lease.Fence)
-	tag := ownerTag(lease.Owner)
 	if err := l.connect(); err != nil {
 		return l.unavailable(op, err)
 	}
+	first, second := l.releaseHolder, l.releaseSlotsOf
 	if lease.Limit > 1 {
-		why, err := l.releaseSlots(ctx, lease)
-		switch {
-		case err != nil:
-			l.cleanUpLater(op, func(ctx context.Context) error {
-				_, err := l.releaseSlots(ctx, lease)
-				return err
-			})
-			return l.unavailable(op, err)
-		case why != "":
-			return fmt.Errorf("%s: %w: %s", op, lock.ErrNotHeld, why)
-		}
-		if v := l.log.V(1); v.Enabled() {
-			v.Info("Released semaphore slots", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
-		}
-		return nil
+		first, second = second, first
 	}
+	err := first(ctx, op, lease)
+	if errors.Is(err, lock.ErrNotHeld) {
+		// The lease may name its limit as the lock says now, not as it was
+		// acquired (maxHolders changed in between): the acquisition is the
+		// owner with this token, whichever kind of holder it took. Left
+		// held, it would stay on the session as long as the Locker lives.
+		if err2 := second(ctx, op, lease); !errors.Is(err2, lock.ErrNotHeld) {
+			return err2
+		}
+	}
+	return err
+}
+
+// releaseSlotsOf releases the semaphore slots of lease (see Release).
+func (l *Locker) releaseSlotsOf(ctx context.Context, op string, lease *lock.Lease) error {
+	why, err := l.releaseSlots(ctx, lease)
+	switch {
+	case err != nil:
+		l.cleanUpLater(op, func(ctx context.Context) error {
+			_, err := l.releaseSlots(ctx, lease)
+			return err
+		})
+		return l.unavailable(op, err)
+	case why != "":
+		return fmt.Errorf("%s: %w: %s", op, lock.ErrNotHeld, why)
+	}
+	if v := l.log.V(1); v.Enabled() {
+		v.Info("Released semaphore slots", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
+	}
+	return nil
+}
+
+// releaseHolder releases the holder keys of a mutex lease (see Release).
+func (l *Locker) releaseHolder(ctx context.Context, op string, lease *lock.Lease) error {
+	tag := ownerTag(lease.Owner)
 	var dels []clientv3.Op
 	for _, k := range lease.Keys {
 		dels = append(dels, clientv3.OpDelete(l.holderKey(k), clientv3.WithPrevKV()))
