@@ -32,14 +32,14 @@ func (s *session) expires(ttl time.Duration) time.Time {
 // earlier than fresh: it is kept alive (one KeepAliveOnce) when its last
 // confirmation is older, and a new one is granted when there is none or
 // etcd no longer has it (it expired: its keys are gone, and the leases on it
-// are lost).
+// are lost). It returns a copy: the Locker's own is changed by later calls.
 func (l *Locker) sessionFor(ctx context.Context, ttl time.Duration, fresh time.Time) (*session, error) {
 	secs := ttlSeconds(ttl)
 	l.smu.Lock()
 	defer l.smu.Unlock()
 	if s := l.sessions[secs]; s != nil {
 		if !s.refreshed.Before(fresh) {
-			return s, nil
+			return new(*s), nil
 		}
 		start := l.opts.Now()
 		kctx, cancel := l.opCtx(ctx)
@@ -48,7 +48,7 @@ func (l *Locker) sessionFor(ctx context.Context, ttl time.Duration, fresh time.T
 		switch {
 		case err == nil:
 			s.refreshed = start
-			return s, nil
+			return new(*s), nil
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
 			l.log.Info("An etcd session expired; the leases on it are lost", "lease", int64(s.id), "ttlSeconds", secs)
 			delete(l.sessions, secs)
@@ -69,7 +69,7 @@ func (l *Locker) sessionFor(ctx context.Context, ttl time.Duration, fresh time.T
 	}
 	l.sessions[secs] = s
 	l.log.V(1).Info("Granted an etcd session", "lease", int64(g.ID), "ttlSeconds", secs)
-	return s, nil
+	return new(*s), nil
 }
 
 // forget drops the session id (etcd answered that it no longer exists), so
