@@ -4,14 +4,13 @@ import (
 	"errors"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
-	"github.com/lockwarden/lockwarden/internal/netguard"
 )
 
 // Describe says what went wrong with a lock's backend in words safe to show
 // a tenant in a condition or an Event: the operator's own messages (policy
 // refusals, missing Secrets, invalid configuration, lost leases) as they are,
-// and failures that came from the network as fixed categories per endpoint
-// (netguard's), never the bytes a peer sent.
+// and failures that came from the network or the store as fixed categories
+// per endpoint (Category), never the bytes a peer sent.
 func Describe(err error) string {
 	if err == nil {
 		return ""
@@ -35,7 +34,7 @@ func Describe(err error) string {
 		if !errors.As(err, &ne) {
 			return err.Error() // the engine's and the operator's own words
 		}
-		return "lease lost; " + netguard.Describe(err)
+		return "lease lost; " + describeNodes(err)
 	}
-	return netguard.Describe(err)
+	return describeNodes(err)
 }

@@ -240,7 +240,7 @@ func (r *Registry) resolve(ctx context.Context, src *source) (Config, string, er
 	}
 	// The dialer enforces the endpoint policy at every connection; each
 	// engine bounds the replies it reads (its MaxReplyBytes).
-	dial := netguard.Dialer(netguard.DialOptions{Policy: src.endpoints, Timeout: dialTimeout, NotRESP: true})
+	dial := netguard.Dialer(netguard.DialOptions{Policy: src.endpoints, Timeout: dialTimeout})
 	engine, secrets, caPEM, err := k.resolve(ctx, r, src, dial)
 	if err != nil {
 		return Config{}, "", err

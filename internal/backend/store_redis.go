@@ -48,8 +48,10 @@ var redisStore = storeKind{
 }
 
 // resolveRedis builds a Redis engine configuration (and returns the CA PEM
-// it read). Redis dials through its own EndpointPolicy, which also checks
-// that the server speaks RESP.
+// it read). The Redis engine is handed the endpoint policy rather than a
+// dial function: it builds the same netguard.Dialer with the policy, its
+// TLS (go-redis does no TLS over a dialer it is given) and its own connect
+// timeout, and bounds the replies on top (lock/redis's reply validator).
 func (r *Registry) resolveRedis(ctx context.Context, src *source) (redislock.Config, string, error) {
 	rb, ns := src.spec.Redis, src.secretNamespace
 	cfg := redislock.Config{Addrs: slices.Clone(rb.Endpoints), DB: int(rb.DB), Username: rb.Username, Prefix: KeyPrefix, Scopes: slices.Clone(src.scopes), EndpointPolicy: src.endpoints}

@@ -20,24 +20,17 @@ type DialOptions struct {
 	Policy *EndpointPolicy
 	// TLS, when set, makes every connection TLS with a clone of this
 	// configuration; an empty ServerName becomes the host of the address
-	// dialed, as go-redis's own dialer does.
+	// dialed, as go-redis's own dialer does. Clients that do their own TLS
+	// over the connection they are handed (PostgreSQL, ZooKeeper, etcd's
+	// gRPC) set none here.
 	TLS *tls.Config
-	// Limits bound the replies read (zero fields take their defaults).
-	Limits Limits
-	// NotRESP says the connection carries another protocol than Redis's
-	// (PostgreSQL, ZooKeeper, etcd's gRPC): the policy and timeout apply,
-	// the RESP reply validator does not. Those clients do their own TLS (set
-	// no TLS here for them), and their lock engines bound what they read,
-	// each to its MaxReplyBytes: the clients' own defaults do not (1 GiB,
-	// unbounded, 2 GiB).
-	NotRESP bool
 	// Timeout bounds the connection and the TLS handshake together, on top of
 	// the context's deadline. Zero: only the context bounds them.
 	Timeout time.Duration
 }
 
 // HandshakeError is a failed TLS handshake. Its cause may describe the
-// peer's certificate: show Category, not the text, to tenants.
+// peer's certificate: show tenants its category, not the text.
 type HandshakeError struct {
 	// Endpoint is the host:port dialed.
 	Endpoint string
@@ -53,8 +46,9 @@ func (e *HandshakeError) Error() string {
 // Unwrap returns the cause.
 func (e *HandshakeError) Unwrap() error { return e.Err }
 
-// Dialer returns a dial function for go-redis's Options.Dialer and
-// FailoverOptions.Dialer. For each connection it:
+// Dialer returns the dial function every store's client connects through
+// (go-redis's Options.Dialer, pgx's DialFunc, ZooKeeper's and gRPC's
+// dialers). For each connection it:
 //
 //  1. checks the endpoint statically (Policy.Check) and, for a host name,
 //     resolves it and checks every address it resolves to;
@@ -62,13 +56,16 @@ func (e *HandshakeError) Unwrap() error { return e.Err }
 //     connected to before connect(2) runs, so a denied address never
 //     receives a packet, whatever DNS answers by then;
 //  3. performs the TLS handshake when TLS is set (go-redis does not do TLS
-//     itself when a Dialer is set);
-//  4. wraps the connection (the plaintext side of TLS) with LimitReplies.
+//     itself when a Dialer is set).
+//
+// It reads nothing from the connection: bounding what a store sends is each
+// engine's own work, as it knows the protocol (the Redis engine wraps these
+// connections with its reply validator; the others bound the messages they
+// read).
 //
 // Errors are *DeniedError, *HandshakeError, or the network's own (*net.OpError,
 // *net.DNSError).
 func Dialer(opts DialOptions) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	limits := opts.Limits.withDefaults()
 	var base *tls.Config
 	if opts.TLS != nil {
 		base = opts.TLS.Clone()
@@ -100,10 +97,7 @@ func Dialer(opts DialOptions) func(ctx context.Context, network, addr string) (n
 			}
 			conn = tc
 		}
-		if opts.NotRESP {
-			return conn, nil
-		}
-		return LimitReplies(conn, limits), nil
+		return conn, nil
 	}
 }
 

@@ -66,7 +66,7 @@ var defaultDeny = []struct {
 // the IPv4 address in its last 32 bits, so the deny checks also apply to that.
 var nat64 = netip.MustParsePrefix("64:ff9b::/96")
 
-// EndpointPolicy decides which Redis endpoints may be dialed. Build it with
+// EndpointPolicy decides which store endpoints may be dialed. Build it with
 // NewEndpointPolicy. A nil *EndpointPolicy allows everything (for
 // admin-owned backends); methods accept a nil receiver.
 //

@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/netguard"
+	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 	"github.com/lockwarden/lockwarden/internal/testutil/tenancytest"
 )
@@ -38,8 +38,8 @@ func TestAnotherProtocolsBannerIsNotEchoed(t *testing.T) {
 			create(t, asTenant, dl)
 
 			c := waitCondition(t, dl, locksv1alpha1.ConditionBackendReady, metav1.ConditionFalse, locksv1alpha1.ReasonBackendUnreachable)
-			if !strings.Contains(c.Message, netguard.CategoryNotRedis) || !strings.Contains(c.Message, srv.Addr) {
-				t.Errorf("BackendReady says %q; want the category %s and the endpoint %s", c.Message, netguard.CategoryNotRedis, srv.Addr)
+			if !strings.Contains(c.Message, backend.CategoryNotRedis) || !strings.Contains(c.Message, srv.Addr) {
+				t.Errorf("BackendReady says %q; want the category %s and the endpoint %s", c.Message, backend.CategoryNotRedis, srv.Addr)
 			}
 			for _, e := range events(t, ns, dl.Name) {
 				c.Message += "\n" + e.Note
@@ -101,8 +101,8 @@ func TestOversizedReplyDoesNotTakeTheManagerDown(t *testing.T) {
 	create(t, asTenant, dl)
 
 	c := waitCondition(t, dl, locksv1alpha1.ConditionBackendReady, metav1.ConditionFalse, locksv1alpha1.ReasonBackendUnreachable)
-	if !strings.Contains(c.Message, netguard.CategoryReplyTooLarge) {
-		t.Errorf("BackendReady says %q; want the category %s", c.Message, netguard.CategoryReplyTooLarge)
+	if !strings.Contains(c.Message, backend.CategoryReplyTooLarge) {
+		t.Errorf("BackendReady says %q; want the category %s", c.Message, backend.CategoryReplyTooLarge)
 	}
 	waitResyncs(t, 2)
 	// HeapSys can shrink (the runtime returns memory): only growth counts.

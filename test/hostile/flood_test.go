@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/netguard"
+	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/testutil/rawserver"
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 	"github.com/lockwarden/lockwarden/internal/testutil/tenancytest"
@@ -90,10 +90,10 @@ func zkConnect(passwdLen uint32) func(c net.Conn) {
 }
 
 // The payloads of the issue, four per protocol.
-const tooLarge = netguard.CategoryReplyTooLarge
+const tooLarge = backend.CategoryReplyTooLarge
 
 var hostileBackends = []hostileBackend{
-	{"redis-resp3-map", rawserver.Repeat(rawserver.RedisMapAndBulk), redisOn, netguard.CategoryNotRedis},
+	{"redis-resp3-map", rawserver.Repeat(rawserver.RedisMapAndBulk), redisOn, backend.CategoryNotRedis},
 	{"redis-long-array", rawserver.Repeat(rawserver.RedisLongArray), redisOn, tooLarge},
 	{"redis-array-of-bulks", rawserver.Repeat(rawserver.RedisArrayOfBulks), redisOn, ""},
 	{"redis-1gib-bulk", rawserver.Repeat("$1073741824\r\n"), redisOn, tooLarge},
@@ -184,9 +184,9 @@ func TestSixteenHostileBackendsAtOnce(t *testing.T) {
 
 	for db := range 16 {
 		name := fmt.Sprintf("inline-db-%02d", db)
-		eventually(t, 60*time.Second, name+" shown as "+netguard.CategoryReplyTooLarge, func() (bool, string) {
+		eventually(t, 60*time.Second, name+" shown as "+backend.CategoryReplyTooLarge, func() (bool, string) {
 			shown := lockBackendMessage(t, abuser, name)
-			return strings.Contains(shown, netguard.CategoryReplyTooLarge), shown
+			return strings.Contains(shown, backend.CategoryReplyTooLarge), shown
 		})
 	}
 	t.Logf("%-26s %d connections", "inline db 0..15", inline.Accepted())

@@ -78,7 +78,7 @@ type Config struct {
 	// master the Sentinels name, all checked before any connection is made.
 	// nil means no restriction (admin-owned backends); the operator sets it
 	// for endpoints that tenants write. Whatever the policy, every reply is
-	// checked to be Redis protocol within netguard's default limits.
+	// checked to be Redis protocol within the Locker's limits (LimitReplies).
 	EndpointPolicy *netguard.EndpointPolicy
 	// MinReplicas (Sentinel mode only) is how many replicas must
 	// acknowledge an acquisition or a renewal (Redis WAIT) before the

@@ -1,4 +1,4 @@
-package redis
+package redis_test
 
 import (
 	"bufio"
@@ -15,13 +15,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/lock"
+	redislock "github.com/lockwarden/lockwarden/internal/lock/redis"
 	"github.com/lockwarden/lockwarden/internal/netguard"
 	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
 )
 
 // Tests of the network guard as the engine uses it: every client New builds
-// dials through netguard.Dialer. The fake servers need no redis-server, so
+// dials through netguard.Dialer, its replies bounded by LimitReplies, and
+// every failure reads, in a status, as the category backend.Describe gives
+// it (these tests are outside package redis so that they can import package
+// backend, which imports it). The fake servers need no redis-server, so
 // those tests run under -short too.
 
 const sshBanner = "SSH-2.0-OpenSSH_9.6\r\n"
@@ -164,9 +169,9 @@ func mustGuardPolicy(t *testing.T, allow, deny []string) *netguard.EndpointPolic
 	return p
 }
 
-func pingFails(t *testing.T, cfg Config, opts ...Option) error {
+func pingFails(t *testing.T, cfg redislock.Config, opts ...redislock.Option) error {
 	t.Helper()
-	l := newTestLocker(t, cfg, opts...)
+	l := redislock.NewTestLocker(t, cfg, opts...)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := l.Ping(ctx)
@@ -192,11 +197,11 @@ func TestGuardNotRedis(t *testing.T) {
 	for name, peer := range peers {
 		for _, policy := range []*netguard.EndpointPolicy{nil, mustGuardPolicy(t, []string{"127.0.0.1/32"}, nil)} {
 			f := startGuardFake(t, peer.handle)
-			err := pingFails(t, Config{Addrs: []string{f.addr}, EndpointPolicy: policy})
-			if c := netguard.Category(err); c != netguard.CategoryNotRedis {
-				t.Fatalf("%s: Category = %s, want %s (err: %v)", name, c, netguard.CategoryNotRedis, err)
+			err := pingFails(t, redislock.Config{Addrs: []string{f.addr}, EndpointPolicy: policy})
+			if c := backend.Category(err); c != backend.CategoryNotRedis {
+				t.Fatalf("%s: Category = %s, want %s (err: %v)", name, c, backend.CategoryNotRedis, err)
 			}
-			if d, want := netguard.Describe(err), f.addr+": "+netguard.CategoryNotRedis; d != want {
+			if d, want := backend.Describe(err), f.addr+": "+backend.CategoryNotRedis; d != want {
 				t.Fatalf("%s: Describe = %q, want %q", name, d, want)
 			}
 			// The error names the fake's address, whose port may contain
@@ -224,9 +229,9 @@ func TestGuardHugeReplies(t *testing.T) {
 			}
 			return reply
 		})
-		calls := map[string]func(*Locker) error{
-			"Ping": func(l *Locker) error { return l.Ping(context.Background()) },
-			"TryAcquire": func(l *Locker) error {
+		calls := map[string]func(*redislock.Locker) error{
+			"Ping": func(l *redislock.Locker) error { return l.Ping(context.Background()) },
+			"TryAcquire": func(l *redislock.Locker) error {
 				_, err := l.TryAcquire(context.Background(), lock.Request{Keys: []string{"k"}, TTL: time.Second})
 				return err
 			},
@@ -234,20 +239,20 @@ func TestGuardHugeReplies(t *testing.T) {
 		for name, call := range calls {
 			for _, handle := range []func(net.Conn){afterHello, answerEveryRead(reply)} {
 				f := startGuardFake(t, handle)
-				l := newTestLocker(t, Config{Addrs: []string{f.addr}})
+				l := redislock.NewTestLocker(t, redislock.Config{Addrs: []string{f.addr}})
 				var err error
 				alloc := allocatedDuring(func() { err = call(l) })
 				// The clients ask for RESP2: a RESP3 type (map, verbatim
 				// string, blob error) is refused at its first byte, as a
 				// peer that does not answer in the protocol asked.
-				want := netguard.CategoryReplyTooLarge
+				want := backend.CategoryReplyTooLarge
 				if strings.ContainsAny(reply[:1], "%=!") {
-					want = netguard.CategoryNotRedis
+					want = backend.CategoryNotRedis
 				}
-				if c := netguard.Category(err); c != want {
+				if c := backend.Category(err); c != want {
 					t.Fatalf("%s, reply %q: Category = %s, want %s (err: %v)", name, reply, c, want, err)
 				}
-				if d, wantDesc := netguard.Describe(err), f.addr+": "+want; d != wantDesc {
+				if d, wantDesc := backend.Describe(err), f.addr+": "+want; d != wantDesc {
 					t.Fatalf("%s, reply %q: Describe = %q, want %q", name, reply, d, wantDesc)
 				}
 				if alloc > 64<<20 {
@@ -298,7 +303,7 @@ func TestGuardDeniesLoopback(t *testing.T) {
 	f := startGuardFake(t, fakeRedis(pingOnly))
 	_, port, _ := net.SplitHostPort(f.addr)
 	def := mustGuardPolicy(t, nil, nil)
-	configs := []Config{
+	configs := []redislock.Config{
 		{Addrs: []string{"127.0.0.1:" + port}},
 		{Addrs: []string{"localhost:" + port}},
 		{Addrs: []string{"[::ffff:127.0.0.1]:" + port}},
@@ -310,22 +315,22 @@ func TestGuardDeniesLoopback(t *testing.T) {
 	for _, cfg := range configs {
 		cfg.EndpointPolicy = def
 		err := pingFails(t, cfg)
-		if c := netguard.Category(err); c != netguard.CategoryDeniedByPolicy {
-			t.Fatalf("%v: Category = %s, want %s (err: %v)", cfg.Addrs, c, netguard.CategoryDeniedByPolicy, err)
+		if c := backend.Category(err); c != backend.CategoryDeniedByPolicy {
+			t.Fatalf("%v: Category = %s, want %s (err: %v)", cfg.Addrs, c, backend.CategoryDeniedByPolicy, err)
 		}
-		d := netguard.Describe(err)
-		if !strings.Contains(d, netguard.CategoryDeniedByPolicy+" (loopback address") {
+		d := backend.Describe(err)
+		if !strings.Contains(d, backend.CategoryDeniedByPolicy+" (loopback address") {
 			t.Fatalf("%v: Describe = %q, want the loopback denial", cfg.Addrs, d)
 		}
 	}
-	redlockErr := pingFails(t, Config{Addrs: configs[3].Addrs, EndpointPolicy: def})
-	if !errors.Is(redlockErr, lock.ErrQuorum) || strings.Count(netguard.Describe(redlockErr), "DeniedByPolicy") != 3 {
-		t.Fatalf("Redlock: Describe = %q, want a denial per node", netguard.Describe(redlockErr))
+	redlockErr := pingFails(t, redislock.Config{Addrs: configs[3].Addrs, EndpointPolicy: def})
+	if !errors.Is(redlockErr, lock.ErrQuorum) || strings.Count(backend.Describe(redlockErr), "DeniedByPolicy") != 3 {
+		t.Fatalf("Redlock: Describe = %q, want a denial per node", backend.Describe(redlockErr))
 	}
 	assertGuardNothingConnected(t, f)
 
 	// Explicitly allowed, the same endpoint answers.
-	l := newTestLocker(t, Config{Addrs: []string{"127.0.0.1:" + port}, EndpointPolicy: mustGuardPolicy(t, []string{"127.0.0.1/32"}, nil)})
+	l := redislock.NewTestLocker(t, redislock.Config{Addrs: []string{"127.0.0.1:" + port}, EndpointPolicy: mustGuardPolicy(t, []string{"127.0.0.1/32"}, nil)})
 	if err := l.Ping(context.Background()); err != nil {
 		t.Fatalf("Ping with 127.0.0.1/32 allowed: %v", err)
 	}
@@ -350,12 +355,12 @@ func TestGuardSentinelNamingMetadata(t *testing.T) {
 		}
 		return pingOnly(cmd)
 	}))
-	cfg := Config{Addrs: []string{sentinel.addr}, MasterName: "mymaster", EndpointPolicy: mustGuardPolicy(t, []string{"127.0.0.1/32"}, nil)}
+	cfg := redislock.Config{Addrs: []string{sentinel.addr}, MasterName: "mymaster", EndpointPolicy: mustGuardPolicy(t, []string{"127.0.0.1/32"}, nil)}
 	err := pingFails(t, cfg)
-	if c := netguard.Category(err); c != netguard.CategoryDeniedByPolicy {
-		t.Fatalf("Category = %s, want %s (err: %v)", c, netguard.CategoryDeniedByPolicy, err)
+	if c := backend.Category(err); c != backend.CategoryDeniedByPolicy {
+		t.Fatalf("Category = %s, want %s (err: %v)", c, backend.CategoryDeniedByPolicy, err)
 	}
-	if d := netguard.Describe(err); !strings.Contains(d, "link-local or cloud metadata address: 169.254.169.254") {
+	if d := backend.Describe(err); !strings.Contains(d, "link-local or cloud metadata address: 169.254.169.254") {
 		t.Fatalf("Describe = %q, want the metadata denial", d)
 	}
 	if sentinel.accepted.Load() == 0 {
@@ -367,11 +372,11 @@ func TestGuardSentinelNamingMetadata(t *testing.T) {
 // TLS fails the handshake, and its banner is not shown.
 func TestGuardTLSToNonTLSPeer(t *testing.T) {
 	f := startGuardFake(t, bannerFirst(sshBanner))
-	err := pingFails(t, Config{Addrs: []string{f.addr}, TLS: &tls.Config{ServerName: "redis", MinVersion: tls.VersionTLS12}})
-	if c := netguard.Category(err); c != netguard.CategoryTLSHandshakeFailed {
-		t.Fatalf("Category = %s, want %s (err: %v)", c, netguard.CategoryTLSHandshakeFailed, err)
+	err := pingFails(t, redislock.Config{Addrs: []string{f.addr}, TLS: &tls.Config{ServerName: "redis", MinVersion: tls.VersionTLS12}})
+	if c := backend.Category(err); c != backend.CategoryTLSHandshakeFailed {
+		t.Fatalf("Category = %s, want %s (err: %v)", c, backend.CategoryTLSHandshakeFailed, err)
 	}
-	if d, want := netguard.Describe(err), f.addr+": "+netguard.CategoryTLSHandshakeFailed; d != want {
+	if d, want := backend.Describe(err), f.addr+": "+backend.CategoryTLSHandshakeFailed; d != want {
 		t.Fatalf("Describe = %q, want %q", d, want)
 	}
 }
@@ -380,9 +385,9 @@ func TestGuardTLSToNonTLSPeer(t *testing.T) {
 // closed port is ConnectionRefused; Redlock names each node.
 func TestGuardTimeoutAndRefused(t *testing.T) {
 	silent := startGuardFake(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
-	err := pingFails(t, Config{Addrs: []string{silent.addr}}, WithNodeTimeout(300*time.Millisecond))
-	if c := netguard.Category(err); c != netguard.CategoryTimeout {
-		t.Fatalf("silent peer: Category = %s, want %s (err: %v)", c, netguard.CategoryTimeout, err)
+	err := pingFails(t, redislock.Config{Addrs: []string{silent.addr}}, redislock.WithNodeTimeout(300*time.Millisecond))
+	if c := backend.Category(err); c != backend.CategoryTimeout {
+		t.Fatalf("silent peer: Category = %s, want %s (err: %v)", c, backend.CategoryTimeout, err)
 	}
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -393,9 +398,9 @@ func TestGuardTimeoutAndRefused(t *testing.T) {
 	_ = ln.Close()
 	ssh := startGuardFake(t, bannerFirst(sshBanner))
 	huge := startGuardFake(t, answerEveryRead("$1073741824\r\n"))
-	err = pingFails(t, Config{Addrs: []string{closed, ssh.addr, huge.addr}})
+	err = pingFails(t, redislock.Config{Addrs: []string{closed, ssh.addr, huge.addr}})
 	want := fmt.Sprintf("%s: ConnectionRefused; %s: NotRedis; %s: ReplyTooLarge", closed, ssh.addr, huge.addr)
-	if d := netguard.Describe(err); d != want {
+	if d := backend.Describe(err); d != want {
 		t.Fatalf("Redlock: Describe = %q, want %q", d, want)
 	}
 }
@@ -409,15 +414,15 @@ func TestGuardedLockerAgainstRedis(t *testing.T) {
 	secure := redistest.Start(t, redistest.WithPassword("s3cret"), redistest.WithTLS())
 	masters := redistest.StartN(t, 3)
 	sentinels := redistest.StartSentinels(t, plain, 1, "guarded")
-	configs := map[string]Config{
+	configs := map[string]redislock.Config{
 		"standalone": {Addrs: []string{plain.Addr}, EndpointPolicy: allow},
-		"tls":        {Addrs: []string{secure.Addr}, Password: "s3cret", TLS: tlsFor(secure), EndpointPolicy: allow},
-		"redlock":    {Addrs: addrs(masters), EndpointPolicy: allow},
+		"tls":        {Addrs: []string{secure.Addr}, Password: "s3cret", TLS: redislock.TLSFor(secure), EndpointPolicy: allow},
+		"redlock":    {Addrs: redislock.Addrs(masters), EndpointPolicy: allow},
 		"sentinel":   {Addrs: sentinels.Addrs(), MasterName: "guarded", EndpointPolicy: allow, Prefix: "sentinel:"},
 	}
 	for name, cfg := range configs {
 		t.Run(name, func(t *testing.T) {
-			l := newTestLocker(t, cfg)
+			l := redislock.NewTestLocker(t, cfg)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			if err := l.Ping(ctx); err != nil {
@@ -458,19 +463,19 @@ func TestGuardCategoriesAgainstRedis(t *testing.T) {
 	protected := redistest.Start(t, redistest.WithPassword("s3cret"))
 	secure := redistest.Start(t, redistest.WithTLS())
 	cases := map[string]struct {
-		cfg  Config
+		cfg  redislock.Config
 		want string
 	}{
-		"wrong password": {Config{Addrs: []string{protected.Addr}, Password: "wrong"}, netguard.CategoryAuthenticationFailed},
-		"no password":    {Config{Addrs: []string{protected.Addr}}, netguard.CategoryAuthenticationFailed},
-		"untrusted TLS":  {Config{Addrs: []string{secure.Addr}, TLS: tlsFor(protected)}, netguard.CategoryTLSHandshakeFailed},
+		"wrong password": {redislock.Config{Addrs: []string{protected.Addr}, Password: "wrong"}, backend.CategoryAuthenticationFailed},
+		"no password":    {redislock.Config{Addrs: []string{protected.Addr}}, backend.CategoryAuthenticationFailed},
+		"untrusted TLS":  {redislock.Config{Addrs: []string{secure.Addr}, TLS: redislock.TLSFor(protected)}, backend.CategoryTLSHandshakeFailed},
 	}
 	for name, tc := range cases {
 		err := pingFails(t, tc.cfg)
-		if c := netguard.Category(err); c != tc.want {
+		if c := backend.Category(err); c != tc.want {
 			t.Errorf("%s: Category = %s, want %s (err: %v)", name, c, tc.want, err)
 		}
-		if d, want := netguard.Describe(err), tc.cfg.Addrs[0]+": "+tc.want; d != want {
+		if d, want := backend.Describe(err), tc.cfg.Addrs[0]+": "+tc.want; d != want {
 			t.Errorf("%s: Describe = %q, want %q", name, d, want)
 		}
 	}

@@ -160,12 +160,14 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	}
 	l.waiterTTLArg = o.WaiterTTL.Milliseconds()
 	l.log = o.Log.WithValues("mode", string(l.mode))
-	// Every connection goes through netguard's dialer: the endpoint policy,
-	// TLS (go-redis does no TLS of its own when a Dialer is set, so TLSConfig
-	// stays unset and nothing is wrapped twice) and the bound on replies. The
-	// Sentinel client uses the same dialer for the Sentinels and for the
-	// master they name.
-	dialer := netguard.Dialer(netguard.DialOptions{Policy: cfg.EndpointPolicy, TLS: cfg.TLS, Timeout: dialTimeout, Limits: replyLimits})
+	// Every connection goes through netguard's dialer, as every store's
+	// does: the endpoint policy and TLS (go-redis does no TLS of its own
+	// when a Dialer is set, so TLSConfig stays unset and nothing is wrapped
+	// twice). On top of it, the plaintext side of every connection is
+	// wrapped with LimitReplies, the bound on replies. The Sentinel client
+	// uses the same dialer for the Sentinels and for the master they name.
+	netDial := netguard.Dialer(netguard.DialOptions{Policy: cfg.EndpointPolicy, TLS: cfg.TLS, Timeout: dialTimeout})
+	dialer := limitingReplies(netDial, replyLimits)
 	// Every call bounds itself with its context's deadline (the node
 	// timeout, a quarter of the TTL, an inspection batch's allowance).
 	// go-redis takes the sooner of that deadline and its own read and write
@@ -180,7 +182,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		// other address) keep it.
 		sentinelLimits := replyLimits
 		sentinelLimits.RESP2 = false
-		sentinelDialer := netguard.Dialer(netguard.DialOptions{Policy: cfg.EndpointPolicy, TLS: cfg.TLS, Timeout: dialTimeout, Limits: sentinelLimits})
+		sentinelDialer := limitingReplies(netDial, sentinelLimits)
 		sentinels := map[string]bool{}
 		for _, a := range cfg.Addrs {
 			sentinels[a] = true
@@ -236,18 +238,29 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	return l, nil
 }
 
+// limitingReplies wraps every connection dial makes with LimitReplies.
+func limitingReplies(dial func(ctx context.Context, network, addr string) (net.Conn, error), limits Limits) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return LimitReplies(conn, limits), nil
+	}
+}
+
 // replyLimits bound what a Redis server (maybe a tenant's fake one) can make
-// this process allocate, before the bytes arrive (netguard.LimitReplies):
+// this process allocate, before the bytes arrive (LimitReplies):
 //
 //   - RESP2 only (the clients ask for Protocol 2): no maps, sets, attributes
 //     or pushes, whose headers go-redis sizes maps and slices by. The
 //     scripts, Sentinel and pub/sub all work on RESP2.
 //   - aggregates of at most maxReplyElements, bulk strings of at most
 //     maxReplyBulk: far above what the scripts, INFO, CONFIG GET and
-//     SENTINEL REPLICAS return, far below netguard's general defaults;
+//     SENTINEL REPLICAS return, far below LimitReplies' general defaults;
 //   - replyBudget shared by every connection of every Locker of the
 //     process: what the replies in flight announce together.
-var replyLimits = netguard.Limits{
+var replyLimits = Limits{
 	MaxBulk:     maxReplyBulk,
 	MaxElements: maxReplyElements,
 	RESP2:       true,
@@ -265,7 +278,7 @@ const (
 )
 
 // replyBudget is the process's budget for Redis replies in flight.
-var replyBudget = netguard.NewReplyBudget(ReplyBudgetBytes)
+var replyBudget = lock.NewReplyBudget(ReplyBudgetBytes)
 
 // lookupIP resolves a host name to its IP addresses.
 func lookupIP(ctx context.Context, host string) ([]netip.Addr, error) {

@@ -14,7 +14,7 @@ import (
 // headers make go-redis allocate what they announce before the data comes:
 // a RESP3 map of 1<<20 pairs and a 4 MiB bulk, about 25 bytes, cost some
 // 70 MiB per connection when the operator's clients spoke RESP3 within
-// netguard's general limits (16 such connections passed the chart's 512Mi).
+// LimitReplies' general limits (16 such connections passed the chart's 512Mi).
 // Now the clients speak RESP2 with limits sized to what the engine reads:
 // every payload below must cost well under 8 MiB of allocation per
 // connection, and each Ping must fail.

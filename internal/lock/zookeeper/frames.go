@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
-	"github.com/lockwarden/lockwarden/internal/netguard"
 )
 
 // The wire: every packet is a 4-byte big-endian length and a body. The first
@@ -38,7 +37,7 @@ func wireInt32(b []byte) int32 {
 }
 
 // replyBudget is shared by every ZooKeeper connection of the process.
-var replyBudget = netguard.NewReplyBudget(ReplyBudgetBytes)
+var replyBudget = lock.NewReplyBudget(ReplyBudgetBytes)
 
 // frameConn checks what a ZooKeeper server sends before the client reads
 // it. The client allocates what a reply declares before it reads the bytes

@@ -1,4 +1,4 @@
-package netguard
+package backend
 
 import (
 	"context"
@@ -15,11 +15,16 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
+	redislock "github.com/lockwarden/lockwarden/internal/lock/redis"
+	"github.com/lockwarden/lockwarden/internal/netguard"
 )
 
 // Error categories: the fixed vocabulary Category and Describe map every
-// error to. They are shown to users (status conditions, Events), so they are
-// a contract: never rename one.
+// error of a store (any of them: Redis, PostgreSQL, ZooKeeper, etcd) to.
+// Most are about the endpoint and the network, whatever the store; those
+// that name a Redis reply or the Redis protocol are only recognised on a
+// Redis store. They are shown to users (status conditions, Events), so they
+// are a contract: never rename one.
 const (
 	// CategoryDeniedByPolicy: the endpoint policy refused the address
 	// (loopback, link-local or cloud metadata, the API server or the
@@ -35,25 +40,27 @@ const (
 	// CategoryTLSHandshakeFailed: the TLS handshake failed, certificate
 	// verification included.
 	CategoryTLSHandshakeFailed = "TLSHandshakeFailed"
-	// CategoryAuthenticationFailed: Redis refused the credentials (NOAUTH,
-	// WRONGPASS, invalid password).
+	// CategoryAuthenticationFailed: the store refused the credentials
+	// (recognised in Redis's replies: NOAUTH, WRONGPASS, invalid password).
 	CategoryAuthenticationFailed = "AuthenticationFailed"
-	// CategoryNotRedis: the endpoint does not speak the Redis protocol (for
-	// example an SSH or HTTP server), or sent a reply the client cannot read.
+	// CategoryNotRedis: an endpoint of a Redis store does not speak the Redis
+	// protocol (for example an SSH or HTTP server), or sent a reply the
+	// client cannot read.
 	CategoryNotRedis = "NotRedis"
 	// CategoryReplyTooLarge: a reply announced more data than the operator
-	// accepts (Redis: bulk size, element count, line length or nesting;
-	// PostgreSQL, ZooKeeper, etcd: the length of a message).
+	// accepts from the store (Redis: bulk size, element count, line length
+	// or nesting; PostgreSQL, ZooKeeper, etcd: the length of a message).
 	CategoryReplyTooLarge = "ReplyTooLarge"
 	// CategoryConnectionClosed: the connection was closed or reset by the peer.
 	CategoryConnectionClosed = "ConnectionClosed"
-	// CategoryReadOnlyReplica: the endpoint is a read-only replica (READONLY).
+	// CategoryReadOnlyReplica: the endpoint is a read-only Redis replica (READONLY).
 	CategoryReadOnlyReplica = "ReadOnlyReplica"
 	// CategoryLoading: Redis is loading its dataset (LOADING).
 	CategoryLoading = "Loading"
 	// CategoryOutOfMemory: Redis refused the write for lack of memory (OOM).
 	CategoryOutOfMemory = "OutOfMemory"
-	// CategoryServerError: Redis answered with another error reply (its text is not shown).
+	// CategoryServerError: Redis answered with another error reply (its text
+	// is not shown).
 	CategoryServerError = "ServerError"
 	// CategoryUnavailable: any other failure.
 	CategoryUnavailable = "Unavailable"
@@ -75,8 +82,10 @@ var rules = []struct {
 	category string
 	match    func(error) bool
 }{
-	{CategoryDeniedByPolicy, func(e error) bool { return errors.Is(e, ErrDenied) }},
-	{CategoryReplyTooLarge, func(e error) bool { return errors.Is(e, ErrReplyTooLarge) || errors.Is(e, lock.ErrReplyTooLarge) }},
+	{CategoryDeniedByPolicy, func(e error) bool { return errors.Is(e, netguard.ErrDenied) }},
+	{CategoryReplyTooLarge, func(e error) bool {
+		return errors.Is(e, redislock.ErrReplyTooLarge) || errors.Is(e, lock.ErrReplyTooLarge)
+	}},
 	{CategoryNotRedis, isNotRedis},
 	{CategoryTLSHandshakeFailed, isTLSFailure},
 	{CategoryAuthenticationFailed, redisReply(isAuthReply)},
@@ -90,11 +99,12 @@ var rules = []struct {
 	{CategoryTimeout, isTimeout},
 }
 
-// Category maps an error of the lock engine (or of Dialer) to one of the
-// Category constants; "" for nil. The categories are tried in the order of
-// Categories over the whole error tree (wrapped and joined errors), so a root
-// cause anywhere in it wins over, say, the caller's deadline; an error none
-// matches is CategoryUnavailable. It is meant for backend failures (errors
+// Category maps an error of a store's lock engine (or of netguard's Dialer,
+// which every store dials through) to one of the Category constants; "" for
+// nil. The categories are tried in the order of Categories over the whole
+// error tree (wrapped and joined errors), so a root cause anywhere in it
+// wins over, say, the caller's deadline; an error none matches is
+// CategoryUnavailable. It is meant for backend failures (errors
 // matching lock.ErrBackendUnavailable or lock.ErrQuorum): lock outcomes such
 // as lock.ErrNotAcquired match no category, so check for them first.
 func Category(err error) string {
@@ -109,14 +119,14 @@ func Category(err error) string {
 	return CategoryUnavailable
 }
 
-// Describe says, safely for users, why err happened: for each backend node
+// describeNodes says, safely for users, why err happened: for each store node
 // named in it (*lock.NodeError, possibly joined as in a Redlock quorum
 // failure), "node: Category", joined with "; " in the order they appear;
 // without node errors, just the category. A denial adds the policy's own
 // reason in parentheses. The text never contains anything read from the
 // network nor the text of an unknown error; node names are the endpoints as
 // configured. Nodes that only report a lock outcome (a busy key) are left out.
-func Describe(err error) string {
+func describeNodes(err error) string {
 	if err == nil {
 		return ""
 	}
@@ -146,7 +156,7 @@ func Describe(err error) string {
 func describeOne(err error) string {
 	c := Category(err)
 	if c == CategoryDeniedByPolicy {
-		var de *DeniedError
+		var de *netguard.DeniedError
 		if errors.As(err, &de) && de.Reason != "" {
 			return c + " (" + de.Reason + ")"
 		}
@@ -181,7 +191,7 @@ func anyInTree(err error, match func(error) bool) bool {
 }
 
 func isNotRedis(e error) bool {
-	if errors.Is(e, ErrNotRedis) || errors.Is(e, ErrUnsupportedReply) {
+	if errors.Is(e, redislock.ErrNotRedis) || errors.Is(e, redislock.ErrUnsupportedReply) {
 		return true
 	}
 	var ne *strconv.NumError
@@ -199,7 +209,7 @@ func isNotRedis(e error) bool {
 }
 
 func isTLSFailure(e error) bool {
-	var he *HandshakeError
+	var he *netguard.HandshakeError
 	if errors.As(e, &he) {
 		return !isTimeout(he.Err)
 	}

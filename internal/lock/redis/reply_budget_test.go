@@ -1,10 +1,12 @@
-package netguard
+package redis
 
 import (
 	"errors"
 	"fmt"
 	"io"
 	"testing"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
 // TestRESP2RefusesRESP3Types: a connection that asked for RESP2 refuses
@@ -29,7 +31,7 @@ func TestRESP2RefusesRESP3Types(t *testing.T) {
 // budget announce no more than it together; a complete reply, a rejected
 // stream and a closed connection each return their share.
 func TestReplyBudget(t *testing.T) {
-	b := NewReplyBudget(1 << 20)
+	b := lock.NewReplyBudget(1 << 20)
 	lim := Limits{Budget: b}
 	// A complete reply returns its share.
 	if out, err := readThrough([]byte("*2\r\n"+bulk("abc")+bulk("de")), lim); err != nil || len(out) == 0 {

@@ -1,4 +1,4 @@
-package netguard
+package redis
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"net"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
 // Defaults of Limits.
@@ -46,46 +48,15 @@ type Limits struct {
 	// them is not answering what it was asked.
 	RESP2 bool
 	// Budget, when set, bounds what the replies in flight on every
-	// connection sharing it announce together (ReplyBudget).
-	Budget *ReplyBudget
-}
-
-// ReplyBudget bounds, across the connections that share it, the memory the
-// replies in flight make a client allocate ahead of their data: a bulk
-// header's length, and elementBytes per element an aggregate header
-// announces (go-redis makes the slice, or the byte buffer, when it reads the
-// header). A reply's reservation is returned when the reply is complete, and
-// when its connection fails or closes: a peer that announces much and sends
-// nothing holds its share only while its connection lives.
-type ReplyBudget struct {
-	max  int64
-	used atomic.Int64
+	// connection sharing it announce together (lock.ReplyBudget; a bulk
+	// header counts its length, an aggregate header elementBytes per
+	// element it announces).
+	Budget *lock.ReplyBudget
 }
 
 // elementBytes is what a client allocates per announced aggregate element
 // (an interface value, as go-redis's []interface{}).
 const elementBytes = 16
-
-// NewReplyBudget returns a budget of max bytes.
-func NewReplyBudget(max int64) *ReplyBudget { return &ReplyBudget{max: max} }
-
-// InUse returns the bytes reserved now.
-func (b *ReplyBudget) InUse() int64 { return b.used.Load() }
-
-// Reserve takes n bytes, or reports false and takes nothing.
-func (b *ReplyBudget) Reserve(n int64) bool {
-	for {
-		cur := b.used.Load()
-		if cur+n > b.max {
-			return false
-		}
-		if b.used.CompareAndSwap(cur, cur+n) {
-			return true
-		}
-	}
-}
-
-func (b *ReplyBudget) Release(n int64) { b.used.Add(-n) }
 
 func (l Limits) withDefaults() Limits {
 	if l.MaxBulk <= 0 {
@@ -347,7 +318,7 @@ func (v *validator) headerDone() *limitErr {
 			n *= elementBytes
 		}
 		if !v.lim.Budget.Reserve(n) {
-			return &limitErr{"Budget", fmt.Sprintf("a reply header announcing %d bytes exceeds what the replies in flight on every connection may announce together (%d bytes)", n, v.lim.Budget.max)}
+			return &limitErr{"Budget", fmt.Sprintf("a reply header announcing %d bytes exceeds what the replies in flight on every connection may announce together (%d bytes)", n, v.lim.Budget.Max())}
 		}
 		v.reserved.Add(n)
 	}

@@ -1,4 +1,4 @@
-package netguard
+package redis
 
 import (
 	"bytes"
@@ -176,8 +176,8 @@ func TestValidRepliesPassAtEveryReadBoundary(t *testing.T) {
 	checkPassesEverySplit(t, "pipelined", all)
 }
 
-// rejection is what a test expects of a rejected stream.
-type rejection struct {
+// replyRejection is what a test expects of a rejected reply stream.
+type replyRejection struct {
 	kind     error
 	limit    string
 	accepted int // bytes passed through before the error
@@ -185,46 +185,46 @@ type rejection struct {
 
 func rejectedStreams() map[string]struct {
 	data string
-	want rejection
+	want replyRejection
 } {
 	type c = struct {
 		data string
-		want rejection
+		want replyRejection
 	}
 	ssh := "SSH-2.0-OpenSSH_9.6\r\n"
 	return map[string]c{
-		"ssh banner":              {ssh, rejection{ErrNotRedis, "", 0}},
-		"http reply":              {"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", rejection{ErrNotRedis, "", 0}},
-		"banner after a reply":    {"+OK\r\n" + ssh, rejection{ErrNotRedis, "", 5}},
-		"bare CRLF":               {"\r\n", rejection{ErrNotRedis, "", 0}},
-		"huge bulk":               {"$1073741824\r\n", rejection{ErrReplyTooLarge, "MaxBulk", 11}},
-		"bulk one over":           {fmt.Sprintf("$%d\r\n", DefaultMaxBulk+1), rejection{ErrReplyTooLarge, "MaxBulk", 8}},
-		"huge verbatim":           {"=1073741824\r\ntxt:", rejection{ErrReplyTooLarge, "MaxBulk", 11}},
-		"huge blob error":         {"!1073741824\r\n", rejection{ErrReplyTooLarge, "MaxBulk", 11}},
-		"huge array":              {"*2147483647\r\n", rejection{ErrReplyTooLarge, "MaxElements", 11}},
-		"huge map":                {"%1048577\r\n", rejection{ErrReplyTooLarge, "MaxElements", 8}},
-		"huge set":                {"~1048577\r\n", rejection{ErrReplyTooLarge, "MaxElements", 8}},
-		"huge push":               {">1048577\r\n", rejection{ErrReplyTooLarge, "MaxElements", 8}},
-		"huge attribute":          {"|1048577\r\n", rejection{ErrReplyTooLarge, "MaxElements", 8}},
-		"huge nested array":       {"*1\r\n*2147483647\r\n", rejection{ErrReplyTooLarge, "MaxElements", 15}},
-		"nested allocations":      {"*1048576\r\n*1048576\r\n*1048576\r\n", rejection{ErrReplyTooLarge, "MaxElements", 29}},
-		"too deep":                {strings.Repeat("*1\r\n", DefaultMaxDepth+1), rejection{ErrReplyTooLarge, "MaxDepth", 4*DefaultMaxDepth + 3}},
-		"long status":             {"+" + strings.Repeat("a", DefaultMaxLine), rejection{ErrReplyTooLarge, "MaxLine", DefaultMaxLine}},
-		"long error":              {"-" + strings.Repeat("a", DefaultMaxLine) + "\r\n", rejection{ErrReplyTooLarge, "MaxLine", DefaultMaxLine}},
-		"line one over":           {"+" + strings.Repeat("y", DefaultMaxLine-2) + "\r\n", rejection{ErrReplyTooLarge, "MaxLine", DefaultMaxLine}},
-		"streamed string":         {"$?\r\n;4\r\nHell\r\n;0\r\n", rejection{ErrUnsupportedReply, "", 1}},
-		"streamed array":          {"*?\r\n:1\r\n.\r\n", rejection{ErrUnsupportedReply, "", 1}},
-		"stray chunk":             {";4\r\nHell\r\n", rejection{ErrUnsupportedReply, "", 0}},
-		"letters in a length":     {"$abc\r\n", rejection{ErrNotRedis, "", 1}},
-		"negative length":         {"$-2\r\n", rejection{ErrNotRedis, "", 2}},
-		"bare minus":              {"*-\r\n", rejection{ErrNotRedis, "", 2}},
-		"empty length":            {"$\r\n", rejection{ErrNotRedis, "", 1}},
-		"header without CR":       {"$5\nhello\r\n", rejection{ErrNotRedis, "", 2}},
-		"twenty digits":           {"$00000000000000000001\r\n", rejection{ErrNotRedis, "", 20}},
-		"payload without CRLF":    {"$3\r\nfoo\n\n", rejection{ErrNotRedis, "", 7}},
-		"payload too long":        {"$3\r\nfoobar\r\n", rejection{ErrNotRedis, "", 7}},
-		"line without CR":         {"+OK\n", rejection{ErrNotRedis, "", 3}},
-		"bad element in an array": {"*2\r\n:1\r\nSSH-2.0\r\n", rejection{ErrNotRedis, "", 8}},
+		"ssh banner":              {ssh, replyRejection{ErrNotRedis, "", 0}},
+		"http reply":              {"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", replyRejection{ErrNotRedis, "", 0}},
+		"banner after a reply":    {"+OK\r\n" + ssh, replyRejection{ErrNotRedis, "", 5}},
+		"bare CRLF":               {"\r\n", replyRejection{ErrNotRedis, "", 0}},
+		"huge bulk":               {"$1073741824\r\n", replyRejection{ErrReplyTooLarge, "MaxBulk", 11}},
+		"bulk one over":           {fmt.Sprintf("$%d\r\n", DefaultMaxBulk+1), replyRejection{ErrReplyTooLarge, "MaxBulk", 8}},
+		"huge verbatim":           {"=1073741824\r\ntxt:", replyRejection{ErrReplyTooLarge, "MaxBulk", 11}},
+		"huge blob error":         {"!1073741824\r\n", replyRejection{ErrReplyTooLarge, "MaxBulk", 11}},
+		"huge array":              {"*2147483647\r\n", replyRejection{ErrReplyTooLarge, "MaxElements", 11}},
+		"huge map":                {"%1048577\r\n", replyRejection{ErrReplyTooLarge, "MaxElements", 8}},
+		"huge set":                {"~1048577\r\n", replyRejection{ErrReplyTooLarge, "MaxElements", 8}},
+		"huge push":               {">1048577\r\n", replyRejection{ErrReplyTooLarge, "MaxElements", 8}},
+		"huge attribute":          {"|1048577\r\n", replyRejection{ErrReplyTooLarge, "MaxElements", 8}},
+		"huge nested array":       {"*1\r\n*2147483647\r\n", replyRejection{ErrReplyTooLarge, "MaxElements", 15}},
+		"nested allocations":      {"*1048576\r\n*1048576\r\n*1048576\r\n", replyRejection{ErrReplyTooLarge, "MaxElements", 29}},
+		"too deep":                {strings.Repeat("*1\r\n", DefaultMaxDepth+1), replyRejection{ErrReplyTooLarge, "MaxDepth", 4*DefaultMaxDepth + 3}},
+		"long status":             {"+" + strings.Repeat("a", DefaultMaxLine), replyRejection{ErrReplyTooLarge, "MaxLine", DefaultMaxLine}},
+		"long error":              {"-" + strings.Repeat("a", DefaultMaxLine) + "\r\n", replyRejection{ErrReplyTooLarge, "MaxLine", DefaultMaxLine}},
+		"line one over":           {"+" + strings.Repeat("y", DefaultMaxLine-2) + "\r\n", replyRejection{ErrReplyTooLarge, "MaxLine", DefaultMaxLine}},
+		"streamed string":         {"$?\r\n;4\r\nHell\r\n;0\r\n", replyRejection{ErrUnsupportedReply, "", 1}},
+		"streamed array":          {"*?\r\n:1\r\n.\r\n", replyRejection{ErrUnsupportedReply, "", 1}},
+		"stray chunk":             {";4\r\nHell\r\n", replyRejection{ErrUnsupportedReply, "", 0}},
+		"letters in a length":     {"$abc\r\n", replyRejection{ErrNotRedis, "", 1}},
+		"negative length":         {"$-2\r\n", replyRejection{ErrNotRedis, "", 2}},
+		"bare minus":              {"*-\r\n", replyRejection{ErrNotRedis, "", 2}},
+		"empty length":            {"$\r\n", replyRejection{ErrNotRedis, "", 1}},
+		"header without CR":       {"$5\nhello\r\n", replyRejection{ErrNotRedis, "", 2}},
+		"twenty digits":           {"$00000000000000000001\r\n", replyRejection{ErrNotRedis, "", 20}},
+		"payload without CRLF":    {"$3\r\nfoo\n\n", replyRejection{ErrNotRedis, "", 7}},
+		"payload too long":        {"$3\r\nfoobar\r\n", replyRejection{ErrNotRedis, "", 7}},
+		"line without CR":         {"+OK\n", replyRejection{ErrNotRedis, "", 3}},
+		"bad element in an array": {"*2\r\n:1\r\nSSH-2.0\r\n", replyRejection{ErrNotRedis, "", 8}},
 	}
 }
 
