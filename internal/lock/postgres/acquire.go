@@ -18,13 +18,16 @@ import (
 // *lock.HeldError whose Waiters counts the queue). With req.Queue a request
 // that cannot take the keys joins (or refreshes its place in) the queue of
 // every key, and must call again within the waiter TTL to keep it; so
-// req.Owner is required with Queue. The HeldError's Holders is 1 when a
-// lease holds the busy key, 0 when it is free but others are queued ahead;
-// Waiters is the exact number of live waiters, the caller included.
+// req.Owner is required with Queue. The HeldError's Holders is the number
+// of live leases on the busy key (0 when it is free but others are queued
+// ahead) and names the oldest; Waiters is the exact number of live waiters,
+// the caller included.
 //
-// This backend holds one lease per key: a req.Limit above 1 (a semaphore)
-// is refused with a *lock.InvalidRequestError naming limit, before anything
-// is sent to the database.
+// With req.Limit above 1 the lease is one of up to Limit holders of each
+// key (a semaphore slot, see the package documentation): a key is free for
+// it when no mutex lease holds it and fewer waiters are queued ahead of it
+// than slots are free, the smallest limit of the request and of the key's
+// live holders bounding the slots.
 //
 // When the call fails on the way (the database or the connection), the error
 // matches lock.ErrBackendUnavailable. The transaction may have committed
@@ -69,10 +72,6 @@ func (l *Locker) prepare(req lock.Request, try bool) (lock.Request, error) {
 	if err != nil {
 		return req, err
 	}
-	// One lease per key: no semaphores on this backend.
-	if err := lock.RequireMutex(req.Limit); err != nil {
-		return req, err
-	}
 	// PostgreSQL's own limits: the key length, and text without NUL bytes.
 	if err := validateKeyLengths("keys", req.Keys); err != nil {
 		return req, err
@@ -93,19 +92,24 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	octx, cancel := l.opContext(ctx, req.TTL)
 	defer cancel()
 	var (
-		ok                      bool
-		fence, busyFence, ttlMs int64
-		busy, position, queued  int32
-		busyHolder, syncCommit  string
+		ok                            bool
+		fence, busyFence, ttlMs       int64
+		busy, position, queued, count int32
+		busyHolder, syncCommit        string
 	)
+	limit := req.Limit
+	if limit > 1 {
+		// The negative control's mutant admits more holders than asked.
+		limit += l.opts.admitExtra
+	}
 	err := l.call(octx, fmt.Sprintf("acquire keys %q", req.Keys), func(ctx context.Context, c *pgx.Conn) error {
 		// The validity runs from when the statement goes out, after the
 		// connection (and the schema check) is ready.
 		start = l.opts.Now()
 		return c.QueryRow(ctx, l.sql.acquire,
 			encodeKeys(req.Keys), ownerDigest(req.Owner), req.Holder, req.TTL.Milliseconds(),
-			req.Queue, l.opts.WaiterTTL.Milliseconds(), lock.MaxFence-1,
-		).Scan(&ok, &fence, &busy, &busyHolder, &busyFence, &position, &queued, &ttlMs, &syncCommit)
+			req.Queue, l.opts.WaiterTTL.Milliseconds(), lock.MaxFence-1, limit,
+		).Scan(&ok, &fence, &busy, &busyHolder, &busyFence, &position, &queued, &ttlMs, &count, &syncCommit)
 	})
 	if err != nil {
 		l.log.V(2).Info("Acquire failed", "keys", req.Keys, "err", err.Error())
@@ -126,14 +130,9 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 			Key:      req.Keys[busy-1],
 			Holder:   busyHolder,
 			Fence:    busyFence,
+			Holders:  int(count),
 			Position: int(position),
 			Waiters:  int(queued),
-		}
-		// The function reports the busy holder's fence only when a live
-		// lease holds the key (every lease has a fence of at least 1); a key
-		// that is free but queued for reports none.
-		if busyFence > 0 {
-			he.Holders = 1
 		}
 		return nil, time.Duration(ttlMs) * time.Millisecond, he
 	}

@@ -39,10 +39,12 @@ const (
 	// would otherwise accept up to 1 GiB and allocate the announced length
 	// before the body arrives, so a server (which a tenant may run) could
 	// make every connection allocate 1 GiB with a 5-byte header. The largest
-	// message the Locker reads is a row of Inspect (a key of at most
-	// MaxKeyBytes, lock.MaxInspectWaiters holders) or a NOTIFY payload (at
-	// most 8000 bytes): kilobytes. 4 MiB leaves ample room for server error
-	// texts and is the bound the operator applies to a Redis bulk reply.
+	// message the Locker reads is a row of Inspect (a key's holder, at most
+	// lock.MaxInspectHolders semaphore holders and lock.MaxInspectWaiters
+	// waiters) or a NOTIFY payload (at most 8000 bytes): tens of kilobytes
+	// with holder identities of the operator's size. 4 MiB leaves ample
+	// room for server error texts and is the bound the operator applies to
+	// a Redis bulk reply.
 	MaxReplyBytes = 4 << 20
 	// MaxKeyBytes bounds one key: keys are stored in a btree primary key
 	// (whose entries must stay well below a page) and sent hex-encoded in
@@ -169,6 +171,10 @@ type options struct {
 	lock.Options
 	opTimeout time.Duration
 	maxConns  int
+	// admitExtra, set by tests only (the semaphore suites' negative
+	// control), makes every semaphore request ask the database for that
+	// many more slots than its Limit: a mutant the suites must catch.
+	admitExtra int
 }
 
 // Option configures a Locker.

@@ -14,8 +14,9 @@ import (
 func TestConformance(t *testing.T) {
 	s := pgtest.Start(t)
 	locktest.Run(t, lockerFactory(configFor(s)), locktest.WithWaiterTTL(time.Second))
-	// One lease per key: a semaphore (Limit > 1) is refused.
-	t.Run("MutexOnly", func(t *testing.T) { locktest.CheckMutexOnly(t, lockerFactory(configFor(s))) })
+	t.Run("Semaphore", func(t *testing.T) {
+		locktest.RunSemaphore(t, lockerFactory(configFor(s)), locktest.WithWaiterTTL(time.Second))
+	})
 	// A queue longer than Inspect lists: the exact count, holder and places.
 	// The waiters keep their place for 30 s: the check takes seconds.
 	t.Run("QueueVisibility", func(t *testing.T) {

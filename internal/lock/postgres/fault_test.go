@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -42,7 +43,62 @@ func TestFaultsFencedRegister(t *testing.T) {
 	// Create the schema before the faults start: the external-row-lock
 	// nemesis locks the rows of its table.
 	createSchema(t, configFor(s))
-	nemeses := append([]locktest.Nemesis{
+	nemeses := serverNemeses(t, s, link)
+	var tally locktest.FaultTally
+	for seed := range tally.Seeds(t, 4) {
+		locktest.RunFaults(t, "single", seed, &tally, serverFaults(newLocker, nemeses, 1))
+	}
+	tally.Check(t)
+}
+
+// TestFaultsSemaphore runs the semaphore fault test of locktest (never more
+// than Limit leases valid at once, tokens strictly increasing across every
+// holder) under the same faults as TestFaultsFencedRegister, with 2 and 3
+// slots. LOCKWARDEN_FAULT_RUNS and LOCKWARDEN_FAULT_DURATION make longer
+// series (docs/benchmarks.md).
+func TestFaultsSemaphore(t *testing.T) {
+	s := pgtest.Start(t)
+	link := locktest.NewLink(t, s.Addr)
+	cfg := linkConfig(t, s, link)
+	newLocker := func(t *testing.T) lock.Locker {
+		return newTestLocker(t, cfg, WithOperationTimeout(faultOpTimeout))
+	}
+	createSchema(t, configFor(s))
+	nemeses := serverNemeses(t, s, link)
+	var tally locktest.FaultTally
+	for seed := range tally.Seeds(t, 2) {
+		limit := 2 + int(seed%2)
+		locktest.RunFaults(t, fmt.Sprintf("limit-%d", limit), seed, &tally, serverFaults(newLocker, nemeses, limit))
+	}
+	tally.Check(t)
+}
+
+// serverFaults is the fault test of newLocker's Lockers under nemeses, with
+// limit slots (1: a mutex).
+func serverFaults(newLocker func(t *testing.T) lock.Locker, nemeses []locktest.Nemesis, limit int) locktest.Faults {
+	return locktest.Faults{
+		NewLocker: newLocker,
+		Nemeses:   nemeses,
+		// Crash recovery and reconnecting (a SCRAM handshake per
+		// connection) take a while on a loaded machine: a longer TTL than
+		// the default (calls get half of it) and a longer run, so that
+		// clients get leases between the faults.
+		TTL:      600 * time.Millisecond,
+		Duration: 4 * time.Second,
+		// Short gaps and faults: five to seven faults a run, so that
+		// every run brings most of the seven nemeses (Seeds adds runs
+		// while one never came).
+		FaultGap:       300 * time.Millisecond,
+		AcquireTimeout: 3 * time.Second,
+		Limit:          limit,
+	}
+}
+
+// serverNemeses kill and restart s, pause it, terminate the engine's
+// backends, lock its rows from an administrator's transaction, and cut,
+// black-hole or slow link.
+func serverNemeses(t *testing.T, s *pgtest.Server, link *locktest.Link) []locktest.Nemesis {
+	return append([]locktest.Nemesis{
 		locktest.KillRestart(t, func(*rand.Rand) (func(), func() error) {
 			return s.Kill, func() error {
 				began := time.Now()
@@ -57,25 +113,6 @@ func TestFaultsFencedRegister(t *testing.T) {
 		terminateBackends(t, s),
 		externalRowLock(t, s),
 	}, locktest.LinkNemeses([]*locktest.Link{link}, 600*time.Millisecond)...)
-	var tally locktest.FaultTally
-	for seed := range tally.Seeds(t, 4) {
-		locktest.RunFaults(t, "single", seed, &tally, locktest.Faults{
-			NewLocker: newLocker,
-			Nemeses:   nemeses,
-			// Crash recovery and reconnecting (a SCRAM handshake per
-			// connection) take a while on a loaded machine: a longer TTL than
-			// the default (calls get half of it) and a longer run, so that
-			// clients get leases between the faults.
-			TTL:      600 * time.Millisecond,
-			Duration: 4 * time.Second,
-			// Short gaps and faults: five to seven faults a run, so that
-			// every run brings most of the seven nemeses (Seeds adds runs
-			// while one never came).
-			FaultGap:       300 * time.Millisecond,
-			AcquireTimeout: 3 * time.Second,
-		})
-	}
-	tally.Check(t)
 }
 
 // linkConfig is configFor(s) with the host and port of link, which proxies to s.

@@ -11,12 +11,14 @@ import (
 )
 
 // Inspect reports what the database holds for each key, in order: whether a
-// live lease holds it, its holder, fencing token (the last one issued when the
-// key is free), acquisition and expiry times (the database's clock), the
-// lease as the one entry of Holders (HolderCount 0 or 1: one lease per key),
-// the head of the FIFO queue (at most lock.MaxInspectWaiters live waiters,
-// oldest first) and the exact number of live waiters (Queued). It reads
-// only, in one statement: a consistent snapshot of the keys.
+// live lease holds it, the holders (a mutex lease, or the live semaphore
+// slots: at most lock.MaxInspectHolders, oldest first, and their exact
+// number in HolderCount), the oldest one's holder, fencing token,
+// acquisition and expiry times (the database's clock; Fence is the last
+// token issued when the key is free), the head of the FIFO queue (at most
+// lock.MaxInspectWaiters live waiters, oldest first) and the exact number
+// of live waiters (Queued). It reads only, in one statement: a consistent
+// snapshot of the keys.
 func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, error) {
 	if err := validateKeys("keys", keys); err != nil {
 		return nil, err
@@ -26,7 +28,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 	out := make([]lock.KeyState, 0, len(keys))
 	err := l.call(octx, fmt.Sprintf("inspect keys %q", keys), func(ctx context.Context, c *pgx.Conn) error {
 		out = out[:0]
-		rows, err := c.Query(ctx, l.sql.inspect, encodeKeys(keys), lock.MaxInspectWaiters)
+		rows, err := c.Query(ctx, l.sql.inspect, encodeKeys(keys), lock.MaxInspectWaiters, lock.MaxInspectHolders)
 		if err != nil {
 			return err
 		}
@@ -35,15 +37,21 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 			var (
 				st                lock.KeyState
 				acquired, expires *time.Time
+				slotHolders       []string
+				slotFences        []int64
+				slotAcq, slotExp  []time.Time
+				slots             int32
 				holders           []string
 				sinces            []time.Time
 				queued            int32
 			)
-			if err := rows.Scan(&st.Held, &st.Holder, &st.Fence, &acquired, &expires, &holders, &sinces, &queued); err != nil {
+			if err := rows.Scan(&st.Held, &st.Holder, &st.Fence, &acquired, &expires,
+				&slotHolders, &slotFences, &slotAcq, &slotExp, &slots, &holders, &sinces, &queued); err != nil {
 				return err
 			}
-			if len(out) >= len(keys) || len(holders) != len(sinces) {
-				return fmt.Errorf("inspect: unexpected row %d (%d holders, %d times)", len(out), len(holders), len(sinces))
+			if len(out) >= len(keys) || len(holders) != len(sinces) || len(slotFences) != len(slotHolders) ||
+				len(slotAcq) != len(slotHolders) || len(slotExp) != len(slotHolders) || len(slotHolders) > int(slots) {
+				return fmt.Errorf("inspect: unexpected row %d (%d holders, %d times; %d of %d slots)", len(out), len(holders), len(sinces), len(slotHolders), slots)
 			}
 			st.Key = keys[len(out)]
 			if st.Held {
@@ -55,6 +63,15 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 				}
 				st.HolderCount = 1
 				st.Holders = []lock.HolderState{{Holder: st.Holder, Fence: st.Fence, Acquired: st.Acquired, Expires: st.Expires}}
+			} else if slots > 0 && len(slotHolders) > 0 {
+				// Semaphore slots (acquire never leaves them beside a live
+				// mutex lease): the oldest describes the key.
+				st.Held, st.HolderCount = true, int(slots)
+				for i, h := range slotHolders {
+					st.Holders = append(st.Holders, lock.HolderState{Holder: h, Fence: slotFences[i], Acquired: slotAcq[i], Expires: slotExp[i]})
+				}
+				first := st.Holders[0]
+				st.Holder, st.Fence, st.Acquired, st.Expires = first.Holder, first.Fence, first.Acquired, first.Expires
 			} else {
 				// A lease past its expiry is free; its row keeps the
 				// holder until the next writer.

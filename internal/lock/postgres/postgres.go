@@ -26,6 +26,8 @@
 //
 //	locks(key bytea PK, fence, owner, holder, version, acquired, expires)
 //	    one row per key ever used; owner NULL when released
+//	slots(key, owner, fence, holder, lim, acquired, expires), PK (key, owner)
+//	    the holders of semaphores (Limit > 1), one row per holder and key
 //	waiters(key, owner, ticket, holder, since, deadline), PK (key, owner)
 //	    the FIFO queues, ordered by ticket
 //	tickets                       sequence of queue tickets, shared by all keys
@@ -76,6 +78,24 @@
 // never deadlock. (Should the server still report a deadlock or a
 // serialization failure, the call is retried.)
 //
+// # Semaphores
+//
+// A key is held either by a live mutex lease (its locks row) or by up to N
+// live slots (Request.Limit N > 1), never both: a mutex request is busy
+// while any live slot exists, a semaphore request while a live mutex lease
+// exists. Slot rows change only while their key's locks row is locked, so
+// the sorted row locking above serializes them too, and a multi-key
+// semaphore lease takes a slot of every key or none. A semaphore request is
+// admitted against the smallest limit among its own and the key's live
+// slots' (each slot keeps the limit it was taken with, lim), and a queued
+// one only while fewer waiters are ahead of it than slots are free. Its
+// token comes from locks.fence like a mutex lease's (the largest fence of
+// its keys plus one, written back in the same transaction), so tokens rise
+// per key across both kinds of holder. A slot expires by the database clock
+// like a mutex lease; the next acquisition of the key deletes expired slot
+// rows, but nothing depends on it. Renew and release find a lease by its
+// owner digest and token in locks or in slots, whatever Limit it names now.
+//
 // # Queue and wake-ups
 //
 // A Request with Queue that finds a key busy inserts (or refreshes) a waiters
@@ -83,8 +103,9 @@
 // waiters keep one order on every key, and a deadline of the database's now +
 // the waiter TTL; a waiter whose deadline passed is pruned by the next
 // acquisition of the key. Release, a renewal that finds its lease lost, and a
-// Dequeue of the head of a free key's queue send NOTIFY on the channel
-// "<schema>_released" with the key, hex-encoded, as payload; the notification
+// Dequeue ahead of others on a key with room (no mutex lease, a slot free)
+// send NOTIFY on the channel "<schema>_released" with the key, hex-encoded,
+// as payload; the notification
 // is delivered when the transaction commits. Each Locker keeps one dedicated
 // listening connection (opened on the first Watch or waiting Acquire,
 // reconnected with backoff, checked with a round trip when idle) that
@@ -451,9 +472,6 @@ func validateText(field, s string) error {
 // validateLease checks a lease given to Renew or Release.
 func validateLease(lease *lock.Lease) error {
 	if err := lock.ValidateLease(lease); err != nil {
-		return err
-	}
-	if err := lock.RequireMutex(lease.Limit); err != nil {
 		return err
 	}
 	if err := validateText("lease.owner", lease.Owner); err != nil {

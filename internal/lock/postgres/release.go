@@ -47,8 +47,9 @@ func (l *Locker) release(ctx context.Context, keys []string, owner string, fence
 }
 
 // Dequeue removes owner from the FIFO queues of keys (a waiter giving up) and,
-// when it was at the head of a free key's queue, wakes the next waiter. It is
-// not an error to dequeue an owner that is not queued.
+// when others wait behind it on a key with room (no mutex lease, a slot
+// free), wakes them. It is not an error to dequeue an owner that is not
+// queued.
 func (l *Locker) Dequeue(ctx context.Context, keys []string, owner string) error {
 	if err := validateKeys("keys", keys); err != nil {
 		return err
