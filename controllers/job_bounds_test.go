@@ -316,7 +316,7 @@ func TestSkipEndsAPlainJobAsSkipped(t *testing.T) {
 // has its own suites).
 func TestMaxHoldersRunsThatManyJobsAtOnce(t *testing.T) {
 	startManager(t, managerOptions{})
-	for _, sc := range []storeCase{storeCases[0], storeCases[3]} { // redis, etcd
+	for _, sc := range []storeCase{storeCases[0], storeCases[1], storeCases[3]} { // redis, postgres, etcd
 		t.Run(sc.name, func(t *testing.T) {
 			ns := newNamespace(t, nil)
 			c := env.Client
@@ -348,7 +348,7 @@ func TestMaxHoldersRunsThatManyJobsAtOnce(t *testing.T) {
 func TestMaxHoldersOnAStoreWithoutSemaphoresIsAWarning(t *testing.T) {
 	startManager(t, managerOptions{})
 	ns := newNamespace(t, nil)
-	storeCases[1].setup(t, ns) // postgres
+	storeCases[2].setup(t, ns) // zookeeper: the one store without semaphores
 	dl := makeLock("exports", ns).obj()
 	dl.Spec.Backend = locksv1alpha1.Backend{BackendRef: &locksv1alpha1.BackendRef{Name: "store"}}
 	dl.Spec.MaxHolders = 2
@@ -356,7 +356,7 @@ func TestMaxHoldersOnAStoreWithoutSemaphoresIsAWarning(t *testing.T) {
 	create(t, makeJob("a", ns).lock("exports").obj())
 	eventually(t, 20*time.Second, "a Warning Event naming the limit", func() (bool, string) {
 		ok, e := hasEvent(t, ns, "a", locksv1alpha1.ReasonInvalidBackend)
-		return ok && containsAll(e, "exports", "limit", "Redis"), e
+		return ok && containsAll(e, "exports", "limit", "Redis", "PostgreSQL"), e
 	})
 	if j := getJob(t, env.Client, ns, "a"); running(j) || failureTarget(j) != nil {
 		t.Fatalf("the Job did not stay waiting: suspend=%v conditions=%+v", ptr.Deref(j.Spec.Suspend, false), j.Status.Conditions)

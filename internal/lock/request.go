@@ -39,7 +39,7 @@ func ValidateRequest(req Request) error {
 }
 
 // ErrNoSemaphores is the reason a store without semaphores gives for Limit > 1.
-const ErrNoSemaphores = "this store holds one lease per key; more than one holder needs a store with semaphores (today: Redis, etcd, or the kubernetes store)"
+const ErrNoSemaphores = "this store holds one lease per key; more than one holder needs a store with semaphores (today: Redis, etcd, PostgreSQL, or the kubernetes store)"
 
 // RequireMutex refuses a request or lease that asks for more than one holder,
 // for backends without semaphores.
