@@ -302,11 +302,12 @@ func (l *Locker) busy(req lock.Request, hash string, plans []*keyPlan) (*lock.He
 // not reach the ensemble (a quorum loss). Unreadable nodes ("?") are never
 // stale.
 func staleHolder(h *holderView, nowMs int64, skew time.Duration) bool {
-	if h.data.Owner == "?" || h.data.TTLMs <= 0 {
+	end, ok := h.endMs()
+	if !ok {
 		return false
 	}
-	ttl := time.Duration(h.data.TTLMs) * time.Millisecond
-	return h.stat.Mtime+h.data.TTLMs+drift(ttl).Milliseconds()+skew.Milliseconds() < nowMs
+	ttl := time.Duration(h.ttlMs()) * time.Millisecond
+	return end+drift(ttl).Milliseconds()+skew.Milliseconds() < nowMs
 }
 
 // staleSlack is how far ahead of this process's clock a holder's end may be
@@ -319,9 +320,10 @@ const staleSlack = 5 * time.Second
 // past its TTL (staleHolder), judged by this process's clock with staleSlack.
 func mightBeStale(plans []*keyPlan, hash string, now time.Time) bool {
 	for _, p := range plans {
-		if h := p.view.holder; h != nil && h.data.Owner != hash && h.data.Owner != "?" &&
-			h.stat.Mtime+h.data.TTLMs < now.Add(staleSlack).UnixMilli() {
-			return true
+		if h := p.view.holder; h != nil && h.data.Owner != hash {
+			if end, ok := h.endMs(); ok && end < now.Add(staleSlack).UnixMilli() {
+				return true
+			}
 		}
 	}
 	return false
@@ -419,7 +421,11 @@ func (l *Locker) prune(ctx context.Context, plans []*keyPlan) {
 // the key node at the version read. The key node's new mzxid is the fence.
 func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans []*keyPlan, start time.Time) (*lock.Lease, error) {
 	op := fmt.Sprintf("acquire keys %q", req.Keys)
-	hd := holderData{Owner: hash, Holder: req.Holder, TTLMs: req.TTL.Milliseconds()}
+	session, err := l.sessionFor(ctx, req.TTL)
+	if err != nil {
+		return nil, l.unavailable(op, err)
+	}
+	hd := holderData{Owner: hash, Holder: req.Holder, TTLMs: legacyTTLMs, Session: session}
 	data := mustJSON(hd)
 	var ops []any
 	fenceOp := -1
@@ -430,6 +436,11 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 			ops = append(ops, &zk.DeleteRequest{Path: kp + "/" + w.name, Version: w.stat.Version})
 		}
 		if h := p.view.holder; h != nil {
+			if p.stale && h.session != nil && !l.skipRenewalCheck {
+				// Past its TTL as of the renewal node's version read: a
+				// renewal since makes this transaction fail (session.go).
+				ops = append(ops, &zk.CheckVersionRequest{Path: l.sessionPath(h.data.Session), Version: h.session.Version})
+			}
 			ops = append(ops, &zk.DeleteRequest{Path: kp + "/" + holderName, Version: h.stat.Version})
 		}
 		ops = append(ops, &zk.CreateRequest{Path: kp + "/" + holderName, Data: data, Acl: l.acl, Flags: zk.FlagEphemeral})
@@ -450,6 +461,9 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 		keyVersions[i] = p.view.kstat.Version + 1
 		nodes[i] = written{keyVersion: keyVersions[i], data: hd}
 	}
+	if l.beforeTake != nil {
+		l.beforeTake()
+	}
 	res, err := l.multi(ctx, ops)
 	if isConflict(err) {
 		return nil, err
@@ -466,6 +480,7 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 	}
 	fence := res[fenceOp].Stat.Mzxid
 	for i, k := range keyOps {
+		nodes[i].holderCzxid = fence // one transaction: one zxid
 		if k < len(res) && res[k].Stat != nil {
 			nodes[i].keyVersion = res[k].Stat.Version
 		}

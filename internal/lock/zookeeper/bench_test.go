@@ -156,8 +156,8 @@ func warmUp(b *testing.B, servers []string) {
 }
 
 // BenchmarkRenewAll is one watchdog round over held leases (see
-// locktest.BenchRenewAll): each renewal writes its holder node (a quorum
-// write on an ensemble).
+// locktest.BenchRenewAll): one write of the Locker's renewal node, then a
+// read of every holder node.
 func BenchmarkRenewAll(b *testing.B) {
 	e := sharedServers(b, 1)
 	warmUp(b, e.Addrs())

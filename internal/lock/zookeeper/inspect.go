@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/go-zookeeper/zk"
 
@@ -76,7 +75,9 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 			st.Held = true
 			st.Holder = h.data.Holder
 			st.Acquired = msTime(h.acquiredMs())
-			st.Expires = msTime(h.stat.Mtime).Add(time.Duration(h.data.TTLMs) * time.Millisecond)
+			if end, ok := h.endMs(); ok {
+				st.Expires = msTime(end)
+			}
 			st.HolderCount = 1
 			st.Holders = []lock.HolderState{{Holder: st.Holder, Fence: st.Fence, Acquired: st.Acquired, Expires: st.Expires}}
 		}

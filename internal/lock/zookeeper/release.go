@@ -148,13 +148,18 @@ func (l *Locker) readOwned(ctx context.Context, keys []string, hash string, fenc
 		return nil, 0, err
 	}
 	var owned []*ownedKey
+	var holders []*holderView
 	first := -1
 	for i, o := range out {
 		if o != nil {
 			owned = append(owned, o)
+			holders = append(holders, o.holder)
 		} else if first < 0 {
 			first = i
 		}
+	}
+	if err := l.readSessions(ctx, holders); err != nil {
+		return nil, 0, err
 	}
 	return owned, first, nil
 }
@@ -235,7 +240,7 @@ func (l *Locker) liveCount(ctx context.Context, owned []*ownedKey) (int, error) 
 				return 0, err
 			}
 		}
-		if o.holder.stat.Mtime+o.holder.data.TTLMs >= nowMs {
+		if end, ok := o.holder.endMs(); !ok || end >= nowMs {
 			live++
 		}
 	}
@@ -327,7 +332,11 @@ type leaseTimer struct {
 type written struct {
 	keyVersion    int32
 	holderVersion int32
-	data          holderData
+	// holderCzxid is the holder node's creation zxid (0 when unknown): with
+	// holderVersion it tells the node a renewal on the renewal node reads
+	// from any other (session.go).
+	holderCzxid int64
+	data        holderData
 }
 
 // armTimer makes the Locker end the acquisition id (its fencing token) at

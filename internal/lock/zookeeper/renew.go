@@ -22,40 +22,67 @@ func (e *errLostKey) Error() string {
 // Renew extends the lease to ttl from now when its owner token still holds
 // every key (see lock.Locker), in the lease's acquisition when lease.Fence is
 // set (once the owner took a key again, with a new token, the earlier lease
-// is lost): in one transaction it rewrites the holder nodes (new TTL) that
-// are in this Locker's session and moves the others (a lease acquired by an
-// earlier Locker, for example before a restart) into it, keeping their
-// fencing token. When the lease lost a key, the keys it still held are
-// released and the error matches lock.ErrLost. When ZooKeeper
-// could not be reached the error matches lock.ErrBackendUnavailable: the
-// lease may still be held until its Expires, so the caller may try again.
+// is lost). It is RenewAll with one lease: see there. When the lease lost a
+// key, the keys it still held are released and the error matches
+// lock.ErrLost. When ZooKeeper could not be reached the error matches
+// lock.ErrBackendUnavailable: the lease may still be held until its Expires,
+// so the caller may try again.
 func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
 	if err := validateRenew(lease, ttl); err != nil {
 		return nil, err
 	}
-	return l.renew(ctx, lease, ttl)
+	out, errs := l.renewAll(ctx, []*lock.Lease{lease}, []int{0}, ttl)
+	return out[0], errs[0]
 }
 
-// RenewAll renews many leases (see lock.Locker). ZooKeeper has no batch that
-// can fail per lease, so each lease is one Renew, all pipelined on the
-// session's connection. Results and errors are by index, with the meaning of Renew.
+// RenewAll renews many leases (see lock.Locker). The leases this Locker
+// acquired or renewed last, on its renewal node for ttl, are renewed by one
+// write of that node and a read of each holder node (see session.go). The
+// others (acquired by an earlier Locker, with another TTL, or changed since)
+// take the read path, each on its own, pipelined on the session's
+// connection: it reads the nodes, and rewrites them onto the renewal node
+// (moving them into this Locker's session when they are in another),
+// keeping their fencing token; from the next round on they take the fast
+// path. Results and errors are by index, with the meaning of Renew.
 func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
+	errs := make([]error, len(leases))
+	var valid []int
+	for i, lease := range leases {
+		if err := validateRenew(lease, ttl); err != nil {
+			errs[i] = fmt.Errorf("leases[%d]: %w", i, err)
+			continue
+		}
+		valid = append(valid, i)
+	}
+	out, rerrs := l.renewAll(ctx, leases, valid, ttl)
+	for _, i := range valid {
+		errs[i] = rerrs[i]
+	}
+	return out, errs
+}
+
+// renewAll renews the leases at indexes idx, validated.
+func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, ttl time.Duration) ([]*lock.Lease, []error) {
 	out := make([]*lock.Lease, len(leases))
 	errs := make([]error, len(leases))
-	parallel(len(leases), func(i int) error {
-		if err := validateRenew(leases[i], ttl); err != nil {
-			errs[i] = fmt.Errorf("leases[%d]: %w", i, err)
-			return nil
-		}
+	slow := l.renewOnSession(ctx, leases, idx, ttl, out, errs)
+	parallel(len(slow), func(j int) error {
+		i := slow[j]
 		out[i], errs[i] = l.renew(ctx, leases[i], ttl)
 		return nil
 	})
 	return out, errs
 }
 
+// renew is the read path of a renewal: it writes the holder nodes, onto this
+// Locker's renewal node for ttl.
 func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
 	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
 	hash := ownerHash(lease.Owner)
+	renewal, err := l.sessionFor(ctx, ttl)
+	if err != nil {
+		return nil, l.unavailable(op, err)
+	}
 	if nodes := l.lastWrittenLive(lease.Fence, hash, lease.Keys); nodes != nil {
 		// This Locker wrote the nodes last: rewrite them without reading.
 		// The versions checked are the ones the TTL timer deletes, so a
@@ -65,7 +92,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		ops := make([]any, 0, 2*len(nodes))
 		next := make([]written, len(nodes))
 		for i, w := range nodes {
-			w.data.TTLMs = ttl.Milliseconds()
+			w.data.TTLMs, w.data.Session = legacyTTLMs, renewal
 			next[i] = w
 			next[i].holderVersion = w.holderVersion + 1 // what a setData makes it
 			ops = append(ops,
@@ -76,8 +103,10 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		switch {
 		case err == nil:
 			for i := range next {
+				next[i].holderCzxid = 0 // unknown unless the answer says
 				if k := 2*i + 1; k < len(res) && res[k].Stat != nil {
 					next[i].holderVersion = res[k].Stat.Version
+					next[i].holderCzxid = res[k].Stat.Czxid
 				}
 			}
 			return l.renewed(op, lease, lease.Fence, hash, ttl, start, next)
@@ -124,10 +153,10 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 		keyOps := make([]int, len(owned))    // index of the key node's SetData (a move), -1 for a check
 		for i, o := range owned {
 			d := o.holder.data
-			d.TTLMs = ttl.Milliseconds()
+			d.TTLMs, d.Session = legacyTTLMs, renewal
 			// The versions the transaction leaves (setData adds one, a
 			// create starts at 0), unless its answer says otherwise.
-			next[i] = written{keyVersion: o.kstat.Version, holderVersion: o.holder.stat.Version + 1}
+			next[i] = written{keyVersion: o.kstat.Version, holderVersion: o.holder.stat.Version + 1, holderCzxid: o.holder.stat.Czxid}
 			if o.holder.stat.EphemeralOwner == session && session != 0 {
 				keyOps[i], holderOps[i] = -1, len(ops)+1
 				ops = append(ops,
@@ -142,7 +171,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 			// acquisition, so a Locker that checks the version it knows
 			// notices that the holder node is no longer the one it wrote.
 			d.Fence, d.Acquired = o.holder.fence(), o.holder.acquiredMs()
-			next[i] = written{keyVersion: o.kstat.Version + 1, holderVersion: 0, data: d}
+			next[i] = written{keyVersion: o.kstat.Version + 1, holderVersion: 0, data: d} // czxid: the transaction's
 			keyOps[i], holderOps[i] = len(ops), -1
 			ops = append(ops,
 				&zk.SetDataRequest{Path: l.keyPath(o.key), Data: keyNodeData(o.key, d.Fence), Version: o.kstat.Version},
@@ -175,6 +204,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 			if k := keyOps[i]; k >= 0 {
 				if st := stat(k); st != nil {
 					next[i].keyVersion = st.Version
+					next[i].holderCzxid = st.Mzxid // created in the same transaction
 				}
 			}
 		}
@@ -205,7 +235,7 @@ func (l *Locker) ttlPassed(ctx context.Context, owned []*ownedKey, session int64
 		return false, err
 	}
 	for _, o := range owned {
-		if o.holder.stat.Mtime+o.holder.data.TTLMs < nowMs {
+		if end, ok := o.holder.endMs(); ok && end < nowMs {
 			if v := l.log.V(2); v.Enabled() {
 				v.Info("Holder node past its TTL on the ensemble's clock", "key", o.key,
 					"ownSession", o.holder.stat.EphemeralOwner == session && session != 0)
@@ -224,6 +254,12 @@ func (l *Locker) ttlPassed(ctx context.Context, owned []*ownedKey, session int64
 // and stay until this timer, a release or the session ends them.
 func (l *Locker) renewed(op string, lease *lock.Lease, fence int64, hash string, ttl time.Duration, start time.Time, nodes []written) (*lock.Lease, error) {
 	l.armTimer(fence, hash, lease.Keys, start.Add(ttl), nodes)
+	return l.renewedLease(op, lease, ttl, start)
+}
+
+// renewedLease is the lease renewed for ttl by a round trip that started at
+// start, or an error when nothing of its validity is left.
+func (l *Locker) renewedLease(op string, lease *lock.Lease, ttl time.Duration, start time.Time) (*lock.Lease, error) {
 	expires := start.Add(l.validity(ttl))
 	if !l.opts.Now().Before(expires) {
 		return nil, l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL", l.opts.Since(start), ttl))

@@ -18,8 +18,14 @@ type holderData struct {
 	Owner string `json:"owner"`
 	// Holder is the holder identity of the request.
 	Holder string `json:"holder,omitempty"`
-	// TTLMs is the lease TTL last set, in milliseconds (for Inspect's Expires).
+	// TTLMs is the lease TTL last set, in milliseconds, for a holder node
+	// without Session; legacyTTLMs for one with (see session.go).
 	TTLMs int64 `json:"ttlMs"`
+	// Session is the name of the renewal node the lease is held on (its TTL
+	// in the name): the lease lives until TTL after the later of this
+	// node's and the renewal node's last writes. Empty for a node written
+	// by an earlier release, judged by its own mtime and TTLMs.
+	Session string `json:"session,omitempty"`
 	// Fence is the lease's fencing token when the node was moved into
 	// another session (recovery); 0 means the node's czxid.
 	Fence int64 `json:"fence,omitempty"`
@@ -58,6 +64,41 @@ func mustJSON(v any) []byte {
 type holderView struct {
 	data holderData
 	stat *zk.Stat
+	// session is the stat of the renewal node data.Session names (nil when
+	// it does not name one, or it is gone or was not read: see
+	// readSessions), sessTTLMs the TTL in its name.
+	session   *zk.Stat
+	sessTTLMs int64
+}
+
+// ttlMs is the lease's TTL in milliseconds (0 when unknown).
+func (h *holderView) ttlMs() int64 {
+	if h.data.Session != "" {
+		return h.sessTTLMs
+	}
+	return h.data.TTLMs
+}
+
+// endMs is when the lease ends on the ensemble's clock: TTL after the last
+// write of its holder node or, when it is held on a renewal node, of that
+// node; ok is false when that cannot be told (data this package did not
+// write, a renewal node that is gone or unread): such a lease is never taken
+// over at a TTL, it ends with its release, its timer or its session.
+func (h *holderView) endMs() (ms int64, ok bool) {
+	if h.data.Owner == "?" {
+		return 0, false
+	}
+	ttl := h.ttlMs()
+	if ttl <= 0 {
+		return 0, false
+	}
+	if h.data.Session == "" {
+		return h.stat.Mtime + ttl, true
+	}
+	if h.session == nil {
+		return 0, false
+	}
+	return max(h.stat.Mtime, h.session.Mtime) + ttl, true
 }
 
 // fence is the lease's fencing token.
@@ -195,6 +236,13 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 		w := &waiterView{name: t.name, ticket: ticket, hash: hash, stat: g.stat}
 		_ = json.Unmarshal(g.data, &w.data) // only the holder identity is read from it
 		t.view.waiters = append(t.view.waiters, w)
+	}
+	holders := make([]*holderView, len(views))
+	for i, v := range views {
+		holders[i] = v.holder
+	}
+	if err := l.readSessions(ctx, holders); err != nil {
+		return nil, err
 	}
 	for _, v := range views {
 		slices.SortFunc(v.waiters, func(a, b *waiterView) int {

@@ -18,8 +18,13 @@
 //	                          is still the one a Locker read or wrote, and its
 //	                          mzxid is the token of the last acquisition
 //	R/keys/k-<enc K>/holder   EPHEMERAL: the lease on K. Data (JSON): owner
-//	                          (a hash of the owner token), holder, ttlMs, and
-//	                          after a recovery move fence and acquired
+//	                          (a hash of the owner token), holder, session
+//	                          (its renewal node), ttlMs, and after a
+//	                          recovery move fence and acquired
+//	R/sessions/s-<session id>-<TTL ms>
+//	                          EPHEMERAL: a renewal node, one per Locker and
+//	                          TTL; its mtime is the last renewal of every
+//	                          lease on it (see session.go)
 //	R/keys/k-<enc K>/w-<ticket>-<owner hash>
 //	                          EPHEMERAL: one queued waiter; data: owner hash,
 //	                          holder. The place is the ticket in the name, not
@@ -47,6 +52,14 @@
 //
 // # TTL and sessions
 //
+// A renewal is one write for all the leases of a Locker and TTL: the leases
+// are held on a renewal node, and a lease lives until TTL after the later of
+// its holder node's and its renewal node's last writes (mtime). RenewAll
+// writes the renewal node and then only reads the holder nodes to check that
+// they are still the ones it wrote; session.go says why that is safe, and
+// how a holder node written by an earlier release (its own ttlMs, no renewal
+// node) is moved onto one. Below, "a holder node's TTL passed" means this.
+//
 // ZooKeeper has no per-node TTL for ephemeral nodes, so the Locker enforces
 // the lease TTL itself: a timer per acquisition (keyed by its fencing token,
 // so two leases of one owner each keep their own) deletes, when the TTL
@@ -54,17 +67,19 @@
 // key node's and the holder node's versions this Locker last wrote, in one
 // checked transaction. A node renewed, moved into another session or created
 // by a later acquisition (of the same owner too) since is never deleted by
-// an older timer; a renewal racing with the timer's first attempt wins if its
-// write commits first, else it reports the lease lost. The timer keeps trying
+// an older timer; a renewal stops the timer before it writes the renewal
+// node, and one that finds the timer already firing takes the read path and
+// races with it on the holder node's version: it wins if its write commits
+// first, else it reports the lease lost. The timer keeps trying
 // while the ensemble is unreachable, also past the session timeout (a quorum
 // loss does not expire sessions: a new leader gives each a fresh timeout).
 //
 // The ensemble ends no lease at its TTL by itself, so acquirers do too: a
 // TryAcquire that finds another owner's holder node whose TTL passed on the
-// ensemble's clock (its mtime plus the TTL written with it, plus the drift
-// allowance, before the mtime of a node the acquirer just wrote) treats the
-// key as free and deletes the node, at the version read, in its acquisition
-// transaction. So a key is not held past its TTL for longer than it takes
+// ensemble's clock (its end as above, plus the drift allowance, before the
+// mtime of a node the acquirer just wrote) treats the key as free and deletes
+// the node, at the version read, in its acquisition transaction, which also
+// checks the renewal node at the version read. So a key is not held past its TTL for longer than it takes
 // the next acquirer to look, whether the holder's Locker is gone (closed, or
 // crashed before its session timed out) or its timer could not reach the
 // ensemble. Nor does a renewal revive such a lease: once the timer could not
@@ -176,6 +191,8 @@ type Locker struct {
 	log  logr.Logger
 
 	root, keysPath, ticketPath string
+	sessionsPath               string
+	sess                       sessions // renewal nodes created (session.go)
 	acl                        []zk.ACL
 	servers                    string // for error messages
 
@@ -202,6 +219,14 @@ type Locker struct {
 
 	// afterExpire, when set (tests only), runs when a TTL timer's work is done.
 	afterExpire func(hash string)
+	// beforeTake, when set (tests only), runs before an acquisition's
+	// transaction; skipRenewalCheck (tests only: a mutant the tests must
+	// catch) leaves out its check of the renewal nodes read; noRenewalNode
+	// (tests only) renews every lease by the read path, as before renewal
+	// nodes.
+	beforeTake       func()
+	skipRenewalCheck bool
+	noRenewalNode    bool
 
 	// sessionSubs are told (non-blocking, buffer 1) when the client
 	// established a session again after a disconnection: the all-keys
@@ -231,6 +256,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	}
 	l.keysPath = l.root + "/keys"
 	l.ticketPath = l.root + "/ticket"
+	l.sessionsPath = l.root + "/sessions"
 	l.acl = zk.WorldACL(zk.PermAll)
 	if cfg.Digest != "" {
 		user, pass, _ := strings.Cut(cfg.Digest, ":")
@@ -564,7 +590,7 @@ func (l *Locker) ready(ctx context.Context) error {
 			return fmt.Errorf("digest authentication: %w", err)
 		}
 	}
-	for _, p := range append(ancestors(l.root), l.root, l.keysPath, l.ticketPath) {
+	for _, p := range append(ancestors(l.root), l.root, l.keysPath, l.ticketPath, l.sessionsPath) {
 		if err := l.createPersistent(ctx, p, nil); err != nil {
 			return fmt.Errorf("create %s: %w", p, err)
 		}
