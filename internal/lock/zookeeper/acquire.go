@@ -16,22 +16,21 @@ const maxTries = 6
 
 // TryAcquire makes one attempt to take every key of req (see lock.Locker).
 //
-// A key is free for req when nobody else holds it and no live waiter is ahead
-// of req's owner in its queue: a request without Queue does not jump a
-// non-empty queue (it fails with a *lock.HeldError whose Waiters counts the
-// queue). With req.Queue a request that cannot take the keys joins (or
+// A key is free for req when the leases of other owners leave room for it
+// (a mutex: none is live; a semaphore, req.Limit > 1: no live mutex, and
+// fewer live slots than the smallest Limit of req's and theirs) and the
+// live waiters ahead of req's owner in its queue are fewer than that room:
+// a request without Queue does not jump a non-empty queue (it fails with a
+// *lock.HeldError whose Waiters counts the queue). With req.Queue a request that cannot take the keys joins (or
 // refreshes its place in) the queue of every key and must call again within
 // the waiter TTL to keep it; so req.Owner is required with Queue. An owner
 // that already holds every key gets them again with a new fencing token.
-// The HeldError's Holders is 1 when a lease holds the busy key, 0 when it is
-// free but others are queued ahead; Waiters is the exact number of live
+// The HeldError's Holders counts the live leases holding the busy key (0
+// when it is free but others are queued ahead), Holder and Fence name the
+// oldest when they leave no room; Waiters is the exact number of live
 // waiters, the caller included.
-//
-// This backend holds one lease per key: a req.Limit above 1 (a semaphore)
-// is refused with a *lock.InvalidRequestError naming limit, before anything
-// is sent to ZooKeeper.
 func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareMutex(req, true)
+	req, err := lock.PrepareRequest(req, true)
 	if err != nil {
 		return nil, err
 	}
@@ -41,14 +40,15 @@ func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease,
 
 // Acquire blocks until it holds every key of req or ctx ends (see lock.Locker).
 // After a failed attempt it sets a ZooKeeper watch on what blocks it (the
-// holder node, or the live waiter just ahead of it in the queue) and tries
+// holder node or a slot node of another owner, or the live waiter just
+// ahead of it in the queue) and tries
 // again when that node goes away, or after the next backoff step
 // (WithBackoff), whichever comes first. With req.Queue it waits in the keys'
 // FIFO queues, refreshing its place at least every third of the waiter TTL,
 // and leaves the queues when ctx ends. ZooKeeper errors are retried too; when
 // ctx ends the error wraps both ctx.Err() and the last attempt's error.
 func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareMutex(req, false)
+	req, err := lock.PrepareRequest(req, false)
 	if err != nil {
 		return nil, err
 	}
@@ -102,10 +102,43 @@ type keyPlan struct {
 	dead  []*waiterView // other waiters past the waiter TTL (ensemble clock)
 	live  []*waiterView // the other waiters
 	ahead []*waiterView // live waiters ahead of req
-	// stale: the holder node is another owner's and its TTL passed on the
-	// ensemble's clock (see staleHolder): the key counts as free, and the
-	// acquisition deletes the node at the version read.
-	stale bool
+}
+
+// room is how many more leases the key admits for a request of the owner
+// hash with limit (Request.Holders): none while a live holder node of
+// another owner holds it (a mutex), none for a mutex while a live slot of
+// another owner does, else the smallest limit of the request's and the
+// live slots' of other owners, minus those slots. The owner's own nodes
+// do not count (an acquisition replaces them) nor do stale ones (it
+// deletes them).
+func (p *keyPlan) room(hash string, limit int, ignoreSlots bool) int {
+	bound, n := limit, 0
+	for _, h := range p.view.leases() {
+		if h.data.Owner == hash || h.stale {
+			continue
+		}
+		if h.name == holderName {
+			return 0
+		}
+		if ignoreSlots && limit > 1 {
+			continue // the mutant (tests only): see Locker.ignoreSlots
+		}
+		n++
+		bound = min(bound, h.limit())
+	}
+	return max(bound-n, 0)
+}
+
+// liveLeases are the leases holding the key that do not count as free: all
+// but the stale ones, the owner's own included; oldest first.
+func (p *keyPlan) liveLeases() []*holderView {
+	var out []*holderView
+	for _, h := range p.view.leases() {
+		if !h.stale {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // attempt is one acquisition. It returns the lease, or the path of the node
@@ -148,8 +181,8 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 					othersQueued = true
 				}
 			}
-			if v.holder != nil && v.holder.data.Owner != hash {
-				heldByOther = true
+			if p.room(hash, req.Holders(), l.ignoreSlots) == 0 {
+				heldByOther = true // as far as this read can tell
 			}
 			plans[i] = p
 		}
@@ -187,8 +220,10 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 		}
 		if nowMs > 0 {
 			for _, p := range plans {
-				if h := p.view.holder; h != nil && h.data.Owner != hash && staleHolder(h, nowMs, l.cfg.maxClockSkew()) {
-					p.stale = true
+				for _, h := range p.view.leases() {
+					if h.data.Owner != hash && staleHolder(h, nowMs, l.cfg.maxClockSkew()) {
+						h.stale = true
+					}
 				}
 			}
 			cutoff := nowMs - l.opts.WaiterTTL.Milliseconds() - l.cfg.maxClockSkew().Milliseconds()
@@ -253,28 +288,33 @@ func (l *Locker) forgetMissing(views []*keyView) bool {
 }
 
 // busy returns the HeldError for the first key req cannot take now and the
-// node to watch, or nil when every key is free for req.
+// node to watch, or nil when every key is free for req: a key is free for
+// req while the live waiters ahead of it are fewer than the room left by
+// the leases holding it (see keyPlan.room), so the first free slots go to
+// the oldest waiters.
 func (l *Locker) busy(req lock.Request, hash string, plans []*keyPlan) (*lock.HeldError, string) {
 	for i, p := range plans {
-		heldByOther := p.view.holder != nil && p.view.holder.data.Owner != hash && !p.stale
-		if !heldByOther && len(p.ahead) == 0 {
+		room := p.room(hash, req.Holders(), l.ignoreSlots)
+		if len(p.ahead) < room {
 			continue
 		}
-		he := &lock.HeldError{Key: req.Keys[i], Position: -1, Waiters: len(p.live)}
-		if p.view.holder != nil && !p.stale {
-			he.Holders = 1
-		}
+		live := p.liveLeases()
+		he := &lock.HeldError{Key: req.Keys[i], Position: -1, Waiters: len(p.live), Holders: len(live)}
 		if p.mine != nil {
 			he.Position = len(p.ahead)
 			he.Waiters++
 		}
 		var blocker string
-		switch {
-		case heldByOther:
-			he.Holder = p.view.holder.data.Holder
-			he.Fence = p.view.holder.fence()
-			if len(p.ahead) == 0 {
-				blocker = l.holderPath(p.view.key)
+		if room == 0 && len(live) > 0 {
+			// The leases leave no room: name the oldest; at the head,
+			// watch a lease of another owner whose end makes room (the
+			// holder node of a mutex, else the oldest slot).
+			he.Holder, he.Fence = live[0].data.Holder, live[0].fence()
+			for _, h := range live {
+				if h.data.Owner != hash && len(p.ahead) == 0 {
+					blocker = l.nodePath(p.view.key, h.name)
+					break
+				}
 			}
 		}
 		if blocker == "" && len(p.ahead) > 0 {
@@ -316,11 +356,15 @@ func staleHolder(h *holderView, nowMs int64, skew time.Duration) bool {
 // a clock behind the ensemble's by more delays the takeover by the difference.
 const staleSlack = 5 * time.Second
 
-// mightBeStale tells whether some other owner's holder node in plans may be
-// past its TTL (staleHolder), judged by this process's clock with staleSlack.
+// mightBeStale tells whether some other owner's holder or slot node in plans
+// may be past its TTL (staleHolder), judged by this process's clock with
+// staleSlack.
 func mightBeStale(plans []*keyPlan, hash string, now time.Time) bool {
 	for _, p := range plans {
-		if h := p.view.holder; h != nil && h.data.Owner != hash {
+		for _, h := range p.view.leases() {
+			if h.data.Owner == hash {
+				continue
+			}
 			if end, ok := h.endMs(); ok && end < now.Add(staleSlack).UnixMilli() {
 				return true
 			}
@@ -416,9 +460,13 @@ func (l *Locker) prune(ctx context.Context, plans []*keyPlan) {
 }
 
 // take runs the acquisition transaction: for every key it deletes the dead
-// waiters (at the versions read), the owner's own holder node (an owner
-// taking its keys again) and waiter node, creates the holder node and writes
-// the key node at the version read. The key node's new mzxid is the fence.
+// waiters and the stale holder and slot nodes of other owners (at the
+// versions read, each with its renewal node's version read), the owner's own
+// holder or slot node (an owner taking its keys again) and waiter node,
+// creates the lease's node (the holder node for a mutex, the owner's slot
+// node for a semaphore) and writes the key node at the version read. That
+// write serializes the acquisitions of a key, so the room counted at read
+// time is exact at commit. The key node's new mzxid is the fence.
 func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans []*keyPlan, start time.Time) (*lock.Lease, error) {
 	op := fmt.Sprintf("acquire keys %q", req.Keys)
 	session, err := l.sessionFor(ctx, req.TTL)
@@ -426,6 +474,10 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 		return nil, l.unavailable(op, err)
 	}
 	hd := holderData{Owner: hash, Holder: req.Holder, TTLMs: legacyTTLMs, Session: session}
+	name := leaseNodeName(req.Holders(), hash)
+	if name != holderName {
+		hd.Limit = req.Limit
+	}
 	data := mustJSON(hd)
 	var ops []any
 	fenceOp := -1
@@ -435,15 +487,18 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 		for _, w := range p.dead {
 			ops = append(ops, &zk.DeleteRequest{Path: kp + "/" + w.name, Version: w.stat.Version})
 		}
-		if h := p.view.holder; h != nil {
-			if p.stale && h.session != nil && !l.skipRenewalCheck {
+		for _, h := range p.view.leases() {
+			if h.data.Owner != hash && !h.stale {
+				continue // a live lease of another owner: room was counted
+			}
+			if h.stale && h.session != nil && !l.skipRenewalCheck {
 				// Past its TTL as of the renewal node's version read: a
 				// renewal since makes this transaction fail (session.go).
 				ops = append(ops, &zk.CheckVersionRequest{Path: l.sessionPath(h.data.Session), Version: h.session.Version})
 			}
-			ops = append(ops, &zk.DeleteRequest{Path: kp + "/" + holderName, Version: h.stat.Version})
+			ops = append(ops, &zk.DeleteRequest{Path: kp + "/" + h.name, Version: h.stat.Version})
 		}
-		ops = append(ops, &zk.CreateRequest{Path: kp + "/" + holderName, Data: data, Acl: l.acl, Flags: zk.FlagEphemeral})
+		ops = append(ops, &zk.CreateRequest{Path: kp + "/" + name, Data: data, Acl: l.acl, Flags: zk.FlagEphemeral})
 		if fenceOp < 0 {
 			fenceOp = len(ops)
 		}
@@ -459,7 +514,7 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 	keyVersions := make([]int32, len(plans))
 	for i, p := range plans {
 		keyVersions[i] = p.view.kstat.Version + 1
-		nodes[i] = written{keyVersion: keyVersions[i], data: hd}
+		nodes[i] = written{keyVersion: keyVersions[i], name: name, data: hd}
 	}
 	if l.beforeTake != nil {
 		l.beforeTake()
@@ -471,11 +526,11 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 	if err != nil {
 		// The transaction may have committed without the answer reaching
 		// us: make sure the nodes it would have created end at the TTL.
-		l.armUnconfirmed(hash, req.Keys, start.Add(req.TTL), keyVersions)
+		l.armUnconfirmed(hash, req.Keys, start.Add(req.TTL), keyVersions, name)
 		return nil, l.unavailable(op, err)
 	}
 	if fenceOp >= len(res) || res[fenceOp].Stat == nil || res[fenceOp].Stat.Mzxid <= 0 {
-		l.armUnconfirmed(hash, req.Keys, start.Add(req.TTL), keyVersions)
+		l.armUnconfirmed(hash, req.Keys, start.Add(req.TTL), keyVersions, name)
 		return nil, l.unavailable(op, fmt.Errorf("multi answered %d results, without the key node's stat", len(res)))
 	}
 	fence := res[fenceOp].Stat.Mzxid
@@ -487,13 +542,13 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 	}
 	if fence >= lock.MaxFence {
 		l.armTimer(fence, hash, req.Keys, start.Add(req.TTL), nodes) // in case the release fails
-		l.releaseQuietly(ctx, req.Keys, hash, fence)
+		l.releaseQuietly(ctx, req.Keys, hash, fence, req.Limit)
 		return nil, fmt.Errorf("%s: fencing token (zxid) %d outside (0, %d): the ensemble's epoch is too large for JSON-safe tokens", op, fence, lock.MaxFence)
 	}
 	l.armTimer(fence, hash, req.Keys, start.Add(req.TTL), nodes)
 	expires := start.Add(l.validity(req.TTL))
 	if !l.opts.Now().Before(expires) {
-		l.releaseQuietly(ctx, req.Keys, hash, fence)
+		l.releaseQuietly(ctx, req.Keys, hash, fence, req.Limit)
 		return nil, l.unavailable(op, fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL", l.opts.Since(start), req.TTL))
 	}
 	if v := l.log.V(1); v.Enabled() {
@@ -503,13 +558,14 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 }
 
 // releaseQuietly releases what the owner holds in the acquisition with
-// fencing token fence (any of the owner's when 0), best effort; the
+// fencing token fence (any of the owner's of the kind limit names when 0),
+// best effort; the
 // acquisition's timer is disarmed when it succeeds, else it stays to end the
 // nodes at the TTL.
-func (l *Locker) releaseQuietly(ctx context.Context, keys []string, hash string, fence int64) {
+func (l *Locker) releaseQuietly(ctx context.Context, keys []string, hash string, fence int64, limit int) {
 	cctx, cancel := l.cleanupContext(ctx)
 	defer cancel()
-	if _, err := l.releaseOwned(cctx, keys, hash, fence); err != nil {
+	if _, err := l.releaseOwned(cctx, keys, hash, fence, limit); err != nil {
 		l.log.V(2).Info("Best-effort release failed; the nodes end at the TTL or with the session", "keys", keys, "err", err.Error())
 	}
 }

@@ -35,11 +35,21 @@ func TestConformanceDigest(t *testing.T) {
 	locktest.Run(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
 }
 
-// TestMutexOnly: one lease per key; a semaphore (Limit > 1) is refused.
-func TestMutexOnly(t *testing.T) {
-	e := sharedServers(t, 1)
-	logsOnFailure(t, e)
-	locktest.CheckMutexOnly(t, lockerFactory(Config{Servers: e.Addrs(), Root: "/conformance"}))
+// TestSemaphore runs the counting-semaphore suite (Request.Limit > 1: slot
+// nodes beside the holder node) on the standalone server and on the
+// ensemble, where reads may come from a follower.
+func TestSemaphore(t *testing.T) {
+	t.Run("Standalone", func(t *testing.T) {
+		e := sharedServers(t, 1)
+		logsOnFailure(t, e)
+		locktest.RunSemaphore(t, lockerFactory(Config{Servers: e.Addrs(), Root: "/semaphore"}), locktest.WithWaiterTTL(time.Second))
+	})
+	t.Run("Ensemble", func(t *testing.T) {
+		e := sharedServers(t, 3)
+		logsOnFailure(t, e)
+		const waiterTTL = 3 * time.Second // as TestConformanceEnsemble
+		locktest.RunSemaphore(t, lockerFactory(Config{Servers: e.Addrs(), Root: "/semaphore"}, WithWaiterTTL(waiterTTL)), locktest.WithWaiterTTL(waiterTTL))
+	})
 }
 
 // TestQueueVisibility: a queue longer than Inspect lists, on the ensemble

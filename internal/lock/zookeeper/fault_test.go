@@ -2,6 +2,7 @@ package zookeeper
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -55,7 +56,63 @@ const faultSessionTimeout = 2 * time.Second
 func TestFaultsFencedRegister(t *testing.T) {
 	e := sharedServers(t, 3)
 	logsOnFailure(t, e)
+	newLocker, nemeses := ensembleFaults(t, e, "/faults")
+	// Two nemeses per run, by seed; 4 consecutive seeds cover all of them.
+	groups := [][]int{{0, 5}, {1, 6}, {2, 3}, {4, 0}}
+	var tally locktest.FaultTally
+	for seed := range tally.Seeds(t, 4) {
+		g := groups[seed%uint64(len(groups))]
+		locktest.RunFaults(t, "ensemble-3", seed, &tally, locktest.Faults{
+			NewLocker:      newLocker,
+			Nemeses:        []locktest.Nemesis{nemeses[g[0]], nemeses[g[1]]},
+			AcquireTimeout: 2 * time.Second,
+			// Long enough for both nemeses, the longest (session expiry,
+			// quorum loss) taking the session timeout and a restart.
+			Duration: 4500 * time.Millisecond,
+		})
+		// The next run starts with every server up and one leader.
+		if err := e.WaitLeader(60 * time.Second); err != nil {
+			t.Fatalf("ensemble after the run: %v", err)
+		}
+	}
+	tally.Check(t)
+}
 
+// TestFaultsSemaphore runs the semaphore fault test of locktest (never more
+// than Limit leases valid at once, tokens strictly increasing across every
+// holder) on the ensemble under the nemeses of TestFaultsFencedRegister,
+// with 2 and 3 slots. Kept short in the package test: two runs, each with
+// two nemeses (a leader kill or a follower pause, and the session expiry
+// during an election or the quorum loss, the faults that end slots by
+// their TTL or their session); LOCKWARDEN_FAULT_RUNS makes longer series.
+func TestFaultsSemaphore(t *testing.T) {
+	e := sharedServers(t, 3)
+	logsOnFailure(t, e)
+	newLocker, nemeses := ensembleFaults(t, e, "/semfaults")
+	groups := [][]int{{0, 5}, {1, 6}}
+	var tally locktest.FaultTally
+	for seed := range tally.Seeds(t, 2) {
+		limit := 2 + int(seed%2)
+		g := groups[seed%uint64(len(groups))]
+		locktest.RunFaults(t, fmt.Sprintf("limit-%d", limit), seed, &tally, locktest.Faults{
+			NewLocker:      newLocker,
+			Nemeses:        []locktest.Nemesis{nemeses[g[0]], nemeses[g[1]]},
+			AcquireTimeout: 2 * time.Second,
+			Duration:       4500 * time.Millisecond,
+			Limit:          limit,
+		})
+		if err := e.WaitLeader(60 * time.Second); err != nil {
+			t.Fatalf("ensemble after the run: %v", err)
+		}
+	}
+	tally.Check(t)
+}
+
+// ensembleFaults returns the fault tests' Lockers on e (under root, each
+// reaching every server through its own locktest.Link) and the nemeses:
+// kill-restart, pause, partition, black-hole, latency,
+// session-expiry-during-election and quorum-loss, in that order.
+func ensembleFaults(t *testing.T, e *zktest.Ensemble, root string) (func(t *testing.T) lock.Locker, []locktest.Nemesis) {
 	// The clients of the run under way and their links.
 	type client struct {
 		l     *Locker
@@ -86,7 +143,7 @@ func TestFaultsFencedRegister(t *testing.T) {
 		links := locktest.NewLinks(t, e.Addrs())
 		// A key per client: the run's clients share the subtest's t.
 		ct := new(int)
-		l := newTestLocker(t, Config{Servers: locktest.Addrs(links), Root: "/faults", SessionTimeout: faultSessionTimeout},
+		l := newTestLocker(t, Config{Servers: locktest.Addrs(links), Root: root, SessionTimeout: faultSessionTimeout},
 			WithOperationTimeout(time.Second))
 		mu.Lock()
 		clients[ct] = client{l, links}
@@ -134,25 +191,7 @@ func TestFaultsFencedRegister(t *testing.T) {
 			quorumLoss(t, e, rng)
 		}},
 	)
-	// Two nemeses per run, by seed; 4 consecutive seeds cover all of them.
-	groups := [][]int{{0, 5}, {1, 6}, {2, 3}, {4, 0}}
-	var tally locktest.FaultTally
-	for seed := range tally.Seeds(t, 4) {
-		g := groups[seed%uint64(len(groups))]
-		locktest.RunFaults(t, "ensemble-3", seed, &tally, locktest.Faults{
-			NewLocker:      newLocker,
-			Nemeses:        []locktest.Nemesis{nemeses[g[0]], nemeses[g[1]]},
-			AcquireTimeout: 2 * time.Second,
-			// Long enough for both nemeses, the longest (session expiry,
-			// quorum loss) taking the session timeout and a restart.
-			Duration: 4500 * time.Millisecond,
-		})
-		// The next run starts with every server up and one leader.
-		if err := e.WaitLeader(60 * time.Second); err != nil {
-			t.Fatalf("ensemble after the run: %v", err)
-		}
-	}
-	tally.Check(t)
+	return newLocker, nemeses
 }
 
 // sessionExpiryDuringElection black-holes every link of one client (l),

@@ -11,11 +11,13 @@ import (
 )
 
 // Inspect reports what ZooKeeper holds for each key, after a sync so that
-// every write that completed before the call is seen: holder, fencing token
-// (the lease's, or for a free key its last acquisition's), acquisition time
-// and expiry on the ensemble's clock (the holder node's last write plus the
-// lease TTL), the lease as the one entry of Holders (HolderCount 0 or 1: one
-// lease per key), the head of the FIFO queue (at most lock.MaxInspectWaiters
+// every write that completed before the call is seen: the leases holding
+// each key (the holder node of a mutex, or a semaphore's slot nodes) in
+// Holders, oldest first (at most lock.MaxInspectHolders; HolderCount counts
+// them all), each with its fencing token, acquisition time and expiry on the
+// ensemble's clock (its node's or renewal node's last write plus the lease
+// TTL); Holder, Fence, Acquired and Expires are the oldest's (for a free
+// key, Fence is its last acquisition's token); the head of the FIFO queue (at most lock.MaxInspectWaiters
 // waiters, oldest first, Since being when the waiter node was created) and
 // the exact number of waiters (Queued). Both count live waiters only, by the
 // rule acquisitions prune by: a waiter node not refreshed for the waiter TTL
@@ -51,7 +53,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 			_, nowMs, err = l.serverNow(ctx)
 			return err
 		}
-		if v := views[i]; v.holder != nil || !v.exists || v.kstat.Version == 0 {
+		if v := views[i]; len(v.leases()) > 0 || !v.exists || v.kstat.Version == 0 {
 			return nil
 		}
 		d, err := call(ctx, l, func(c *zk.Conn) ([]byte, error) {
@@ -71,15 +73,18 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 	out := make([]lock.KeyState, len(keys))
 	for i, v := range views {
 		st := lock.KeyState{Key: keys[i], Fence: v.lastFence(keyData[i])}
-		if h := v.holder; h != nil {
-			st.Held = true
-			st.Holder = h.data.Holder
-			st.Acquired = msTime(h.acquiredMs())
+		for _, h := range v.leases() {
+			hs := lock.HolderState{Holder: h.data.Holder, Fence: h.fence(), Acquired: msTime(h.acquiredMs())}
 			if end, ok := h.endMs(); ok {
-				st.Expires = msTime(end)
+				hs.Expires = msTime(end)
 			}
-			st.HolderCount = 1
-			st.Holders = []lock.HolderState{{Holder: st.Holder, Fence: st.Fence, Acquired: st.Acquired, Expires: st.Expires}}
+			if st.HolderCount == 0 {
+				st.Held, st.Holder, st.Acquired, st.Expires = true, hs.Holder, hs.Acquired, hs.Expires
+			}
+			st.HolderCount++
+			if len(st.Holders) < lock.MaxInspectHolders {
+				st.Holders = append(st.Holders, hs)
+			}
 		}
 		for _, w := range v.waiters {
 			if w.stat.Mtime < cutoff {

@@ -43,7 +43,7 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 		}
 		// Something changed since (expired, renewed elsewhere): read.
 	}
-	live, err := l.releaseOwned(ctx, lease.Keys, hash, lease.Fence)
+	live, err := l.releaseOwned(ctx, lease.Keys, hash, lease.Fence, lease.Limit)
 	if err != nil {
 		return l.unavailable(op, err)
 	}
@@ -73,17 +73,20 @@ func (l *Locker) deleteOps(keys []string, nodes []written, only []int) []any {
 	for _, i := range only {
 		ops = append(ops,
 			&zk.CheckVersionRequest{Path: l.keyPath(keys[i]), Version: nodes[i].keyVersion},
-			&zk.DeleteRequest{Path: l.holderPath(keys[i]), Version: nodes[i].holderVersion})
+			&zk.DeleteRequest{Path: l.nodePath(keys[i], nodes[i].name), Version: nodes[i].holderVersion})
 	}
 	return ops
 }
 
-// ownedKey is a holder node of the owner, as read.
+// ownedKey is a holder or slot node of the owner, as read.
 type ownedKey struct {
 	key    string
-	holder *holderView
+	holder *holderView // its name says which
 	kstat  *zk.Stat
 }
+
+// path is the path of the owned node.
+func (o *ownedKey) path(l *Locker) string { return l.nodePath(o.key, o.holder.name) }
 
 // readOwned reads the key node and then the holder node of every key, and
 // returns those the owner hash holds in the acquisition with fencing token
@@ -95,7 +98,7 @@ type ownedKey struct {
 // acquisition before that read had already replaced the holder node the
 // second read sees. So a holder node read as the owner's is still the one
 // read when the check passes (a recovery move writes the key node too).
-func (l *Locker) readOwned(ctx context.Context, keys []string, hash string, fence int64) ([]*ownedKey, int, error) {
+func (l *Locker) readOwned(ctx context.Context, keys []string, hash string, fence int64, limit int) ([]*ownedKey, int, error) {
 	kstats := make([]*zk.Stat, len(keys))
 	errs := parallel(len(keys), func(i int) error {
 		st, err := call(ctx, l, func(c *zk.Conn) (*zk.Stat, error) {
@@ -114,38 +117,64 @@ func (l *Locker) readOwned(ctx context.Context, keys []string, hash string, fenc
 	if err := errors.Join(errs...); err != nil {
 		return nil, 0, err
 	}
-	out := make([]*ownedKey, len(keys))
-	errs = parallel(len(keys), func(i int) error {
-		if kstats[i] == nil {
+	// With the lease's token, each key's holder node and the owner's slot
+	// node: the acquisition is the one with that token, whichever kind it
+	// took, whatever Limit its Release or Renew gives (maxHolders may have
+	// changed since). Without a token, the kind its limit names.
+	names := []string{holderName, slotName(hash)}
+	switch {
+	case fence != 0:
+	case limit > 1:
+		names[0] = ""
+	default:
+		names[1] = ""
+	}
+	found := make([]*holderView, 2*len(keys))
+	errs = parallel(2*len(keys), func(j int) error {
+		i, name := j/2, names[j%2]
+		if kstats[i] == nil || name == "" {
 			return nil
 		}
 		type got struct {
 			data []byte
 			stat *zk.Stat
 		}
+		p := l.nodePath(keys[i], name)
 		g, err := call(ctx, l, func(c *zk.Conn) (got, error) {
-			d, st, err := c.Get(l.holderPath(keys[i]))
+			d, st, err := c.Get(p)
 			return got{d, st}, err
 		})
 		if errors.Is(err, zk.ErrNoNode) {
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("read %s: %w", l.holderPath(keys[i]), err)
+			return fmt.Errorf("read %s: %w", p, err)
 		}
 		var d holderData
 		if json.Unmarshal(g.data, &d) != nil || d.Owner != hash {
 			return nil
 		}
-		h := &holderView{data: d, stat: g.stat}
+		h := &holderView{name: name, data: d, stat: g.stat}
 		if fence != 0 && h.fence() != fence {
 			return nil // a later acquisition of the same owner: another lease
 		}
-		out[i] = &ownedKey{key: keys[i], holder: h, kstat: kstats[i]}
+		found[j] = h
 		return nil
 	})
 	if err := errors.Join(errs...); err != nil {
 		return nil, 0, err
+	}
+	out := make([]*ownedKey, len(keys))
+	for i := range keys {
+		// Both only when an acquisition raced with a lagging read (its
+		// write deletes the owner's other node): the later one.
+		h := found[2*i]
+		if s := found[2*i+1]; s != nil && (h == nil || s.fence() > h.fence()) {
+			h = s
+		}
+		if h != nil {
+			out[i] = &ownedKey{key: keys[i], holder: h, kstat: kstats[i]}
+		}
 	}
 	var owned []*ownedKey
 	var holders []*holderView
@@ -172,10 +201,10 @@ func (l *Locker) readOwned(ctx context.Context, keys []string, hash string, fenc
 // nodes it deleted were live: not the nodes of a lease whose
 // TTL had passed on the ensemble's clock while its Locker was gone (see
 // ttlPassed).
-func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, fence int64) (live int, err error) {
+func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, fence int64, limit int) (live int, err error) {
 	synced := false
 	for range maxTries {
-		owned, _, err := l.readOwned(ctx, keys, hash, fence)
+		owned, _, err := l.readOwned(ctx, keys, hash, fence, limit)
 		if err != nil {
 			return 0, err
 		}
@@ -198,7 +227,7 @@ func (l *Locker) releaseOwned(ctx context.Context, keys []string, hash string, f
 		for _, o := range owned {
 			ops = append(ops,
 				&zk.CheckVersionRequest{Path: l.keyPath(o.key), Version: o.kstat.Version},
-				&zk.DeleteRequest{Path: l.holderPath(o.key), Version: o.holder.stat.Version})
+				&zk.DeleteRequest{Path: o.path(l), Version: o.holder.stat.Version})
 		}
 		_, err = l.multi(ctx, ops)
 		if err == nil {
@@ -330,6 +359,8 @@ type leaseTimer struct {
 // the key node's version proves that no acquisition or move happened since,
 // the holder node's version that the node is still the one written.
 type written struct {
+	// name is the lease's node on the key: holderName or a slot node.
+	name          string
 	keyVersion    int32
 	holderVersion int32
 	// holderCzxid is the holder node's creation zxid (0 when unknown): with
@@ -347,15 +378,15 @@ func (l *Locker) armTimer(id int64, hash string, keys []string, deadline time.Ti
 	l.startTimer(&leaseTimer{id: id, hash: hash, keys: keys, deadline: deadline, nodes: nodes})
 }
 
-// armUnconfirmed makes the Locker end, at deadline, the holder nodes that an
+// armUnconfirmed makes the Locker end, at deadline, the nodes that an
 // acquisition of keys whose outcome is unknown (its answer was lost) created
-// if it committed: for each key the key node at version keyVersions[i] with a
-// holder node of the owner at version 0 in this Locker's session, created by
-// the same write.
-func (l *Locker) armUnconfirmed(hash string, keys []string, deadline time.Time, keyVersions []int32) {
+// if it committed: for each key the key node at version keyVersions[i] with
+// the owner's node name (holder or slot) at version 0 in this Locker's
+// session, created by the same write.
+func (l *Locker) armUnconfirmed(hash string, keys []string, deadline time.Time, keyVersions []int32, name string) {
 	nodes := make([]written, len(keys))
 	for i, v := range keyVersions {
-		nodes[i] = written{keyVersion: v}
+		nodes[i] = written{name: name, keyVersion: v}
 	}
 	l.timersMu.Lock()
 	l.unconfirmedSeq--
@@ -537,11 +568,11 @@ func (l *Locker) endNodes(ctx context.Context, lt *leaseTimer, pending []int) (i
 		return len(pending), nil, nil
 	case !isConflict(err):
 		return 0, pending, err
-	case len(pending) == 1:
-		return 0, nil, nil // not the node the timer was armed for any more
 	}
+	deleted := make([]bool, len(pending))
 	errs := parallel(len(pending), func(j int) error {
-		_, err := l.multi(ctx, l.deleteOps(lt.keys, lt.nodes, pending[j:j+1]))
+		var err error
+		deleted[j], err = l.endOne(ctx, lt, pending[j], len(pending) == 1)
 		return err
 	})
 	n := 0
@@ -549,14 +580,67 @@ func (l *Locker) endNodes(ctx context.Context, lt *leaseTimer, pending []int) (i
 	var failed []error
 	for j, err := range errs {
 		switch {
-		case err == nil:
-			n++
-		case !isConflict(err):
+		case err != nil:
 			rest = append(rest, pending[j])
 			failed = append(failed, err)
+		case deleted[j]:
+			n++
 		}
 	}
 	return n, rest, errors.Join(failed...)
+}
+
+// endOne deletes the node of lt's key at index i at the versions lt was
+// armed with (tried: that delete failed already). A holder node whose key
+// node changed since is not the acquisition's any more (another acquisition
+// or a move replaced it). A slot node may still be: the key node is written
+// by the acquisitions of the other slots too, so the slot node itself is
+// read (after the key node, as readOwned does) and deleted when it is still
+// the node lt's Locker wrote, at the same version: the creation zxid tells
+// the node from one created again under its name (a later acquisition of
+// the owner, a move), the version from one renewed since.
+func (l *Locker) endOne(ctx context.Context, lt *leaseTimer, i int, tried bool) (bool, error) {
+	if !tried {
+		_, err := l.multi(ctx, l.deleteOps(lt.keys, lt.nodes, []int{i}))
+		switch {
+		case err == nil:
+			return true, nil
+		case !isConflict(err):
+			return false, err
+		}
+	}
+	w := lt.nodes[i]
+	if w.name == holderName || w.holderCzxid == 0 || lt.unconfirmed {
+		return false, nil // not the node the timer was armed for any more
+	}
+	key := lt.keys[i]
+	exists := func(p string) (*zk.Stat, error) {
+		return call(ctx, l, func(c *zk.Conn) (*zk.Stat, error) {
+			ok, st, err := c.Exists(p)
+			if err == nil && !ok {
+				st = nil
+			}
+			return st, err
+		})
+	}
+	for range maxTries {
+		kst, err := exists(l.keyPath(key))
+		if err != nil || kst == nil {
+			return false, err
+		}
+		st, err := exists(l.nodePath(key, w.name))
+		if err != nil || st == nil || st.Czxid != w.holderCzxid || st.Version != w.holderVersion {
+			return false, err
+		}
+		_, err = l.multi(ctx, []any{
+			&zk.CheckVersionRequest{Path: l.keyPath(key), Version: kst.Version},
+			&zk.DeleteRequest{Path: l.nodePath(key, w.name), Version: st.Version},
+		})
+		if !isConflict(err) {
+			return err == nil, err
+		}
+	}
+	return false, nil // the key keeps changing: acquirers take the slot once its TTL passed
 }
 
 // confirm returns the indexes in pending of the keys whose nodes are those
@@ -576,7 +660,11 @@ func (l *Locker) confirm(ctx context.Context, lt *leaseTimer, pending []int) ([]
 	for j, i := range pending {
 		keys[j] = lt.keys[i]
 	}
-	owned, _, err := l.readOwned(ctx, keys, lt.hash, 0)
+	limit := 1 // the kind of node the acquisition took
+	if len(lt.nodes) > 0 && lt.nodes[0].name != holderName {
+		limit = 2
+	}
+	owned, _, err := l.readOwned(ctx, keys, lt.hash, 0, limit)
 	if err != nil {
 		return pending, err
 	}
@@ -591,7 +679,7 @@ func (l *Locker) confirm(ctx context.Context, lt *leaseTimer, pending []int) ([]
 			continue
 		}
 		h, w := o.holder, lt.nodes[i]
-		if o.kstat.Version == w.keyVersion && h.stat.Version == w.holderVersion &&
+		if h.name == w.name && o.kstat.Version == w.keyVersion && h.stat.Version == w.holderVersion &&
 			h.stat.Czxid == o.kstat.Mzxid && h.data.Fence == 0 &&
 			h.stat.EphemeralOwner == session && !l.claimed(h.stat.Czxid, lt) {
 			mine = append(mine, i)
@@ -611,10 +699,8 @@ func (l *Locker) track() bool {
 	return true
 }
 
-// validateLease checks a lease given to Renew or Release.
+// validateLease checks a lease given to Renew or Release. Its Limit is not
+// needed: its node is found whichever kind it is (see readOwned).
 func validateLease(lease *lock.Lease) error {
-	if err := lock.ValidateLease(lease); err != nil {
-		return err
-	}
-	return lock.RequireMutex(lease.Limit)
+	return lock.ValidateLease(lease)
 }

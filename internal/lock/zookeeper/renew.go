@@ -97,7 +97,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 			next[i].holderVersion = w.holderVersion + 1 // what a setData makes it
 			ops = append(ops,
 				&zk.CheckVersionRequest{Path: l.keyPath(lease.Keys[i]), Version: w.keyVersion},
-				&zk.SetDataRequest{Path: l.holderPath(lease.Keys[i]), Data: mustJSON(w.data), Version: w.holderVersion})
+				&zk.SetDataRequest{Path: l.nodePath(lease.Keys[i], w.name), Data: mustJSON(w.data), Version: w.holderVersion})
 		}
 		res, err := l.multi(ctx, ops)
 		switch {
@@ -118,7 +118,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 	synced := false
 	for range maxTries {
 		start := l.opts.Now()
-		owned, first, err := l.readOwned(ctx, lease.Keys, hash, lease.Fence)
+		owned, first, err := l.readOwned(ctx, lease.Keys, hash, lease.Fence, lease.Limit)
 		if err != nil {
 			return nil, l.unavailable(op, err)
 		}
@@ -132,7 +132,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 				continue
 			}
 			// The lease is gone; never keep half of it.
-			l.releaseQuietly(ctx, lease.Keys, hash, lease.Fence)
+			l.releaseQuietly(ctx, lease.Keys, hash, lease.Fence, lease.Limit)
 			l.log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 			return nil, fmt.Errorf("%s: %w: %w", op, lock.ErrLost, &errLostKey{lease.Keys[first]})
 		}
@@ -143,7 +143,7 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 			// Its Locker is gone (its timer with it) and the session not
 			// timed out yet, or its timer could not reach the ensemble in
 			// time: the lease ended at its TTL all the same.
-			l.releaseQuietly(ctx, lease.Keys, hash, lease.Fence)
+			l.releaseQuietly(ctx, lease.Keys, hash, lease.Fence, lease.Limit)
 			l.log.Info("Lease lost: its TTL passed without a renewal", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 			return nil, fmt.Errorf("%s: %w: its TTL passed without a renewal (on the ensemble's clock)", op, lock.ErrLost)
 		}
@@ -156,12 +156,12 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 			d.TTLMs, d.Session = legacyTTLMs, renewal
 			// The versions the transaction leaves (setData adds one, a
 			// create starts at 0), unless its answer says otherwise.
-			next[i] = written{keyVersion: o.kstat.Version, holderVersion: o.holder.stat.Version + 1, holderCzxid: o.holder.stat.Czxid}
+			next[i] = written{name: o.holder.name, keyVersion: o.kstat.Version, holderVersion: o.holder.stat.Version + 1, holderCzxid: o.holder.stat.Czxid}
 			if o.holder.stat.EphemeralOwner == session && session != 0 {
 				keyOps[i], holderOps[i] = -1, len(ops)+1
 				ops = append(ops,
 					&zk.CheckVersionRequest{Path: l.keyPath(o.key), Version: o.kstat.Version},
-					&zk.SetDataRequest{Path: l.holderPath(o.key), Data: mustJSON(d), Version: o.holder.stat.Version})
+					&zk.SetDataRequest{Path: o.path(l), Data: mustJSON(d), Version: o.holder.stat.Version})
 				next[i].data = d
 				continue
 			}
@@ -171,12 +171,12 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 			// acquisition, so a Locker that checks the version it knows
 			// notices that the holder node is no longer the one it wrote.
 			d.Fence, d.Acquired = o.holder.fence(), o.holder.acquiredMs()
-			next[i] = written{keyVersion: o.kstat.Version + 1, holderVersion: 0, data: d} // czxid: the transaction's
+			next[i] = written{name: o.holder.name, keyVersion: o.kstat.Version + 1, holderVersion: 0, data: d} // czxid: the transaction's
 			keyOps[i], holderOps[i] = len(ops), -1
 			ops = append(ops,
 				&zk.SetDataRequest{Path: l.keyPath(o.key), Data: keyNodeData(o.key, d.Fence), Version: o.kstat.Version},
-				&zk.DeleteRequest{Path: l.holderPath(o.key), Version: o.holder.stat.Version},
-				&zk.CreateRequest{Path: l.holderPath(o.key), Data: mustJSON(d), Acl: l.acl, Flags: zk.FlagEphemeral})
+				&zk.DeleteRequest{Path: o.path(l), Version: o.holder.stat.Version},
+				&zk.CreateRequest{Path: o.path(l), Data: mustJSON(d), Acl: l.acl, Flags: zk.FlagEphemeral})
 		}
 		res, err := l.multi(ctx, ops)
 		if isConflict(err) {

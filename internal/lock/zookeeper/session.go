@@ -226,7 +226,7 @@ func (l *Locker) renewOnSession(ctx context.Context, leases []*lock.Lease, idx [
 		}
 		ps = append(ps, paused{i: i, t: t, hash: hash, keyOff: len(paths)})
 		for k, key := range lease.Keys {
-			paths = append(paths, l.holderPath(key))
+			paths = append(paths, l.nodePath(key, t.nodes[k].name))
 			want = append(want, t.nodes[k])
 		}
 	}

@@ -32,6 +32,9 @@ type holderData struct {
 	// Acquired is when the lease was acquired, in milliseconds on the
 	// ensemble's clock, when the node was moved; 0 means the node's ctime.
 	Acquired int64 `json:"acquired,omitempty"`
+	// Limit is the Request.Limit of a semaphore slot (a slot node); 0 in
+	// a holder node (a mutex).
+	Limit int `json:"limit,omitempty"`
 }
 
 // waiterData is the JSON data of a waiter node.
@@ -60,10 +63,16 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-// holderView is a holder node as read.
+// holderView is a holder or slot node as read.
 type holderView struct {
+	// name is the node's name: holderName, or slotName of its owner.
+	name string
 	data holderData
 	stat *zk.Stat
+	// stale: another owner's node whose TTL passed on the ensemble's clock
+	// (see staleHolder), set by an acquisition: it counts as free, and the
+	// acquisition deletes it at the version read.
+	stale bool
 	// session is the stat of the renewal node data.Session names (nil when
 	// it does not name one, or it is gone or was not read: see
 	// readSessions), sessTTLMs the TTL in its name.
@@ -101,6 +110,15 @@ func (h *holderView) endMs() (ms int64, ok bool) {
 	return max(h.stat.Mtime, h.session.Mtime) + ttl, true
 }
 
+// limit is how many leases the node's lease admits on its key: 1 for a
+// holder node (or a slot node with data this package did not write).
+func (h *holderView) limit() int {
+	if h.name == holderName {
+		return 1
+	}
+	return max(h.data.Limit, 1)
+}
+
 // fence is the lease's fencing token.
 func (h *holderView) fence() int64 {
 	if h.data.Fence > 0 {
@@ -129,17 +147,28 @@ type waiterView struct {
 // keyView is what one read saw of one key.
 type keyView struct {
 	key     string
-	exists  bool     // the key node exists
-	kstat   *zk.Stat // the key node's stat (when it exists)
-	holder  *holderView
+	exists  bool          // the key node exists
+	kstat   *zk.Stat      // the key node's stat (when it exists)
+	holder  *holderView   // the holder node (a mutex), if any
+	slots   []*holderView // the slot nodes (a semaphore), oldest first
 	waiters []*waiterView // sorted by ticket
+}
+
+// leases are the leases holding the key, oldest (smallest fence) first: the
+// holder node and the slot nodes (one kind only, but for an acquisition
+// racing with a lagging read, which its write then refuses).
+func (v *keyView) leases() []*holderView {
+	if v.holder == nil {
+		return v.slots
+	}
+	return append([]*holderView{v.holder}, v.slots...)
 }
 
 // lastFence is the token of the key's last acquisition (0 when none), given
 // the key node's data when the key is free.
 func (v *keyView) lastFence(keyData []byte) int64 {
-	if v.holder != nil {
-		return v.holder.fence()
+	if ls := v.leases(); len(ls) > 0 {
+		return ls[0].fence()
 	}
 	if !v.exists || v.kstat.Version == 0 {
 		return 0 // never acquired
@@ -151,8 +180,8 @@ func (v *keyView) lastFence(keyData []byte) int64 {
 	return v.kstat.Mzxid
 }
 
-// readKeys reads the key nodes' children (the holder and the queue), then the
-// holder and waiter nodes, all requests of a phase pipelined.
+// readKeys reads the key nodes' children (the holder or slots and the queue),
+// then the holder, slot and waiter nodes, all requests of a phase pipelined.
 func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error) {
 	views := make([]*keyView, len(keys))
 	names := make([][]string, len(keys))
@@ -187,7 +216,7 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 	var tasks []task
 	for i, v := range views {
 		for _, n := range names[i] {
-			if n == holderName {
+			if isLeaseNode(n) {
 				tasks = append(tasks, task{v, n})
 			} else if _, _, ok := parseWaiter(n); ok {
 				tasks = append(tasks, task{v, n})
@@ -222,14 +251,18 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 		if g == nil {
 			continue
 		}
-		if t.name == holderName {
-			h := &holderView{stat: g.stat}
+		if isLeaseNode(t.name) {
+			h := &holderView{name: t.name, stat: g.stat}
 			// A holder node with data the Locker did not write counts as
 			// held by an unknown owner: never taken over, never released.
 			if err := json.Unmarshal(g.data, &h.data); err != nil || h.data.Owner == "" {
 				h.data = holderData{Owner: "?", Holder: "(unreadable holder node)"}
 			}
-			t.view.holder = h
+			if t.name == holderName {
+				t.view.holder = h
+			} else {
+				t.view.slots = append(t.view.slots, h)
+			}
 			continue
 		}
 		ticket, hash, _ := parseWaiter(t.name)
@@ -237,14 +270,15 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 		_ = json.Unmarshal(g.data, &w.data) // only the holder identity is read from it
 		t.view.waiters = append(t.view.waiters, w)
 	}
-	holders := make([]*holderView, len(views))
-	for i, v := range views {
-		holders[i] = v.holder
+	var holders []*holderView
+	for _, v := range views {
+		holders = append(holders, v.leases()...)
 	}
 	if err := l.readSessions(ctx, holders); err != nil {
 		return nil, err
 	}
 	for _, v := range views {
+		slices.SortFunc(v.slots, func(a, b *holderView) int { return cmp.Compare(a.fence(), b.fence()) })
 		slices.SortFunc(v.waiters, func(a, b *waiterView) int {
 			return cmp.Or(cmp.Compare(a.ticket, b.ticket), cmp.Compare(a.hash, b.hash))
 		})

@@ -357,16 +357,16 @@ func TestUnconfirmedTimer(t *testing.T) {
 
 	// A version the acquisition did not leave, and the node its own timer
 	// ends: both left alone.
-	l.armUnconfirmed(hash, lease.Keys, soon, []int32{v + 1})
+	l.armUnconfirmed(hash, lease.Keys, soon, []int32{v + 1}, holderName)
 	waitSignal(t, ctx, ended, "the timer never ran")
-	l.armUnconfirmed(hash, lease.Keys, soon, []int32{v})
+	l.armUnconfirmed(hash, lease.Keys, soon, []int32{v}, holderName)
 	waitSignal(t, ctx, ended, "the timer never ran")
 	assertHeldBy(t, ctx, other, key, lease)
 
 	// Without a known acquisition holding it, the node is the one the lost
 	// acquisition created: ended.
 	l.disarmTimer(lease.Fence, hash)
-	l.armUnconfirmed(hash, lease.Keys, time.Now().Add(100*time.Millisecond), []int32{v})
+	l.armUnconfirmed(hash, lease.Keys, time.Now().Add(100*time.Millisecond), []int32{v}, holderName)
 	waitSignal(t, ctx, ended, "the timer never ran")
 	st, err := other.Inspect(ctx, []string{key})
 	if err != nil || st[0].Held {

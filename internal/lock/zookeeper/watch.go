@@ -20,7 +20,7 @@ const watchBuffer = 64
 // Watch delivers the names of released keys until ctx ends, then closes the
 // channel (see lock.Locker). It keeps a ZooKeeper child watch on every key
 // node (re-armed after each event, as ZooKeeper watches fire once) and
-// delivers a key when its holder node went away, when an acquisition and
+// delivers a key when a holder or slot node went away, when an acquisition and
 // release happened between two looks, or when the head of a free key's queue
 // changed (a waiter left, so the next one may go). With no keys it also
 // watches the keys directory and every key node that appears in it. It
@@ -86,8 +86,9 @@ type watcher struct {
 // keyState is what a watch loop last saw of a key.
 type keyState struct {
 	exists bool
-	used   bool // the key node was ever written: some acquisition happened
-	held   bool
+	used   bool  // the key node was ever written: some acquisition happened
+	held   int   // holder and slot nodes
+	mutex  bool  // one of them is the holder node
 	mzxid  int64 // key node mzxid: changes with every acquisition
 	head   string
 }
@@ -118,8 +119,9 @@ func (w *watcher) look(key string) (keyState, <-chan zk.Event, error) {
 		st := keyState{exists: true, used: stat.Version > 0, mzxid: stat.Mzxid}
 		var waiters []string
 		for _, n := range children {
-			if n == holderName {
-				st.held = true
+			if isLeaseNode(n) {
+				st.held++
+				st.mutex = st.mutex || n == holderName
 			} else if _, _, ok := parseWaiter(n); ok {
 				waiters = append(waiters, n)
 			}
@@ -132,12 +134,17 @@ func (w *watcher) look(key string) (keyState, <-chan zk.Event, error) {
 	return r.st, r.ch, err
 }
 
-// released tells whether the change from prev to cur is worth a wake-up.
+// released tells whether the change from prev to cur is worth a wake-up: a
+// holder or slot node went away, or, while a semaphore's slots are held,
+// the head of the queue left (took a slot, or gave up).
 func released(prev, cur keyState) bool {
-	if cur.held {
-		return false
+	if cur.held < prev.held {
+		return true // a holder or a slot went away
 	}
-	return prev.held || // the holder went away
+	if cur.held > 0 {
+		return !cur.mutex && prev.head != "" && cur.head != prev.head
+	}
+	return prev.held > 0 || // the holder went away
 		(prev.exists && cur.mzxid != prev.mzxid) || // taken and released in between
 		(!prev.exists && cur.exists && cur.used) || // created, used and released in between
 		(prev.head != "" && cur.head != prev.head) // the head of the queue left
@@ -164,7 +171,7 @@ func (w *watcher) watchKey(key string, fresh bool) error {
 		w.mu.Unlock()
 		return err
 	}
-	if fresh && st.used && !st.held {
+	if fresh && st.used && st.held == 0 {
 		w.deliver(key)
 	}
 	w.wg.Go(func() { w.loop(key, st, ch) })

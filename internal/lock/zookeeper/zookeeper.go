@@ -3,7 +3,9 @@
 // crashed holder's session, a FIFO queue of ephemeral waiter nodes in which
 // each waiter watches only the node ahead of it, and multi-key leases taken in
 // one transaction (multi), so a lease holds all its keys or none and two
-// multi-key requests never deadlock.
+// multi-key requests never deadlock. A key is held by one lease (a mutex:
+// Request.Limit 0 or 1) or by up to Limit leases at once (a counting
+// semaphore: Limit > 1), each with its own fencing token.
 //
 // # Nodes
 //
@@ -17,10 +19,14 @@
 //	                          it, so its version says whether the holder node
 //	                          is still the one a Locker read or wrote, and its
 //	                          mzxid is the token of the last acquisition
-//	R/keys/k-<enc K>/holder   EPHEMERAL: the lease on K. Data (JSON): owner
-//	                          (a hash of the owner token), holder, session
-//	                          (its renewal node), ttlMs, and after a
+//	R/keys/k-<enc K>/holder   EPHEMERAL: the mutex lease on K. Data (JSON):
+//	                          owner (a hash of the owner token), holder,
+//	                          session (its renewal node), ttlMs, and after a
 //	                          recovery move fence and acquired
+//	R/keys/k-<enc K>/slot-<owner hash>
+//	                          EPHEMERAL: one semaphore lease on K (one per
+//	                          owner and key), data as a holder node's plus
+//	                          limit, the Request.Limit it was taken with
 //	R/sessions/s-<session id>-<TTL ms>
 //	                          EPHEMERAL: a renewal node, one per Locker and
 //	                          TTL; its mtime is the last renewal of every
@@ -39,16 +45,36 @@
 //
 // # Acquisition and fencing
 //
-// An acquisition reads the key nodes' children (holder and queue), then runs
-// one multi that, for every key, creates the holder node and sets the key
-// node's data at the version it read. The creates fail if any key is held; the
-// version checks fail if anyone acquired a key in between. The fencing token
-// is the multi's zxid (the key node's new mzxid, equal to the holder node's
-// czxid): zxids are the ensemble's total order of writes, strictly increasing
-// across leader elections (a new epoch in the high 32 bits), so a token is
-// larger than every token issued before for any key, by anyone. The last
-// token of a free key is its key node's mzxid, which releases do not change
-// (after a recovery move: the token in its data).
+// An acquisition reads the key nodes' children (holder, slots and queue),
+// then runs one multi that, for every key, creates the lease's node (the
+// holder node of a mutex, the owner's slot node of a semaphore) and sets the
+// key node's data at the version it read. The version checks fail if anyone
+// acquired a key (or moved a lease of it) in between, so the acquisitions of
+// a key are serialized and what the read counted is exact at commit; the
+// creates fail if a node of that name appeared anyway. The fencing token is
+// the multi's zxid (the key node's new mzxid, equal to the created node's
+// czxid): zxids are the ensemble's total order of writes, strictly
+// increasing across leader elections (a new epoch in the high 32 bits), so a
+// token is larger than every token issued before for any key, by anyone,
+// mutex or slot. The last token of a free key is its key node's mzxid, which
+// releases do not change (after a recovery move: the token in its data).
+//
+// # Semaphores
+//
+// A mutex request (Limit 0 or 1) finds a key free when no live lease of
+// another owner holds it, holder or slot; a semaphore request (Limit N > 1)
+// when no live holder node of another owner does and the live slots of other
+// owners are fewer than the bound: the smallest Limit of the request's and
+// theirs (recorded in each slot node), so no holder shares a key with more
+// holders than its own Limit allows. An owner's own holder or slot node does
+// not count: its acquisition replaces it (so an owner holds at most one node
+// per key, of either kind). Slot nodes hang on the renewal node as holder
+// nodes do, so everything below (TTL timers, expiry on the ensemble's clock,
+// recovery moves, release) treats "the lease's node on a key" alike, holder
+// or slot (below, "holder node" means either); and Release and Renew of a
+// lease given with its token find its node of either kind, whatever Limit
+// they are given (a lock's maxHolders may change while it is held). Without a
+// token, the kind its Limit names.
 //
 // # TTL and sessions
 //
@@ -65,7 +91,10 @@
 // so two leases of one owner each keep their own) deletes, when the TTL
 // passes without a renewal, exactly the holder nodes it was armed for: at the
 // key node's and the holder node's versions this Locker last wrote, in one
-// checked transaction. A node renewed, moved into another session or created
+// checked transaction. (Acquisitions of other slots write the key node too:
+// a slot node that check misses is read, after the key node, and deleted at
+// the key node's version just read when its creation zxid and version are
+// still the ones this Locker wrote.) A node renewed, moved into another session or created
 // by a later acquisition (of the same owner too) since is never deleted by
 // an older timer; a renewal stops the timer before it writes the renewal
 // node, and one that finds the timer already firing takes the read path and
@@ -77,9 +106,9 @@
 // The ensemble ends no lease at its TTL by itself, so acquirers do too: a
 // TryAcquire that finds another owner's holder node whose TTL passed on the
 // ensemble's clock (its end as above, plus the drift allowance, before the
-// mtime of a node the acquirer just wrote) treats the key as free and deletes
-// the node, at the version read, in its acquisition transaction, which also
-// checks the renewal node at the version read. So a key is not held past its TTL for longer than it takes
+// mtime of a node the acquirer just wrote) treats the key as free (a slot as
+// free) and deletes the node, at the version read, in its acquisition
+// transaction, which also checks the renewal node at the version read. So a key is not held past its TTL for longer than it takes
 // the next acquirer to look, whether the holder's Locker is gone (closed, or
 // crashed before its session timed out) or its timer could not reach the
 // ensemble. Nor does a renewal revive such a lease: once the timer could not
@@ -133,11 +162,14 @@
 // next acquirer deletes, at the version it read, waiters
 // whose mtime is older than WaiterTTL before the mtime of a node it just
 // wrote, so dead waiters are pruned by the ensemble's clock, never the
-// client's. Acquire waits on a ZooKeeper watch: on the holder node while it
-// is at the head of the queue, else on the live waiter just ahead of it, so a
-// release wakes one waiter, not the herd (a request without Queue watches the
-// holder node, or the head of the queue that blocks it); exponential backoff
-// with jitter is the fallback.
+// client's. A waiter takes a key only while the live waiters ahead of it are
+// fewer than the free slots (one for a free mutex), so the first free slots
+// go to the oldest waiters. Acquire waits on a ZooKeeper watch: at the head
+// of the queue, on a node whose deletion makes room (the holder node, or a
+// slot of another owner), else on the live waiter just ahead of it, so a
+// release wakes one waiter, not the herd (a request without Queue watches
+// such a node, or the head of the queue that blocks it); exponential
+// backoff with jitter is the fallback.
 //
 // A Locker remembers the versions it wrote for the leases it holds, so its
 // own renewals and releases are one multi without reads (check the key node's
@@ -227,6 +259,9 @@ type Locker struct {
 	beforeTake       func()
 	skipRenewalCheck bool
 	noRenewalNode    bool
+	// ignoreSlots (tests only: a mutant the semaphore tests must catch)
+	// admits a semaphore request whatever slots other owners hold.
+	ignoreSlots bool
 
 	// sessionSubs are told (non-blocking, buffer 1) when the client
 	// established a session again after a disconnection: the all-keys
@@ -680,13 +715,37 @@ func (l *Locker) unavailable(op string, err error) error {
 
 func (l *Locker) keyPath(key string) string { return l.keysPath + "/" + encodeKey(key) }
 
-func (l *Locker) holderPath(key string) string { return l.keyPath(key) + "/holder" }
+func (l *Locker) holderPath(key string) string { return l.keyPath(key) + "/" + holderName }
+
+// nodePath is the path of the node name (a holder or slot node) of key.
+func (l *Locker) nodePath(key, name string) string { return l.keyPath(key) + "/" + name }
 
 const (
 	holderName   = "holder"
+	slotPrefix   = "slot-"
 	keyPrefix    = "k-"
 	waiterPrefix = "w-"
 )
+
+// slotName is the name of the slot node of the owner hash (one per owner
+// and key: an owner acquiring again replaces it, as a holder node).
+func slotName(hash string) string { return slotPrefix + hash }
+
+// leaseNodeName is the node a request with limit takes on each key: the
+// holder node for a mutex (limit 0 or 1), the owner's slot node for a
+// semaphore.
+func leaseNodeName(limit int, hash string) string {
+	if limit > 1 {
+		return slotName(hash)
+	}
+	return holderName
+}
+
+// isLeaseNode tells whether a key node's child named name is a lease's
+// node: the holder node or a slot node.
+func isLeaseNode(name string) bool {
+	return name == holderName || strings.HasPrefix(name, slotPrefix) && len(name) > len(slotPrefix)
+}
 
 // encodeKey turns a lock key into one znode name: "k-" and the key with
 // every byte outside [A-Za-z0-9._:-] (and '%' itself) written as %XX. The
