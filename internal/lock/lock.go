@@ -60,8 +60,7 @@ type Request struct {
 	// the live holders', so no holder shares a key with more holders than
 	// its own Limit allows. With Queue, waiters
 	// are admitted in FIFO order: the first free slots go to the oldest
-	// waiters. At most MaxLimit. A backend without semaphores refuses
-	// Limit > 1 with an InvalidRequestError naming Limit.
+	// waiters. At most MaxLimit. Every store has semaphores.
 	Limit int
 }
 

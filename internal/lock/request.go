@@ -38,18 +38,6 @@ func ValidateRequest(req Request) error {
 	return nil
 }
 
-// ErrNoSemaphores is the reason a store without semaphores gives for Limit > 1.
-const ErrNoSemaphores = "this store holds one lease per key; more than one holder needs a store with semaphores (today: Redis, etcd, PostgreSQL, or the kubernetes store)"
-
-// RequireMutex refuses a request or lease that asks for more than one holder,
-// for backends without semaphores.
-func RequireMutex(limit int) error {
-	if limit > 1 {
-		return &InvalidRequestError{Field: "limit", Reason: fmt.Sprintf("%d holders requested: %s", limit, ErrNoSemaphores)}
-	}
-	return nil
-}
-
 // ValidateKeys checks that keys are non-empty, unique and free of whitespace.
 func ValidateKeys(keys []string) error {
 	// Few keys (the common case is one) are compared pairwise: no map on
@@ -100,16 +88,6 @@ func PrepareRequest(req Request, try bool) (Request, error) {
 		req.Owner = tok
 	}
 	return req, nil
-}
-
-// PrepareMutex is PrepareRequest for a store that holds one lease per key:
-// Limit > 1 is refused too.
-func PrepareMutex(req Request, try bool) (Request, error) {
-	req, err := PrepareRequest(req, try)
-	if err != nil {
-		return req, err
-	}
-	return req, RequireMutex(req.Limit)
 }
 
 // ValidateKeyList checks a key list given outside a Request (to Inspect,

@@ -34,9 +34,6 @@ const isolationTTL = 2 * time.Second // the TTL runEtcdFaultSeries gives the cli
 // member stops calling itself the leader and another member leads; and that
 // a Locker that reaches only the isolated member can neither acquire a key
 // nor renew a lease it took there before the partition.
-//
-// The etcd Locker takes mutexes only (lock.RequireMutex), so there is no
-// semaphore run.
 func TestFaultsEtcdLeaderIsolated(t *testing.T) {
 	etcdtest.RequireNetns(t)
 	c := etcdtest.StartCluster(t, 3, etcdtest.WithNetns())

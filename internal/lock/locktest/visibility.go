@@ -10,76 +10,8 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// This file holds checks that Run does not make, for the backends that hold
-// one lease per key (PostgreSQL, ZooKeeper, etcd). Their conformance tests
-// call them beside Run.
-
-// CheckMutexOnly checks a backend without semaphores: a Request with
-// Limit > 1 is refused by TryAcquire and Acquire, and a Lease with Limit > 1
-// by Renew, RenewAll and Release, each with a *lock.InvalidRequestError
-// naming "limit" and without touching the backend; Limit 1 is a mutex, as 0.
-func CheckMutexOnly(t *testing.T, newLocker func(t *testing.T) lock.Locker) {
-	l := newLocker(t)
-	ctx := ctxT(t, 30*time.Second)
-	key := keys(t, 1)[0]
-	wantLimitRefused := func(what string, err error) {
-		t.Helper()
-		var ie *lock.InvalidRequestError
-		if !errors.Is(err, lock.ErrInvalidRequest) || !errors.As(err, &ie) || ie.Field != "limit" {
-			t.Errorf("%s: error %v, want a *lock.InvalidRequestError naming limit (matching ErrInvalidRequest)", what, err)
-		}
-	}
-	_, err := l.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: longTTL, Holder: "two", Limit: 2})
-	wantLimitRefused("TryAcquire with limit 2", err)
-	_, err = l.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: longTTL, Holder: "three", Limit: 3, Queue: true, Owner: owner(t)})
-	wantLimitRefused("queued TryAcquire with limit 3", err)
-	_, err = l.Acquire(ctx, lock.Request{Keys: []string{key}, TTL: longTTL, Holder: "max", Limit: lock.MaxLimit, Queue: true})
-	wantLimitRefused("queued Acquire with the largest limit", err)
-	st, err := inspect1(ctx, l, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Held || st.HolderCount != 0 || len(st.Waiters) != 0 || st.Queued != 0 {
-		t.Fatalf("after refused requests Inspect = %+v, want the key free with nobody queued", st)
-	}
-
-	// Limit 1 is a mutex, exactly as 0.
-	lease := mustAcquire(t, l, lock.Request{Keys: []string{key}, TTL: longTTL, Holder: "one", Limit: 1})
-	if lease.Limit != 1 {
-		t.Errorf("lease.Limit = %d, want the request's 1", lease.Limit)
-	}
-	for _, limit := range []int{0, 1} {
-		_, err := l.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: longTTL, Holder: "second", Limit: limit})
-		if he := wantHeldError(t, err, key); he.Holder != "one" || he.Fence != lease.Fence || he.Holders != 1 {
-			t.Fatalf("a second request with limit %d: HeldError = %+v, want held by one (fence %d), 1 holder", limit, he, lease.Fence)
-		}
-	}
-
-	// A lease that claims a semaphore slot is refused before the backend
-	// sees it: the real lease stays held.
-	slot := *lease
-	slot.Limit = 2
-	_, err = l.Renew(ctx, &slot, longTTL)
-	wantLimitRefused("Renew of a lease with limit 2", err)
-	err = l.Release(ctx, &slot)
-	wantLimitRefused("Release of a lease with limit 2", err)
-	got, errs := l.RenewAll(ctx, []*lock.Lease{&slot, lease}, longTTL)
-	wantLimitRefused("RenewAll of a lease with limit 2", errs[0])
-	if got[0] != nil {
-		t.Errorf("RenewAll of a lease with limit 2 returned %+v", got[0])
-	}
-	if errs[1] != nil || got[1] == nil || got[1].Fence != lease.Fence || got[1].Limit != 1 {
-		t.Fatalf("RenewAll of the limit-1 lease beside it = %+v, %v; want renewed with fence %d and limit 1", got[1], errs[1], lease.Fence)
-	}
-	st, err = inspect1(ctx, l, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !st.Held || st.Holder != "one" || st.Fence != lease.Fence || st.HolderCount != 1 {
-		t.Fatalf("after the refused calls Inspect = %+v, want still held by one with fence %d", st, lease.Fence)
-	}
-	mustRelease(t, l, got[1])
-}
+// This file holds checks that Run does not make; the stores' conformance
+// tests call them beside Run.
 
 // CheckQueueVisibility queues more waiters behind a holder than Inspect
 // lists (lock.MaxInspectWaiters + 2) and checks what Inspect and the
