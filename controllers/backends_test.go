@@ -162,26 +162,3 @@ func TestJobGatingOnEveryStore(t *testing.T) {
 		})
 	}
 }
-
-// TestSemaphoreOnAStoreWithoutSemaphoresSaysSo: maxHolders > 1 on a store
-// that holds one lease per key is refused with the field named, on the
-// lock's status (its manual holder cannot acquire) and on its Jobs.
-func TestSemaphoreOnAStoreWithoutSemaphoresSaysSo(t *testing.T) {
-	startManager(t, managerOptions{})
-	ns := newNamespace(t, nil)
-	storeCases[1].setup(t, ns) // postgres
-	dl := makeLock("exports", ns).holder("maintenance").obj()
-	dl.Spec.MaxHolders = 2
-	dl.Spec.Backend = locksv1alpha1.Backend{BackendRef: &locksv1alpha1.BackendRef{Name: "store"}}
-	create(t, dl)
-	got := waitCondition(t, 30*time.Second, ns, "exports", locksv1alpha1.ConditionBackendReady, metav1.ConditionFalse, locksv1alpha1.ReasonInvalidBackend)
-	c := findCond(got, locksv1alpha1.ConditionBackendReady)
-	if !containsAll(c.Message, "spec.maxHolders 2", "Redis") {
-		t.Fatalf("BackendReady message %q does not name spec.maxHolders and what would work", c.Message)
-	}
-	create(t, makeJob("export-1", ns).lock("exports").obj())
-	eventually(t, 30*time.Second, "a Warning on the Job naming the limit", eventWith(t, ns, "export-1", locksv1alpha1.ReasonInvalidBackend, "limit", "Redis"))
-	if j := getJob(t, env.Client, ns, "export-1"); running(j) {
-		t.Fatal("a Job of a lock its backend cannot hold runs")
-	}
-}

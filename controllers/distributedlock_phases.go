@@ -514,10 +514,11 @@ func (r *DistributedLockReconciler) acquire(ctx context.Context, dl *locksv1alph
 		}
 		log.V(1).Info("Waiting for lock", "holder", h.Identity, "heldBy", busy.Holder, "position", busy.Position)
 	case errors.As(err, new(*lock.InvalidRequestError)):
-		// The lock asks for what its backend cannot do (maxHolders > 1 on a
-		// store without semaphores): say so, naming the field.
+		// The lock asks for what its backend refuses (every store has
+		// semaphores today; a store may still refuse a request): say so,
+		// with the limit asked for.
 		metrics.Acquisitions.WithLabelValues(lockKind, metrics.ResultError).Inc()
-		obs.backendErr = fmt.Errorf("spec.maxHolders %d cannot be used with this backend: %w", dl.Spec.MaxHolders, err)
+		obs.backendErr = fmt.Errorf("the backend refuses the lock's request (spec.maxHolders %d): %w", dl.Spec.MaxHolders, err)
 		obs.backendReason = locksv1alpha1.ReasonInvalidBackend
 		log.Info("The lock asks for more than its backend can do", "error", err.Error())
 	default:

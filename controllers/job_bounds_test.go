@@ -312,11 +312,11 @@ func TestSkipEndsAPlainJobAsSkipped(t *testing.T) {
 
 // TestMaxHoldersRunsThatManyJobsAtOnce: a lock with maxHolders 2 runs two
 // Jobs at once, with rising tokens, and the third when one ends; on each
-// store with semaphores that runs here as a process (the kubernetes store
-// has its own suites).
+// store that runs here as a process (every store has semaphores; the
+// kubernetes store has its own suites).
 func TestMaxHoldersRunsThatManyJobsAtOnce(t *testing.T) {
 	startManager(t, managerOptions{})
-	for _, sc := range []storeCase{storeCases[0], storeCases[1], storeCases[3]} { // redis, postgres, etcd
+	for _, sc := range storeCases { // redis, postgres, zookeeper, etcd
 		t.Run(sc.name, func(t *testing.T) {
 			ns := newNamespace(t, nil)
 			c := env.Client
@@ -342,24 +342,6 @@ func TestMaxHoldersRunsThatManyJobsAtOnce(t *testing.T) {
 				t.Fatal("b stopped running")
 			}
 		})
-	}
-}
-
-func TestMaxHoldersOnAStoreWithoutSemaphoresIsAWarning(t *testing.T) {
-	startManager(t, managerOptions{})
-	ns := newNamespace(t, nil)
-	storeCases[2].setup(t, ns) // zookeeper: the one store without semaphores
-	dl := makeLock("exports", ns).obj()
-	dl.Spec.Backend = locksv1alpha1.Backend{BackendRef: &locksv1alpha1.BackendRef{Name: "store"}}
-	dl.Spec.MaxHolders = 2
-	create(t, dl)
-	create(t, makeJob("a", ns).lock("exports").obj())
-	eventually(t, 20*time.Second, "a Warning Event naming the limit", func() (bool, string) {
-		ok, e := hasEvent(t, ns, "a", locksv1alpha1.ReasonInvalidBackend)
-		return ok && containsAll(e, "exports", "limit", "Redis", "PostgreSQL"), e
-	})
-	if j := getJob(t, env.Client, ns, "a"); running(j) || failureTarget(j) != nil {
-		t.Fatalf("the Job did not stay waiting: suspend=%v conditions=%+v", ptr.Deref(j.Spec.Suspend, false), j.Status.Conditions)
 	}
 }
 

@@ -100,9 +100,10 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 		res, err := r.wait(ctx, g, busy)
 		return untilDeadline(res, limit, deadline, r.Clock.Now()), err
 	case errors.As(err, &invalid):
-		// The lock asks for what its backend cannot do (maxHolders > 1 on
-		// a store without semaphores): retrying soon does not help; a
-		// change of the lock's spec or backend wakes the Job.
+		// The lock asks for what its backend refuses (every store has
+		// semaphores today; a store may still refuse a request):
+		// retrying soon does not help; a change of the lock's spec or
+		// backend wakes the Job.
 		metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultError).Inc()
 		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.ReasonInvalidBackend, "Acquire",
 			"Lock %s cannot be acquired: %s; the Job stays suspended until the lock or its backend changes", g.dl.Name, invalid.Error())
