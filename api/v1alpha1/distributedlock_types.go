@@ -93,9 +93,8 @@ type DistributedLockSpec struct {
 	// makes it a mutex, N a semaphore with N slots ("at most 3 exports at
 	// once"). Each holder gets its own fencing token, strictly increasing
 	// across all holders; waiters take free slots in FIFO order. 1 to 100.
-	// More than 1 needs a store with semaphores: Redis, etcd, PostgreSQL or
-	// kubernetes (not yet ZooKeeper). Lowering it never stops a holder:
-	// new holders wait until fewer than maxHolders hold.
+	// Every store has semaphores. Lowering it never stops a holder: new
+	// holders wait until fewer than maxHolders hold.
 	// +optional
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=1
