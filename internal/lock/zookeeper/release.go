@@ -610,7 +610,7 @@ func (l *Locker) endOne(ctx context.Context, lt *leaseTimer, i int, tried bool) 
 		}
 	}
 	w := lt.nodes[i]
-	if w.name == holderName || w.holderCzxid == 0 || lt.unconfirmed {
+	if w.name == holderName || w.holderCzxid == 0 {
 		return false, nil // not the node the timer was armed for any more
 	}
 	key := lt.keys[i]
@@ -645,8 +645,9 @@ func (l *Locker) endOne(ctx context.Context, lt *leaseTimer, i int, tried bool) 
 
 // confirm returns the indexes in pending of the keys whose nodes are those
 // lt's acquisition (of unknown outcome) created if it committed; the others
-// are not its, for good (versions only grow). A holder node that another
-// timer of this Locker ends (an acquisition whose outcome is known) is not.
+// are not its, for good (versions only grow). A holder or slot node that
+// another timer of this Locker ends (an acquisition whose outcome is known)
+// is not.
 func (l *Locker) confirm(ctx context.Context, lt *leaseTimer, pending []int) ([]int, error) {
 	session := l.conn.SessionID()
 	if session == 0 {
@@ -679,9 +680,21 @@ func (l *Locker) confirm(ctx context.Context, lt *leaseTimer, pending []int) ([]
 			continue
 		}
 		h, w := o.holder, lt.nodes[i]
-		if h.name == w.name && o.kstat.Version == w.keyVersion && h.stat.Version == w.holderVersion &&
-			h.stat.Czxid == o.kstat.Mzxid && h.data.Fence == 0 &&
-			h.stat.EphemeralOwner == session && !l.claimed(h.stat.Czxid, lt) {
+		ours := h.name == w.name && h.stat.Version == w.holderVersion && h.data.Fence == 0 &&
+			h.stat.EphemeralOwner == session && !l.claimed(h.stat.Czxid, lt)
+		if w.name == holderName {
+			// Created by the write that left the key node at that version.
+			ours = ours && o.kstat.Version == w.keyVersion && h.stat.Czxid == o.kstat.Mzxid
+		}
+		// A slot node: other owners' acquisitions write the key node too,
+		// so it cannot tell; the owner's slot node in this session, never
+		// moved or rewritten, that no acquisition of known outcome holds,
+		// is one nobody was told they hold.
+		if ours {
+			// endOne deletes a slot node only at this creation zxid. The
+			// nodes of an unconfirmed timer are its own (lastWritten
+			// never hands them out), and only its expire reads them.
+			lt.nodes[i].holderCzxid = h.stat.Czxid
 			mine = append(mine, i)
 		}
 	}

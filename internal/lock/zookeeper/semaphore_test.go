@@ -194,3 +194,45 @@ func TestSlotTimerAfterOtherSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestUnconfirmedSlotTimer: the timer armed for a slot acquisition whose
+// answer was lost ends the owner's slot node in this session once no
+// acquisition with a known outcome holds it, although another owner took a
+// slot since (the key node moved on); while the known acquisition's timer
+// holds it, it is left alone.
+func TestUnconfirmedSlotTimer(t *testing.T) {
+	e := sharedServers(t, 1)
+	logsOnFailure(t, e)
+	ctx := ctxT(t, time.Minute)
+	cfg := Config{Servers: e.Addrs(), Root: "/slottimer"}
+	l, other := newTestLocker(t, cfg), newTestLocker(t, cfg)
+	ended := expireSignal(l)
+	key := "unconfirmed-slot"
+	owner := "unconfirmed-slot-owner"
+	lease, err := l.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: time.Minute, Owner: owner, Limit: 2, Holder: "lost"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash := ownerHash(owner)
+	nodes := l.lastWritten(lease.Fence, hash, lease.Keys)
+	if nodes == nil {
+		t.Fatal("no timer for the lease")
+	}
+	v := nodes[0].keyVersion
+	second, err := other.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: time.Minute, Limit: 2, Holder: "second"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.armUnconfirmed(hash, lease.Keys, time.Now().Add(100*time.Millisecond), []int32{v}, slotName(hash))
+	waitSignal(t, ctx, ended, "the timer never ran")
+	if st, err := other.Inspect(ctx, []string{key}); err != nil || st[0].HolderCount != 2 {
+		t.Fatalf("Inspect while the known acquisition holds the slot: %+v, %v; want both slots", st, err)
+	}
+	l.disarmTimer(lease.Fence, hash)
+	l.armUnconfirmed(hash, lease.Keys, time.Now().Add(100*time.Millisecond), []int32{v}, slotName(hash))
+	waitSignal(t, ctx, ended, "the timer never ran")
+	st, err := other.Inspect(ctx, []string{key})
+	if err != nil || st[0].HolderCount != 1 || st[0].Fence != second.Fence {
+		t.Fatalf("Inspect after the unconfirmed timer: %+v, %v; want only the second slot (fence %d)", st, err, second.Fence)
+	}
+}
