@@ -24,12 +24,9 @@ import (
 // lock.ErrBackendUnavailable: the lease may still be held until its Expires,
 // so the caller may try again before then. It is RenewAll of one lease.
 func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
-	if err := validateRenew(lease, ttl); err != nil {
-		return nil, err
-	}
-	out, errs := make([]*lock.Lease, 1), make([]error, 1)
-	l.renewAll(ctx, []*lock.Lease{lease}, []int{0}, ttl, out, errs)
-	return out[0], errs[0]
+	return lock.RenewOne(lease, ttl, validateRenew, func(valid []int, out []*lock.Lease, errs []error) {
+		l.renewAll(ctx, []*lock.Lease{lease}, valid, ttl, out, errs)
+	})
 }
 
 // RenewAll renews many leases (see lock.Locker): one KeepAliveOnce of the
@@ -42,20 +39,9 @@ func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 // fencing token. Results and errors are by index, with the meaning of
 // Renew.
 func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
-	out := make([]*lock.Lease, len(leases))
-	errs := make([]error, len(leases))
-	var idx []int
-	for i, le := range leases {
-		if err := validateRenew(le, ttl); err != nil {
-			errs[i] = fmt.Errorf("leases[%d]: %w", i, err)
-			continue
-		}
-		idx = append(idx, i)
-	}
-	if len(idx) > 0 {
-		l.renewAll(ctx, leases, idx, ttl, out, errs)
-	}
-	return out, errs
+	return lock.RenewAllValid(leases, ttl, validateRenew, func(valid []int, out []*lock.Lease, errs []error) {
+		l.renewAll(ctx, leases, valid, ttl, out, errs)
+	})
 }
 
 func validateRenew(lease *lock.Lease, ttl time.Duration) error {

@@ -28,11 +28,9 @@ func (e *errLostKey) Error() string {
 // lock.ErrBackendUnavailable: the lease may still be held until its Expires,
 // so the caller may try again.
 func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
-	if err := validateRenew(lease, ttl); err != nil {
-		return nil, err
-	}
-	out, errs := l.renewAll(ctx, []*lock.Lease{lease}, []int{0}, ttl)
-	return out[0], errs[0]
+	return lock.RenewOne(lease, ttl, validateRenew, func(valid []int, out []*lock.Lease, errs []error) {
+		l.renewAll(ctx, []*lock.Lease{lease}, valid, ttl, out, errs)
+	})
 }
 
 // RenewAll renews many leases (see lock.Locker). The leases this Locker
@@ -45,33 +43,19 @@ func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 // keeping their fencing token; from the next round on they take the fast
 // path. Results and errors are by index, with the meaning of Renew.
 func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
-	errs := make([]error, len(leases))
-	var valid []int
-	for i, lease := range leases {
-		if err := validateRenew(lease, ttl); err != nil {
-			errs[i] = fmt.Errorf("leases[%d]: %w", i, err)
-			continue
-		}
-		valid = append(valid, i)
-	}
-	out, rerrs := l.renewAll(ctx, leases, valid, ttl)
-	for _, i := range valid {
-		errs[i] = rerrs[i]
-	}
-	return out, errs
+	return lock.RenewAllValid(leases, ttl, validateRenew, func(valid []int, out []*lock.Lease, errs []error) {
+		l.renewAll(ctx, leases, valid, ttl, out, errs)
+	})
 }
 
-// renewAll renews the leases at indexes idx, validated.
-func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, ttl time.Duration) ([]*lock.Lease, []error) {
-	out := make([]*lock.Lease, len(leases))
-	errs := make([]error, len(leases))
+// renewAll renews the leases at indexes idx, validated, into out and errs.
+func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, ttl time.Duration, out []*lock.Lease, errs []error) {
 	slow := l.renewOnSession(ctx, leases, idx, ttl, out, errs)
 	parallel(len(slow), func(j int) error {
 		i := slow[j]
 		out[i], errs[i] = l.renew(ctx, leases[i], ttl)
 		return nil
 	})
-	return out, errs
 }
 
 // renew is the read path of a renewal: it writes the holder nodes, onto this
