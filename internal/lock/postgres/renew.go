@@ -20,11 +20,9 @@ import (
 // matches lock.ErrBackendUnavailable: the lease may still be held until its
 // Expires, so the caller may try again before then.
 func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
-	if err := validateRenew(lease, ttl); err != nil {
-		return nil, err
-	}
-	out, errs := l.renewAll(ctx, []*lock.Lease{lease}, []int{0}, ttl)
-	return out[0], errs[0]
+	return lock.RenewOne(lease, ttl, validateRenew, func(valid []int, out []*lock.Lease, errs []error) {
+		l.renewAll(ctx, []*lock.Lease{lease}, valid, ttl, out, errs)
+	})
 }
 
 // RenewAll renews many leases in as few round trips as the batch bounds allow
@@ -33,24 +31,9 @@ func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 // them at once, all within one operation timeout. Results and errors are by
 // index, with the meaning of Renew.
 func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
-	out := make([]*lock.Lease, len(leases))
-	errs := make([]error, len(leases))
-	var idx []int
-	for i, le := range leases {
-		if err := validateRenew(le, ttl); err != nil {
-			errs[i] = fmt.Errorf("leases[%d]: %w", i, err)
-			continue
-		}
-		idx = append(idx, i)
-	}
-	if len(idx) == 0 {
-		return out, errs
-	}
-	got, gotErrs := l.renewAll(ctx, leases, idx, ttl)
-	for k, i := range idx {
-		out[i], errs[i] = got[k], gotErrs[k]
-	}
-	return out, errs
+	return lock.RenewAllValid(leases, ttl, validateRenew, func(valid []int, out []*lock.Lease, errs []error) {
+		l.renewAll(ctx, leases, valid, ttl, out, errs)
+	})
 }
 
 const (
@@ -91,15 +74,13 @@ func renewBatches(leases []*lock.Lease, idx []int) [][]int {
 // renewAll renews leases[idx...] (all valid) in batches and returns results
 // for idx, in order. The whole is bounded by one operation timeout (at most
 // half the TTL), as one statement would be.
-func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, ttl time.Duration) ([]*lock.Lease, []error) {
-	out := make([]*lock.Lease, len(idx))
-	errs := make([]error, len(idx))
+func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, ttl time.Duration, out []*lock.Lease, errs []error) {
 	octx, cancel := l.opContext(ctx, ttl)
 	defer cancel()
 	batches := renewBatches(leases, idx)
 	if len(batches) == 1 {
 		l.renewBatch(octx, leases, idx, batches[0], ttl, out, errs)
-		return out, errs
+		return
 	}
 	sem := make(chan struct{}, renewInFlight)
 	var wg sync.WaitGroup
@@ -107,16 +88,15 @@ func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, 
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			// Each batch writes only its own positions of out and errs.
+			// Each batch writes only its own leases' entries of out and errs.
 			l.renewBatch(octx, leases, idx, b, ttl, out, errs)
 		})
 	}
 	wg.Wait()
-	return out, errs
 }
 
 // renewBatch renews the leases at positions batch of idx in one statement
-// and stores their results at the same positions of out and errs.
+// and stores their results in out and errs, by lease index (idx[k]).
 func (l *Locker) renewBatch(ctx context.Context, leases []*lock.Lease, idx, batch []int, ttl time.Duration, out []*lock.Lease, errs []error) {
 	var (
 		leaseOf []int32
@@ -160,27 +140,28 @@ func (l *Locker) renewBatch(ctx context.Context, leases []*lock.Lease, idx, batc
 	// As in attempt: valid until start + TTL less the drift allowance.
 	expires, validity := l.leaseEnd(start, ttl)
 	for j, k := range batch {
-		lease := leases[idx[k]]
+		i := idx[k]
+		lease := leases[i]
 		op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
 		switch {
 		case err != nil:
-			errs[k] = fmt.Errorf("%s: %w", op, err)
+			errs[i] = fmt.Errorf("%s: %w", op, err)
 		case !seen[j]:
-			errs[k] = l.unavailable(op, fmt.Errorf("the renew function returned no result for this lease"))
+			errs[i] = l.unavailable(op, fmt.Errorf("the renew function returned no result for this lease"))
 		case lost[j] != 0:
 			what := "a key"
 			if p := int(lost[j]); p >= 1 && p <= len(lease.Keys) {
 				what = fmt.Sprintf("key %q", lease.Keys[p-1])
 			}
 			l.log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
-			errs[k] = fmt.Errorf("%s: %w: %s is no longer held by this owner (expired, or taken by another owner)", op, lock.ErrLost, what)
+			errs[i] = fmt.Errorf("%s: %w: %s is no longer held by this owner (expired, or taken by another owner)", op, lock.ErrLost, what)
 		case validity <= 0:
-			errs[k] = l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", l.opts.Since(start), ttl, drift(ttl)))
+			errs[i] = l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", l.opts.Since(start), ttl, drift(ttl)))
 		default:
 			next := *lease
 			next.TTL = ttl
 			next.Expires = expires
-			out[k] = &next
+			out[i] = &next
 			if v := l.log.V(4); v.Enabled() {
 				v.Info("Renewed lease", "keys", lease.Keys, "fence", lease.Fence, "validity", validity.String())
 			}
