@@ -172,6 +172,8 @@ import (
 
 // Locker is a lock.Locker on PostgreSQL. It is safe for concurrent use.
 type Locker struct {
+	lock.Renewals // Renew and RenewAll, over renewAll
+
 	cfg      Config
 	opts     options
 	log      logr.Logger
@@ -232,6 +234,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		channel:  schema + "_released",
 		sql:      newStatements(schema),
 	}
+	l.Renewals = lock.Renewals{Validate: validateRenew, Batch: l.renewAll}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.lis = newListener(l)
 	return l, nil

@@ -11,31 +11,6 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// Renew extends the lease to ttl from now (the database's clock) when its
-// owner token still holds every key with a live lease (see lock.Locker). The
-// lease may come from another Locker or process: only Keys and Owner are
-// needed. When the owner lost a key, the keys it still held are released and
-// the error matches lock.ErrLost: the lease is gone and is never taken again
-// behind the caller's back. When the database could not be reached the error
-// matches lock.ErrBackendUnavailable: the lease may still be held until its
-// Expires, so the caller may try again before then.
-func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
-	return lock.RenewOne(lease, ttl, validateRenew, func(valid []int, out []*lock.Lease, errs []error) {
-		l.renewAll(ctx, []*lock.Lease{lease}, valid, ttl, out, errs)
-	})
-}
-
-// RenewAll renews many leases in as few round trips as the batch bounds allow
-// (see lock.Locker): one call of the renew function over arrays per
-// renewBatchRows keys, each in its own transaction, at most renewInFlight of
-// them at once, all within one operation timeout. Results and errors are by
-// index, with the meaning of Renew.
-func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
-	return lock.RenewAllValid(leases, ttl, validateRenew, func(valid []int, out []*lock.Lease, errs []error) {
-		l.renewAll(ctx, leases, valid, ttl, out, errs)
-	})
-}
-
 const (
 	// renewBatchRows bounds the lock rows one renewal statement (one
 	// transaction) locks: RenewAll splits a larger batch between leases, so
@@ -74,6 +49,19 @@ func renewBatches(leases []*lock.Lease, idx []int) [][]int {
 // renewAll renews leases[idx...] (all valid) in batches and returns results
 // for idx, in order. The whole is bounded by one operation timeout (at most
 // half the TTL), as one statement would be.
+// renewAll is the batch behind Renew and RenewAll (see lock.Renewals), with
+// the meanings of lock.Locker's. It extends each lease to ttl from now (the
+// database's clock) when its owner token still holds every key with a live
+// lease, in as few round trips as the batch bounds allow: one call of the
+// renew function over arrays per renewBatchRows keys, each in its own
+// transaction, at most renewInFlight of them at once, all within one
+// operation timeout. A lease may come from another Locker or process: only
+// Keys, Owner and Fence are needed. When the owner lost a key, the keys it
+// still held are released and the error matches lock.ErrLost: the lease is
+// gone and is never taken again behind the caller's back. When the database
+// could not be reached the error matches lock.ErrBackendUnavailable: the
+// lease may still be held until its Expires, so the caller may try again
+// before then. Results and errors go to out and errs at the leases' indexes.
 func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, ttl time.Duration, out []*lock.Lease, errs []error) {
 	octx, cancel := l.opContext(ctx, ttl)
 	defer cancel()

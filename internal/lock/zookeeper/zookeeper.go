@@ -186,6 +186,8 @@ import (
 
 // Locker is a lock.Locker on ZooKeeper. It is safe for concurrent use.
 type Locker struct {
+	lock.Renewals // Renew and RenewAll, over renewAll
+
 	cfg  Config
 	opts options
 	log  logr.Logger
@@ -254,6 +256,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		servers: strings.Join(cfg.Servers, ","),
 		timers:  map[int64]*leaseTimer{},
 	}
+	l.Renewals = lock.Renewals{Validate: validateRenew, Batch: l.renewAll}
 	l.keysPath = l.root + "/keys"
 	l.ticketPath = l.root + "/ticket"
 	l.sessionsPath = l.root + "/sessions"
