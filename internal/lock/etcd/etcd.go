@@ -159,13 +159,12 @@ import (
 
 // Locker is a lock.Locker on an etcd cluster. It is safe for concurrent use.
 type Locker struct {
+	cfg           Config
+	opts          options
+	log           logr.Logger
+	prefix        string
+	node          string
 	lock.Renewals // Renew and RenewAll, over renewAll
-
-	cfg    Config
-	opts   options
-	log    logr.Logger
-	prefix string
-	node   string
 
 	// ccfg is the client configuration; the client is made on first use
 	// (see connect), since clientv3.New authenticates, blocking, when

@@ -172,17 +172,16 @@ import (
 
 // Locker is a lock.Locker on PostgreSQL. It is safe for concurrent use.
 type Locker struct {
+	cfg           Config
+	opts          options
+	log           logr.Logger
+	pool          *pgxpool.Pool
+	connCfg       *pgx.ConnConfig // for the listening connection
+	endpoint      string
+	schema        string // the schema name, unquoted
+	channel       string // the NOTIFY channel, unquoted
+	sql           statements
 	lock.Renewals // Renew and RenewAll, over renewAll
-
-	cfg      Config
-	opts     options
-	log      logr.Logger
-	pool     *pgxpool.Pool
-	connCfg  *pgx.ConnConfig // for the listening connection
-	endpoint string
-	schema   string // the schema name, unquoted
-	channel  string // the NOTIFY channel, unquoted
-	sql      statements
 
 	// ctx ends when the Locker is closed: it bounds background work (the
 	// migration, the listener).

@@ -186,8 +186,6 @@ import (
 
 // Locker is a lock.Locker on ZooKeeper. It is safe for concurrent use.
 type Locker struct {
-	lock.Renewals // Renew and RenewAll, over renewAll
-
 	cfg  Config
 	opts options
 	log  logr.Logger
@@ -197,6 +195,7 @@ type Locker struct {
 	sess                       sessions // renewal nodes created (session.go)
 	acl                        []zk.ACL
 	servers                    string // for error messages
+	lock.Renewals                     // Renew and RenewAll, over renewAll
 
 	conn   *zk.Conn
 	dialer *trackingDialer
