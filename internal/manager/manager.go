@@ -166,7 +166,7 @@ func ParseFlags(args []string) (*Options, error) {
 	fs.StringVar(&o.ownerKeySecret, "owner-key-secret", "",
 		"namespace/name of the Secret holding the key owner tokens are derived from; created when missing. Default: lockwarden-owner-key in the manager's namespace.")
 	fs.DurationVar(&o.resyncPeriod, "resync-period", controllers.DefaultResyncPeriod,
-		"How often every lock's status is refreshed from Redis even without a release notification (a holder in another cluster shows up within it).")
+		"How often every lock's status is refreshed from its store even without a release notification (a holder in another cluster shows up within it).")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "",
 		"Path to a kubeconfig. Default: $KUBECONFIG, then the in-cluster configuration, then ~/.kube/config.")
 	fs.BoolVar(&o.enableWebhook, "enable-webhook", true,

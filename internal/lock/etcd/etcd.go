@@ -159,11 +159,12 @@ import (
 
 // Locker is a lock.Locker on an etcd cluster. It is safe for concurrent use.
 type Locker struct {
-	cfg    Config
-	opts   options
-	log    logr.Logger
-	prefix string
-	node   string
+	cfg           Config
+	opts          options
+	log           logr.Logger
+	prefix        string
+	node          string
+	lock.Renewals // Renew and RenewAll, over renewAll
 
 	// ccfg is the client configuration; the client is made on first use
 	// (see connect), since clientv3.New authenticates, blocking, when
@@ -224,7 +225,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	}
 	ccfg.DialOptions = append(ccfg.DialOptions, o.grpc...)
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Locker{
+	l := &Locker{
 		cfg:    cfg,
 		opts:   o,
 		log:    o.Log,
@@ -233,7 +234,9 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		node:   strings.Join(cfg.Endpoints, ","),
 		ctx:    ctx,
 		cancel: cancel,
-	}, nil
+	}
+	l.Renewals = lock.Renewals{Validate: validateRenew, Batch: l.renewAll}
+	return l, nil
 }
 
 // errClosed is the cause of operations on a closed Locker.

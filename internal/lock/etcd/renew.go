@@ -16,48 +16,6 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// Renew extends the lease to ttl from now when its owner token still holds
-// every key with its fencing token (see lock.Locker); it needs only the
-// lease's Keys, Owner and Fence, so a new Locker renews a lease another one
-// acquired. When the keys are gone or held by another acquisition the error
-// matches lock.ErrLost. When etcd could not be reached the error matches
-// lock.ErrBackendUnavailable: the lease may still be held until its Expires,
-// so the caller may try again before then. It is RenewAll of one lease.
-func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
-	if err := validateRenew(lease, ttl); err != nil {
-		return nil, err
-	}
-	out, errs := make([]*lock.Lease, 1), make([]error, 1)
-	l.renewAll(ctx, []*lock.Lease{lease}, []int{0}, ttl, out, errs)
-	return out[0], errs[0]
-}
-
-// RenewAll renews many leases (see lock.Locker): one KeepAliveOnce of the
-// Locker's session for ttl (every lease this Locker acquired or renewed with
-// that TTL is attached to it), then one read-only transaction per
-// maxTxnOps/2 keys that checks the leases still hold their keys. A lease
-// whose keys are attached to another etcd lease (acquired by another Locker,
-// for example before a restart, or with another TTL) is moved to the
-// session once, in a transaction that checks the owner and keeps the
-// fencing token. Results and errors are by index, with the meaning of
-// Renew.
-func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
-	out := make([]*lock.Lease, len(leases))
-	errs := make([]error, len(leases))
-	var idx []int
-	for i, le := range leases {
-		if err := validateRenew(le, ttl); err != nil {
-			errs[i] = fmt.Errorf("leases[%d]: %w", i, err)
-			continue
-		}
-		idx = append(idx, i)
-	}
-	if len(idx) > 0 {
-		l.renewAll(ctx, leases, idx, ttl, out, errs)
-	}
-	return out, errs
-}
-
 func validateRenew(lease *lock.Lease, ttl time.Duration) error {
 	if err := validateLease(lease); err != nil {
 		return err
@@ -110,8 +68,19 @@ func renewOp(lease *lock.Lease) string {
 	return fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
 }
 
-// renewAll renews leases[idx...] (all valid), storing results and errors at
-// their indices of out and errs.
+// renewAll is the batch behind Renew and RenewAll (see lock.Renewals), with
+// the meanings of lock.Locker's: a lease needs only its Keys, Owner and
+// Fence, so a new Locker renews a lease another one acquired. It makes one
+// KeepAliveOnce of the Locker's session for ttl (every lease this Locker
+// acquired or renewed with that TTL is attached to it), then one read-only
+// transaction per maxTxnOps/2 keys that checks the leases still hold their
+// keys with their fencing tokens (else lock.ErrLost). A lease whose keys are
+// attached to another etcd lease (acquired by another Locker, for example
+// before a restart, or with another TTL) is moved to the session once, in a
+// transaction that checks the owner and keeps the fencing token. When etcd
+// could not be reached the error matches lock.ErrBackendUnavailable: the
+// lease may still be held until its Expires. It renews leases[idx...] (all
+// valid), storing results and errors at their indices of out and errs.
 func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, ttl time.Duration, out []*lock.Lease, errs []error) {
 	start := l.opts.Now()
 	fail := func(err error) {

@@ -11,48 +11,6 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// Renew extends the lease to ttl from now (the database's clock) when its
-// owner token still holds every key with a live lease (see lock.Locker). The
-// lease may come from another Locker or process: only Keys and Owner are
-// needed. When the owner lost a key, the keys it still held are released and
-// the error matches lock.ErrLost: the lease is gone and is never taken again
-// behind the caller's back. When the database could not be reached the error
-// matches lock.ErrBackendUnavailable: the lease may still be held until its
-// Expires, so the caller may try again before then.
-func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
-	if err := validateRenew(lease, ttl); err != nil {
-		return nil, err
-	}
-	out, errs := l.renewAll(ctx, []*lock.Lease{lease}, []int{0}, ttl)
-	return out[0], errs[0]
-}
-
-// RenewAll renews many leases in as few round trips as the batch bounds allow
-// (see lock.Locker): one call of the renew function over arrays per
-// renewBatchRows keys, each in its own transaction, at most renewInFlight of
-// them at once, all within one operation timeout. Results and errors are by
-// index, with the meaning of Renew.
-func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
-	out := make([]*lock.Lease, len(leases))
-	errs := make([]error, len(leases))
-	var idx []int
-	for i, le := range leases {
-		if err := validateRenew(le, ttl); err != nil {
-			errs[i] = fmt.Errorf("leases[%d]: %w", i, err)
-			continue
-		}
-		idx = append(idx, i)
-	}
-	if len(idx) == 0 {
-		return out, errs
-	}
-	got, gotErrs := l.renewAll(ctx, leases, idx, ttl)
-	for k, i := range idx {
-		out[i], errs[i] = got[k], gotErrs[k]
-	}
-	return out, errs
-}
-
 const (
 	// renewBatchRows bounds the lock rows one renewal statement (one
 	// transaction) locks: RenewAll splits a larger batch between leases, so
@@ -91,15 +49,26 @@ func renewBatches(leases []*lock.Lease, idx []int) [][]int {
 // renewAll renews leases[idx...] (all valid) in batches and returns results
 // for idx, in order. The whole is bounded by one operation timeout (at most
 // half the TTL), as one statement would be.
-func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, ttl time.Duration) ([]*lock.Lease, []error) {
-	out := make([]*lock.Lease, len(idx))
-	errs := make([]error, len(idx))
+// renewAll is the batch behind Renew and RenewAll (see lock.Renewals), with
+// the meanings of lock.Locker's. It extends each lease to ttl from now (the
+// database's clock) when its owner token still holds every key with a live
+// lease, in as few round trips as the batch bounds allow: one call of the
+// renew function over arrays per renewBatchRows keys, each in its own
+// transaction, at most renewInFlight of them at once, all within one
+// operation timeout. A lease may come from another Locker or process: only
+// Keys, Owner and Fence are needed. When the owner lost a key, the keys it
+// still held are released and the error matches lock.ErrLost: the lease is
+// gone and is never taken again behind the caller's back. When the database
+// could not be reached the error matches lock.ErrBackendUnavailable: the
+// lease may still be held until its Expires, so the caller may try again
+// before then. Results and errors go to out and errs at the leases' indexes.
+func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, ttl time.Duration, out []*lock.Lease, errs []error) {
 	octx, cancel := l.opContext(ctx, ttl)
 	defer cancel()
 	batches := renewBatches(leases, idx)
 	if len(batches) == 1 {
 		l.renewBatch(octx, leases, idx, batches[0], ttl, out, errs)
-		return out, errs
+		return
 	}
 	sem := make(chan struct{}, renewInFlight)
 	var wg sync.WaitGroup
@@ -107,16 +76,15 @@ func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, 
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			// Each batch writes only its own positions of out and errs.
+			// Each batch writes only its own leases' entries of out and errs.
 			l.renewBatch(octx, leases, idx, b, ttl, out, errs)
 		})
 	}
 	wg.Wait()
-	return out, errs
 }
 
 // renewBatch renews the leases at positions batch of idx in one statement
-// and stores their results at the same positions of out and errs.
+// and stores their results in out and errs, by lease index (idx[k]).
 func (l *Locker) renewBatch(ctx context.Context, leases []*lock.Lease, idx, batch []int, ttl time.Duration, out []*lock.Lease, errs []error) {
 	var (
 		leaseOf []int32
@@ -160,27 +128,28 @@ func (l *Locker) renewBatch(ctx context.Context, leases []*lock.Lease, idx, batc
 	// As in attempt: valid until start + TTL less the drift allowance.
 	expires, validity := l.leaseEnd(start, ttl)
 	for j, k := range batch {
-		lease := leases[idx[k]]
+		i := idx[k]
+		lease := leases[i]
 		op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
 		switch {
 		case err != nil:
-			errs[k] = fmt.Errorf("%s: %w", op, err)
+			errs[i] = fmt.Errorf("%s: %w", op, err)
 		case !seen[j]:
-			errs[k] = l.unavailable(op, fmt.Errorf("the renew function returned no result for this lease"))
+			errs[i] = l.unavailable(op, fmt.Errorf("the renew function returned no result for this lease"))
 		case lost[j] != 0:
 			what := "a key"
 			if p := int(lost[j]); p >= 1 && p <= len(lease.Keys) {
 				what = fmt.Sprintf("key %q", lease.Keys[p-1])
 			}
 			l.log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
-			errs[k] = fmt.Errorf("%s: %w: %s is no longer held by this owner (expired, or taken by another owner)", op, lock.ErrLost, what)
+			errs[i] = fmt.Errorf("%s: %w: %s is no longer held by this owner (expired, or taken by another owner)", op, lock.ErrLost, what)
 		case validity <= 0:
-			errs[k] = l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", l.opts.Since(start), ttl, drift(ttl)))
+			errs[i] = l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", l.opts.Since(start), ttl, drift(ttl)))
 		default:
 			next := *lease
 			next.TTL = ttl
 			next.Expires = expires
-			out[k] = &next
+			out[i] = &next
 			if v := l.log.V(4); v.Enabled() {
 				v.Info("Renewed lease", "keys", lease.Keys, "fence", lease.Fence, "validity", validity.String())
 			}

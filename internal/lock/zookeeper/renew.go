@@ -19,59 +19,30 @@ func (e *errLostKey) Error() string {
 	return fmt.Sprintf("key %q is no longer held by this lease", e.key)
 }
 
-// Renew extends the lease to ttl from now when its owner token still holds
-// every key (see lock.Locker), in the lease's acquisition when lease.Fence is
-// set (once the owner took a key again, with a new token, the earlier lease
-// is lost). It is RenewAll with one lease: see there. When the lease lost a
-// key, the keys it still held are released and the error matches
-// lock.ErrLost. When ZooKeeper could not be reached the error matches
-// lock.ErrBackendUnavailable: the lease may still be held until its Expires,
-// so the caller may try again.
-func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
-	if err := validateRenew(lease, ttl); err != nil {
-		return nil, err
-	}
-	out, errs := l.renewAll(ctx, []*lock.Lease{lease}, []int{0}, ttl)
-	return out[0], errs[0]
-}
-
-// RenewAll renews many leases (see lock.Locker). The leases this Locker
-// acquired or renewed last, on its renewal node for ttl, are renewed by one
-// write of that node and a read of each holder node (see session.go). The
-// others (acquired by an earlier Locker, with another TTL, or changed since)
-// take the read path, each on its own, pipelined on the session's
-// connection: it reads the nodes, and rewrites them onto the renewal node
-// (moving them into this Locker's session when they are in another),
-// keeping their fencing token; from the next round on they take the fast
-// path. Results and errors are by index, with the meaning of Renew.
-func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
-	errs := make([]error, len(leases))
-	var valid []int
-	for i, lease := range leases {
-		if err := validateRenew(lease, ttl); err != nil {
-			errs[i] = fmt.Errorf("leases[%d]: %w", i, err)
-			continue
-		}
-		valid = append(valid, i)
-	}
-	out, rerrs := l.renewAll(ctx, leases, valid, ttl)
-	for _, i := range valid {
-		errs[i] = rerrs[i]
-	}
-	return out, errs
-}
-
-// renewAll renews the leases at indexes idx, validated.
-func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, ttl time.Duration) ([]*lock.Lease, []error) {
-	out := make([]*lock.Lease, len(leases))
-	errs := make([]error, len(leases))
+// renewAll is the batch behind Renew and RenewAll (see lock.Renewals), with
+// the meanings of lock.Locker's: it extends each lease to ttl from now when
+// its owner token still holds every key, in the lease's acquisition when
+// lease.Fence is set (once the owner took a key again, with a new token, the
+// earlier lease is lost). The leases this Locker acquired or renewed last,
+// on its renewal node for ttl, are renewed by one write of that node and a
+// read of each holder node (see session.go). The others (acquired by an
+// earlier Locker, with another TTL, or changed since) take the read path,
+// each on its own, pipelined on the session's connection: it reads the
+// nodes, and rewrites them onto the renewal node (moving them into this
+// Locker's session when they are in another), keeping their fencing token;
+// from the next round on they take the fast path. When a lease lost a key,
+// the keys it still held are released and the error matches lock.ErrLost.
+// When ZooKeeper could not be reached the error matches
+// lock.ErrBackendUnavailable: the lease may still be held until its
+// Expires, so the caller may try again. Results and errors go to out and
+// errs at the leases' indexes.
+func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, ttl time.Duration, out []*lock.Lease, errs []error) {
 	slow := l.renewOnSession(ctx, leases, idx, ttl, out, errs)
 	parallel(len(slow), func(j int) error {
 		i := slow[j]
 		out[i], errs[i] = l.renew(ctx, leases[i], ttl)
 		return nil
 	})
-	return out, errs
 }
 
 // renew is the read path of a renewal: it writes the holder nodes, onto this

@@ -227,6 +227,7 @@ type Locker struct {
 	sess                       sessions // renewal nodes created (session.go)
 	acl                        []zk.ACL
 	servers                    string // for error messages
+	lock.Renewals                     // Renew and RenewAll, over renewAll
 
 	conn   *zk.Conn
 	dialer *trackingDialer
@@ -289,6 +290,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		servers: strings.Join(cfg.Servers, ","),
 		timers:  map[int64]*leaseTimer{},
 	}
+	l.Renewals = lock.Renewals{Validate: validateRenew, Batch: l.renewAll}
 	l.keysPath = l.root + "/keys"
 	l.ticketPath = l.root + "/ticket"
 	l.sessionsPath = l.root + "/sessions"
