@@ -191,3 +191,49 @@ func AcquireOnReleases(ctx context.Context, o *Options, req Request,
 		Dequeue: func(ctx context.Context) error { return dequeue(ctx, req.Keys, req.Owner) },
 	})
 }
+
+// Acquisitions gives a store's Locker its TryAcquire and Acquire (embed it)
+// from the store's one attempt and its blocking wait: both get the request
+// prepared (PrepareRequest, then Check), so a store writes only what is its
+// own. H is what the store's attempt tells its wait (a hint, a watch), which
+// TryAcquire drops.
+type Acquisitions[H any] struct {
+	// Check, if set, checks a prepared request against the store's own
+	// limits (key length, scopes).
+	Check func(req Request) error
+	// Attempt makes one try of a prepared request (see Locker.TryAcquire).
+	Attempt func(ctx context.Context, req Request) (*Lease, H, error)
+	// Wait tries until it holds a prepared request or ctx ends (see
+	// Locker.Acquire), usually with BlockingAcquire or AcquireOnReleases.
+	Wait func(ctx context.Context, req Request) (*Lease, error)
+}
+
+func (a Acquisitions[H]) prepare(req Request, try bool) (Request, error) {
+	req, err := PrepareRequest(req, try)
+	if err != nil {
+		return req, err
+	}
+	if a.Check != nil {
+		err = a.Check(req)
+	}
+	return req, err
+}
+
+// TryAcquire makes one attempt to take every key of req (see Locker).
+func (a Acquisitions[H]) TryAcquire(ctx context.Context, req Request) (*Lease, error) {
+	req, err := a.prepare(req, true)
+	if err != nil {
+		return nil, err
+	}
+	lease, _, err := a.Attempt(ctx, req)
+	return lease, err
+}
+
+// Acquire blocks until it holds every key of req or ctx ends (see Locker).
+func (a Acquisitions[H]) Acquire(ctx context.Context, req Request) (*Lease, error) {
+	req, err := a.prepare(req, false)
+	if err != nil {
+		return nil, err
+	}
+	return a.Wait(ctx, req)
+}

@@ -15,33 +15,8 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// TryAcquire makes one attempt to take every key of req (see lock.Locker).
-//
-// A key is free for req when no lease holds it and its FIFO queue is empty
-// or has req's owner at its head: a request without Queue does not jump a
-// non-empty queue either (it fails with a *lock.HeldError whose Waiters
-// counts the queue). With req.Queue a request that cannot take the keys joins
-// (or refreshes its place in) the queue of every key, and must call again
-// within the waiter TTL to keep it; so req.Owner is required with Queue.
-// The HeldError's Holders is 1 when a lease holds the busy key, 0 when it is
-// free but others are queued ahead; Waiters is the exact number of waiters
-// (live: etcd deletes a waiter key when its lease expires), the caller
-// included.
-//
-// With req.Limit above 1 the keys are semaphores: each holds up to Limit
-// leases at once (and no more than the smallest Limit a holder took its slot
-// with), each with its own fencing token; a mutex lease (Limit 0 or 1) and a
-// semaphore slot never hold one key at once (see semAttempt).
-func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareRequest(req, true)
-	if err != nil {
-		return nil, err
-	}
-	lease, _, err := l.attempt(ctx, req)
-	return lease, err
-}
-
-// Acquire blocks until it holds every key of req or ctx ends (see
+// wait is Acquire (lock.Acquisitions) once req is prepared: it blocks until it
+// holds every key of req or ctx ends (see
 // lock.Locker). After each failed attempt it watches, from the revision the
 // attempt read, the deletion of what blocks it (the busy holder key, or with
 // Queue the waiter key just ahead of it), and tries again when that is
@@ -49,11 +24,7 @@ func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease,
 // of the waiter TTL, whichever comes first. Errors from etcd are retried too.
 // With Queue it leaves the queues when ctx ends. When ctx ends the error wraps
 // both ctx.Err() and the last attempt's error.
-func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareRequest(req, false)
-	if err != nil {
-		return nil, err
-	}
+func (l *Locker) wait(ctx context.Context, req lock.Request) (*lock.Lease, error) {
 	var (
 		watching waitHint
 		events   clientv3.WatchChan
@@ -120,6 +91,25 @@ type keyView struct {
 // finds itself at the head of every queue tries again with the head check.
 const maxPasses = 3
 
+// TryAcquire (lock.Acquisitions, over attempt) makes one attempt to take every
+// key of req (see lock.Locker).
+//
+// A key is free for req when no lease holds it and its FIFO queue is empty
+// or has req's owner at its head: a request without Queue does not jump a
+// non-empty queue either (it fails with a *lock.HeldError whose Waiters
+// counts the queue). With req.Queue a request that cannot take the keys joins
+// (or refreshes its place in) the queue of every key, and must call again
+// within the waiter TTL to keep it; so req.Owner is required with Queue.
+// The HeldError's Holders is 1 when a lease holds the busy key, 0 when it is
+// free but others are queued ahead; Waiters is the exact number of waiters
+// (live: etcd deletes a waiter key when its lease expires), the caller
+// included.
+//
+// With req.Limit above 1 the keys are semaphores: each holds up to Limit
+// leases at once (and no more than the smallest Limit a holder took its slot
+// with), each with its own fencing token; a mutex lease (Limit 0 or 1) and a
+// semaphore slot never hold one key at once (see semAttempt).
+//
 // attempt is one acquisition. It returns the lease, or what to wait for and
 // the error.
 func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, waitHint, error) {

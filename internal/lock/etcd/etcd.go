@@ -159,12 +159,13 @@ import (
 
 // Locker is a lock.Locker on an etcd cluster. It is safe for concurrent use.
 type Locker struct {
-	cfg           Config
-	opts          options
-	log           logr.Logger
-	prefix        string
-	node          string
-	lock.Renewals // Renew and RenewAll, over renewAll
+	cfg                         Config
+	opts                        options
+	log                         logr.Logger
+	prefix                      string
+	node                        string
+	lock.Renewals               // Renew and RenewAll, over renewAll
+	lock.Acquisitions[waitHint] // TryAcquire and Acquire, over attempt and wait
 
 	// ccfg is the client configuration; the client is made on first use
 	// (see connect), since clientv3.New authenticates, blocking, when
@@ -236,6 +237,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		cancel: cancel,
 	}
 	l.Renewals = lock.Renewals{Validate: validateRenew, Batch: l.renewAll}
+	l.Acquisitions = lock.Acquisitions[waitHint]{Attempt: l.attempt, Wait: l.wait}
 	return l, nil
 }
 

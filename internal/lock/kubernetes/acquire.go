@@ -15,42 +15,29 @@ import (
 // writes keep changing under it.
 const maxConflicts = 8
 
-// prepare checks req as TryAcquire (try) or Acquire needs it.
-func (l *Locker) prepare(req lock.Request, try bool) (lock.Request, error) {
-	req, err := lock.PrepareRequest(req, try)
-	if err != nil {
-		return req, err
-	}
+// check checks a prepared request against the store's own limits (see
+// lock.Acquisitions).
+func (l *Locker) check(req lock.Request) error {
 	if req.Limit > MaxHolders {
-		return req, &lock.InvalidRequestError{Field: "limit", Reason: fmt.Sprintf("%d holders requested, at most %d on the kubernetes store (every holder is stored in the key's Lease)", req.Limit, MaxHolders)}
+		return &lock.InvalidRequestError{Field: "limit", Reason: fmt.Sprintf("%d holders requested, at most %d on the kubernetes store (every holder is stored in the key's Lease)", req.Limit, MaxHolders)}
 	}
-	return req, l.checkScopes("keys", req.Keys)
+	return l.checkScopes("keys", req.Keys)
 }
 
-// TryAcquire makes one attempt to take every key of req (see lock.Locker;
-// the rules are the memory store's). With req.Queue a request that cannot
-// take the keys joins (or keeps its place in) every key's queue.
-func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := l.prepare(req, true)
-	if err != nil {
-		return nil, err
-	}
-	lease, _, err := l.attempt(ctx, req)
-	return lease, err
-}
-
-// Acquire blocks until it holds every key of req or ctx ends (see
+// wait is Acquire (lock.Acquisitions) once req is prepared: it blocks until it
+// holds every key of req or ctx ends (see
 // lock.Locker), woken by a watch of the keys' Leases.
-func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := l.prepare(req, false)
-	if err != nil {
-		return nil, err
-	}
+func (l *Locker) wait(ctx context.Context, req lock.Request) (*lock.Lease, error) {
 	return lock.AcquireOnReleases(ctx, &l.opts.Options, req,
 		func(ctx context.Context) (*lock.Lease, time.Duration, error) { return l.attempt(ctx, req) },
 		l.Watch, l.Dequeue)
 }
 
+// TryAcquire (lock.Acquisitions, over attempt) makes one attempt to take every
+// key of req (see lock.Locker;
+// the rules are the memory store's). With req.Queue a request that cannot
+// take the keys joins (or keeps its place in) every key's queue.
+//
 // attempt is one acquisition of the prepared req; a refusal tells how long
 // the busy key's first holder has left at most (0: unknown).
 func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, time.Duration, error) {

@@ -187,7 +187,8 @@ type Locker struct {
 	opts   options
 	leases coordclient.LeaseInterface
 	// store is the LabelStore value of this prefix.
-	store string
+	store                            string
+	lock.Acquisitions[time.Duration] // TryAcquire and Acquire, over attempt and wait
 
 	// smu serializes the writes of the Locker's sessions.
 	smu sync.Mutex
@@ -252,7 +253,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		return nil, err
 	}
 	sum := sha256.Sum256([]byte(cfg.Prefix))
-	return &Locker{
+	l := &Locker{
 		cfg:      cfg,
 		opts:     o,
 		leases:   cfg.Client.CoordinationV1().Leases(cfg.Namespace),
@@ -261,7 +262,9 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		current:  map[time.Duration]*session{},
 		seen:     map[string]sighting{},
 		closed:   make(chan struct{}),
-	}, nil
+	}
+	l.Acquisitions = lock.Acquisitions[time.Duration]{Check: l.check, Attempt: l.attempt, Wait: l.wait}
+	return l, nil
 }
 
 // ErrClosed is wrapped, with lock.ErrBackendUnavailable, by the errors of a

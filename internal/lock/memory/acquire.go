@@ -10,7 +10,27 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// TryAcquire makes one attempt to take every key of req (see lock.Locker).
+// wait is Acquire (lock.Acquisitions) once req is prepared: it blocks until it
+// holds every key of req or ctx ends (see
+// lock.Locker), with lock.BlockingAcquire over TryAcquire's attempt: after a
+// refusal it tries again when the busy key is released, when its holder's
+// TTL ends or at the next backoff step (WithBackoff), whichever comes first;
+// with req.Queue at least every third of the waiter TTL, and it leaves the
+// queues when ctx ends. When ctx ends the error wraps both ctx.Err() and the
+// last attempt's error.
+func (l *Locker) wait(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	return lock.BlockingAcquire(ctx, &l.opts.Options, req, lock.Steps[struct{}]{
+		Attempt: func(ctx context.Context) (*lock.Lease, lock.Wake[struct{}], error) {
+			return l.attempt(ctx, req)
+		},
+		Dequeue:   func(ctx context.Context) error { return l.Dequeue(ctx, req.Keys, req.Owner) },
+		Closed:    l.closed,
+		ClosedErr: ErrClosed,
+	})
+}
+
+// TryAcquire (lock.Acquisitions, over attempt) makes one attempt to take every
+// key of req (see lock.Locker).
 //
 // A key is free for a mutex request (Limit 0 or 1) when no other lease holds
 // it (the owner's own mutex lease is replaced, with a new token) and its
@@ -26,37 +46,7 @@ import (
 // waiter TTL to keep it; so req.Owner is required with Queue. A grant
 // whose call took the whole validity (a paused store) is released, and the
 // error matches lock.ErrBackendUnavailable.
-func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareRequest(req, true)
-	if err != nil {
-		return nil, err
-	}
-	lease, _, err := l.attempt(ctx, req)
-	return lease, err
-}
-
-// Acquire blocks until it holds every key of req or ctx ends (see
-// lock.Locker), with lock.BlockingAcquire over TryAcquire's attempt: after a
-// refusal it tries again when the busy key is released, when its holder's
-// TTL ends or at the next backoff step (WithBackoff), whichever comes first;
-// with req.Queue at least every third of the waiter TTL, and it leaves the
-// queues when ctx ends. When ctx ends the error wraps both ctx.Err() and the
-// last attempt's error.
-func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareRequest(req, false)
-	if err != nil {
-		return nil, err
-	}
-	return lock.BlockingAcquire(ctx, &l.opts.Options, req, lock.Steps[struct{}]{
-		Attempt: func(ctx context.Context) (*lock.Lease, lock.Wake[struct{}], error) {
-			return l.attempt(ctx, req)
-		},
-		Dequeue:   func(ctx context.Context) error { return l.Dequeue(ctx, req.Keys, req.Owner) },
-		Closed:    l.closed,
-		ClosedErr: ErrClosed,
-	})
-}
-
+//
 // attempt is one acquisition of the prepared req. A refusal tells what to
 // wait for: the release of the busy key, and its first holder's remaining
 // TTL.

@@ -146,6 +146,8 @@ type Locker struct {
 	opts      options
 	closed    chan struct{}
 	closeOnce sync.Once
+
+	lock.Acquisitions[lock.Wake[struct{}]] // TryAcquire and Acquire, over attempt and wait
 }
 
 var (
@@ -179,7 +181,9 @@ func (s *Store) NewLocker(opts ...Option) (*Locker, error) {
 }
 
 func (s *Store) newLocker(o options) *Locker {
-	return &Locker{store: s, opts: o, closed: make(chan struct{})}
+	l := &Locker{store: s, opts: o, closed: make(chan struct{})}
+	l.Acquisitions = lock.Acquisitions[lock.Wake[struct{}]]{Attempt: l.attempt, Wait: l.wait}
+	return l
 }
 
 // Store returns the Store the Locker is a client of (to pause it, say).

@@ -10,7 +10,39 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// TryAcquire makes one attempt to take every key of req (see lock.Locker).
+// wait is Acquire (lock.Acquisitions) once req is prepared: it blocks until it
+// holds every key of req or ctx ends (see lock.Locker).
+// It tries once; when the keys are busy it starts watching their releases
+// (LISTEN on the Locker's listening connection) and tries again at once (so
+// a release between the first try and the watch is not missed; while the
+// listening connection is still coming up, it is told when it does), then after
+// each failed try waits for a notification, the holder's remaining TTL or the
+// next backoff step (WithBackoff), whichever comes first. With req.Queue it
+// waits in the keys' FIFO queues, calling again at least every third of the
+// waiter TTL, and leaves the queues when ctx ends. Database errors are
+// retried too; when ctx ends the error wraps both ctx.Err() and the last
+// attempt's error.
+func (l *Locker) wait(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	// LISTEN runs on the Locker's listening connection: only for busy keys.
+	return lock.AcquireOnReleases(ctx, &l.opts.Options, req,
+		func(ctx context.Context) (*lock.Lease, time.Duration, error) { return l.attempt(ctx, req) },
+		l.watchForAcquire, l.Dequeue)
+}
+
+// check checks a prepared request against PostgreSQL's own limits (see
+// lock.Acquisitions): the key length, and text without NUL bytes.
+func check(req lock.Request) error {
+	if err := validateKeyLengths("keys", req.Keys); err != nil {
+		return err
+	}
+	if err := validateText("owner", req.Owner); err != nil {
+		return err
+	}
+	return validateText("holder", req.Holder)
+}
+
+// TryAcquire (lock.Acquisitions, over attempt) makes one attempt to take every
+// key of req (see lock.Locker).
 //
 // A key is free for req when no live lease of another owner holds it and its
 // FIFO queue is empty or has req's owner at its head: a request without
@@ -35,56 +67,7 @@ import (
 // lease is not released (that could free a later acquisition of the same
 // owner by another process), it expires with its TTL or is taken over by the
 // owner's next attempt.
-func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := l.prepare(req, true)
-	if err != nil {
-		return nil, err
-	}
-	lease, _, err := l.attempt(ctx, req)
-	return lease, err
-}
-
-// Acquire blocks until it holds every key of req or ctx ends (see lock.Locker).
-// It tries once; when the keys are busy it starts watching their releases
-// (LISTEN on the Locker's listening connection) and tries again at once (so
-// a release between the first try and the watch is not missed; while the
-// listening connection is still coming up, it is told when it does), then after
-// each failed try waits for a notification, the holder's remaining TTL or the
-// next backoff step (WithBackoff), whichever comes first. With req.Queue it
-// waits in the keys' FIFO queues, calling again at least every third of the
-// waiter TTL, and leaves the queues when ctx ends. Database errors are
-// retried too; when ctx ends the error wraps both ctx.Err() and the last
-// attempt's error.
-func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := l.prepare(req, false)
-	if err != nil {
-		return nil, err
-	}
-	// LISTEN runs on the Locker's listening connection: only for busy keys.
-	return lock.AcquireOnReleases(ctx, &l.opts.Options, req,
-		func(ctx context.Context) (*lock.Lease, time.Duration, error) { return l.attempt(ctx, req) },
-		l.watchForAcquire, l.Dequeue)
-}
-
-// prepare validates req and fills in the owner token.
-func (l *Locker) prepare(req lock.Request, try bool) (lock.Request, error) {
-	req, err := lock.PrepareRequest(req, try)
-	if err != nil {
-		return req, err
-	}
-	// PostgreSQL's own limits: the key length, and text without NUL bytes.
-	if err := validateKeyLengths("keys", req.Keys); err != nil {
-		return req, err
-	}
-	if err := validateText("owner", req.Owner); err != nil {
-		return req, err
-	}
-	if err := validateText("holder", req.Holder); err != nil {
-		return req, err
-	}
-	return req, nil
-}
-
+//
 // attempt is one call of the acquire function. It returns the lease, or a
 // hint of when the busy holder's lease ends (0 when unknown) and the error.
 func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, time.Duration, error) {

@@ -172,16 +172,17 @@ import (
 
 // Locker is a lock.Locker on PostgreSQL. It is safe for concurrent use.
 type Locker struct {
-	cfg           Config
-	opts          options
-	log           logr.Logger
-	pool          *pgxpool.Pool
-	connCfg       *pgx.ConnConfig // for the listening connection
-	endpoint      string
-	schema        string // the schema name, unquoted
-	channel       string // the NOTIFY channel, unquoted
-	sql           statements
-	lock.Renewals // Renew and RenewAll, over renewAll
+	cfg                              Config
+	opts                             options
+	log                              logr.Logger
+	pool                             *pgxpool.Pool
+	connCfg                          *pgx.ConnConfig // for the listening connection
+	endpoint                         string
+	schema                           string // the schema name, unquoted
+	channel                          string // the NOTIFY channel, unquoted
+	sql                              statements
+	lock.Renewals                    // Renew and RenewAll, over renewAll
+	lock.Acquisitions[time.Duration] // TryAcquire and Acquire, over attempt and wait
 
 	// ctx ends when the Locker is closed: it bounds background work (the
 	// migration, the listener).
@@ -234,6 +235,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		sql:      newStatements(schema),
 	}
 	l.Renewals = lock.Renewals{Validate: validateRenew, Batch: l.renewAll}
+	l.Acquisitions = lock.Acquisitions[time.Duration]{Check: check, Attempt: l.attempt, Wait: l.wait}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.lis = newListener(l)
 	return l, nil

@@ -10,48 +10,8 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
-// TryAcquire makes one attempt to take every key of req (see lock.Locker).
-//
-// A key is free for req when nobody holds it and its FIFO queue is empty or
-// has req's owner at its head: a request without Queue does not jump a
-// non-empty queue either (it fails with a *lock.HeldError whose Waiters
-// counts the queue). With req.Queue a request that cannot take the keys joins
-// (or refreshes its place in) the queue of every key, and must call again
-// within the waiter TTL to keep it; so req.Owner is required with Queue.
-//
-// With req.Limit N > 1 the request takes one of N slots of each key (a
-// counting semaphore): a slot is free for it when no mutex holds the key and
-// its place in the queue (or the queue's length, when it is not queued) is
-// below the number of free slots. A mutex request needs the key free of
-// semaphore holders too. The *lock.HeldError of a busy key counts its holders
-// and names the oldest.
-//
-// In Redlock mode the keys must be taken on a quorum of the nodes within the
-// lease's validity (TTL minus elapsed time minus drift): a majority for a
-// mutex, floor(M*N/(N+1)) + 1 of M nodes for a semaphore of N slots
-// (quorumFor); otherwise what the nodes granted is released there (by the
-// token each issued; a node whose reply was lost is left to the TTL, see
-// attempt) and the error matches lock.ErrQuorum (a *QuorumError saying how many nodes agreed
-// and were needed), or is a *lock.HeldError when too many nodes said the keys
-// are busy for a quorum to be possible.
-//
-// In Sentinel mode a grant counts only once Config.MinReplicas replicas
-// acknowledged it (WAIT, within WithReplicaTimeout): otherwise it is released
-// and the error is a *ReplicaError (matching lock.ErrBackendUnavailable)
-// saying how many acknowledged; see replicas.go.
-func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareRequest(req, true)
-	if err != nil {
-		return nil, err
-	}
-	if err := l.checkScopes("keys", req.Keys); err != nil {
-		return nil, err
-	}
-	lease, _, err := l.attempt(ctx, req)
-	return lease, err
-}
-
-// Acquire blocks until it holds every key of req or ctx ends (see lock.Locker).
+// wait is Acquire (lock.Acquisitions) once req is prepared: it blocks until it
+// holds every key of req or ctx ends (see lock.Locker).
 // It tries once; when the keys are busy it subscribes to their release
 // messages and tries again at once (so a release between the first try and
 // the subscription is not missed), then after each failed try waits for a
@@ -60,14 +20,7 @@ func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease,
 // FIFO queues, heartbeating its place at least every third of the waiter TTL,
 // and leaves the queues when ctx ends. Errors from Redis are retried too; when
 // ctx ends the error wraps both ctx.Err() and the last attempt's error.
-func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareRequest(req, false)
-	if err != nil {
-		return nil, err
-	}
-	if err := l.checkScopes("keys", req.Keys); err != nil {
-		return nil, err
-	}
+func (l *Locker) wait(ctx context.Context, req lock.Request) (*lock.Lease, error) {
 	// A subscription is a new pub/sub connection per call: only for busy keys.
 	return lock.AcquireOnReleases(ctx, &l.opts.Options, req,
 		func(ctx context.Context) (*lock.Lease, time.Duration, error) { return l.attempt(ctx, req) },
@@ -195,6 +148,37 @@ func fenceProposal(start time.Time) int64 {
 	return min(max(start.UnixMicro()+fenceLead.Microseconds(), 1), maxToken)
 }
 
+// TryAcquire (lock.Acquisitions, over attempt) makes one attempt to take every
+// key of req (see lock.Locker).
+//
+// A key is free for req when nobody holds it and its FIFO queue is empty or
+// has req's owner at its head: a request without Queue does not jump a
+// non-empty queue either (it fails with a *lock.HeldError whose Waiters
+// counts the queue). With req.Queue a request that cannot take the keys joins
+// (or refreshes its place in) the queue of every key, and must call again
+// within the waiter TTL to keep it; so req.Owner is required with Queue.
+//
+// With req.Limit N > 1 the request takes one of N slots of each key (a
+// counting semaphore): a slot is free for it when no mutex holds the key and
+// its place in the queue (or the queue's length, when it is not queued) is
+// below the number of free slots. A mutex request needs the key free of
+// semaphore holders too. The *lock.HeldError of a busy key counts its holders
+// and names the oldest.
+//
+// In Redlock mode the keys must be taken on a quorum of the nodes within the
+// lease's validity (TTL minus elapsed time minus drift): a majority for a
+// mutex, floor(M*N/(N+1)) + 1 of M nodes for a semaphore of N slots
+// (quorumFor); otherwise what the nodes granted is released there (by the
+// token each issued; a node whose reply was lost is left to the TTL, see
+// attempt) and the error matches lock.ErrQuorum (a *QuorumError saying how many nodes agreed
+// and were needed), or is a *lock.HeldError when too many nodes said the keys
+// are busy for a quorum to be possible.
+//
+// In Sentinel mode a grant counts only once Config.MinReplicas replicas
+// acknowledged it (WAIT, within WithReplicaTimeout): otherwise it is released
+// and the error is a *ReplicaError (matching lock.ErrBackendUnavailable)
+// saying how many acknowledged; see replicas.go.
+//
 // attempt is one acquisition on every node. It returns the lease, or a hint
 // of when the busy holder's lease ends (0 when unknown) and the error.
 //

@@ -94,10 +94,11 @@ type node struct {
 
 // Locker is a lock.Locker on Redis. It is safe for concurrent use.
 type Locker struct {
-	cfg    Config
-	mode   Mode
-	nodes  []*node
-	quorum int
+	cfg                              Config
+	mode                             Mode
+	nodes                            []*node
+	quorum                           int
+	lock.Acquisitions[time.Duration] // TryAcquire and Acquire, over attempt and wait
 	// ticket is ticketKey(), built once; scopeTickets the counter of each
 	// scope (Config.Scopes), by scope.
 	ticket       string
@@ -143,6 +144,10 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		return nil, err
 	}
 	l := &Locker{cfg: cfg, mode: cfg.Mode(), opts: o, lookup: lookupIP, bg: newBackground()}
+	l.Acquisitions = lock.Acquisitions[time.Duration]{
+		Check:   func(req lock.Request) error { return l.checkScopes("keys", req.Keys) },
+		Attempt: l.attempt, Wait: l.wait,
+	}
 	l.ticket = l.ticketKey()
 	if len(cfg.Scopes) > 0 {
 		l.scopeTickets = make(map[string]string, len(cfg.Scopes))

@@ -14,31 +14,8 @@ import (
 // clients keep changing the nodes between the read and the write.
 const maxTries = 6
 
-// TryAcquire makes one attempt to take every key of req (see lock.Locker).
-//
-// A key is free for req when the leases of other owners leave room for it
-// (a mutex: none is live; a semaphore, req.Limit > 1: no live mutex, and
-// fewer live slots than the smallest Limit of req's and theirs) and the
-// live waiters ahead of req's owner in its queue are fewer than that room:
-// a request without Queue does not jump a non-empty queue (it fails with a
-// *lock.HeldError whose Waiters counts the queue). With req.Queue a request that cannot take the keys joins (or
-// refreshes its place in) the queue of every key and must call again within
-// the waiter TTL to keep it; so req.Owner is required with Queue. An owner
-// that already holds every key gets them again with a new fencing token.
-// The HeldError's Holders counts the live leases holding the busy key (0
-// when it is free but others are queued ahead), Holder and Fence name the
-// oldest when they leave no room; Waiters is the exact number of live
-// waiters, the caller included.
-func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareRequest(req, true)
-	if err != nil {
-		return nil, err
-	}
-	lease, _, err := l.attempt(ctx, req)
-	return lease, err
-}
-
-// Acquire blocks until it holds every key of req or ctx ends (see lock.Locker).
+// wait is Acquire (lock.Acquisitions) once req is prepared: it blocks until it
+// holds every key of req or ctx ends (see lock.Locker).
 // After a failed attempt it sets a ZooKeeper watch on what blocks it (the
 // holder node or a slot node of another owner, or the live waiter just
 // ahead of it in the queue) and tries
@@ -47,11 +24,7 @@ func (l *Locker) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease,
 // FIFO queues, refreshing its place at least every third of the waiter TTL,
 // and leaves the queues when ctx ends. ZooKeeper errors are retried too; when
 // ctx ends the error wraps both ctx.Err() and the last attempt's error.
-func (l *Locker) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
-	req, err := lock.PrepareRequest(req, false)
-	if err != nil {
-		return nil, err
-	}
+func (l *Locker) wait(ctx context.Context, req lock.Request) (*lock.Lease, error) {
 	log := l.opts.Log.WithValues("keys", req.Keys, "holder", req.Holder)
 	// The node last watched and the watch's channel, while it has not fired.
 	var watched string
@@ -141,6 +114,23 @@ func (p *keyPlan) liveLeases() []*holderView {
 	return out
 }
 
+// TryAcquire (lock.Acquisitions, over attempt) makes one attempt to take every
+// key of req (see lock.Locker).
+//
+// A key is free for req when the leases of other owners leave room for it
+// (a mutex: none is live; a semaphore, req.Limit > 1: no live mutex, and
+// fewer live slots than the smallest Limit of req's and theirs) and the
+// live waiters ahead of req's owner in its queue are fewer than that room:
+// a request without Queue does not jump a non-empty queue (it fails with a
+// *lock.HeldError whose Waiters counts the queue). With req.Queue a request that cannot take the keys joins (or
+// refreshes its place in) the queue of every key and must call again within
+// the waiter TTL to keep it; so req.Owner is required with Queue. An owner
+// that already holds every key gets them again with a new fencing token.
+// The HeldError's Holders counts the live leases holding the busy key (0
+// when it is free but others are queued ahead), Holder and Fence name the
+// oldest when they leave no room; Waiters is the exact number of live
+// waiters, the caller included.
+//
 // attempt is one acquisition. It returns the lease, or the path of the node
 // whose deletion may let the request in (for Acquire to watch) and the error.
 func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, string, error) {

@@ -228,6 +228,7 @@ type Locker struct {
 	acl                        []zk.ACL
 	servers                    string // for error messages
 	lock.Renewals                     // Renew and RenewAll, over renewAll
+	lock.Acquisitions[string]         // TryAcquire and Acquire, over attempt and wait
 
 	conn   *zk.Conn
 	dialer *trackingDialer
@@ -291,6 +292,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		timers:  map[int64]*leaseTimer{},
 	}
 	l.Renewals = lock.Renewals{Validate: validateRenew, Batch: l.renewAll}
+	l.Acquisitions = lock.Acquisitions[string]{Attempt: l.attempt, Wait: l.wait}
 	l.keysPath = l.root + "/keys"
 	l.ticketPath = l.root + "/ticket"
 	l.sessionsPath = l.root + "/sessions"
