@@ -94,9 +94,11 @@ const (
 )
 
 // controllers are the kube-controller-manager controllers the cluster runs:
-// enough for CronJobs, Jobs, garbage collection and service accounts.
+// enough for CronJobs, Jobs, Deployments (with their ReplicaSets),
+// StatefulSets, garbage collection and service accounts.
 var controllers = []string{
-	"cronjob-controller", "job-controller", "garbage-collector-controller", "namespace-controller",
+	"cronjob-controller", "job-controller", "deployment-controller", "replicaset-controller", "statefulset-controller",
+	"garbage-collector-controller", "namespace-controller",
 	"serviceaccount-controller", "serviceaccount-token-controller", "root-ca-certificate-publisher-controller",
 	"ttl-after-finished-controller", "pod-garbage-collector-controller", "clusterrole-aggregation-controller",
 }
@@ -120,6 +122,17 @@ type Options struct {
 	// RedisPorts lists one preferred port per Redis master; 0, or a port in
 	// use, means a free port. Default: one master on any free port.
 	RedisPorts []int
+	// ExternalRedis lists the addresses of Redis masters that run already
+	// (another cluster's: see Cluster.RedisAddrs) for this cluster to use
+	// instead of starting its own: two clusters that share a store, as two
+	// clusters of one fleet do. The ClusterLockBackend DevRedisBackend points
+	// at the first. The cluster neither stops nor restarts them, and
+	// RedisPorts and RedisServer are not used.
+	ExternalRedis []string
+	// ClusterName is the operator's --cluster-name, which its holders'
+	// identities carry. Default: ClusterName. Two clusters that share a
+	// store need distinct names.
+	ClusterName string
 	// Store is the lock store the ClusterLockBackend DevBackend points at,
 	// one of StoreKinds: "redis" (default: the first Redis master),
 	// "postgres", "zookeeper" or "etcd" (a server the cluster starts on
@@ -264,6 +277,15 @@ func (o *Options) defaults() error {
 	if _, err := os.Stat(o.Manager); err != nil {
 		return fmt.Errorf("the operator binary %s is missing (go build -o bin/lockwarden ./cmd): %w", o.Manager, err)
 	}
+	if o.ClusterName == "" {
+		o.ClusterName = ClusterName
+	}
+	if o.Store == "" {
+		o.Store = StoreRedis
+	}
+	if len(o.ExternalRedis) > 0 {
+		return ValidateStore(o.Store)
+	}
 	if o.RedisServer == "" {
 		o.RedisServer = os.Getenv("LOCKWARDEN_REDIS_SERVER")
 	}
@@ -276,9 +298,6 @@ func (o *Options) defaults() error {
 	}
 	if len(o.RedisPorts) == 0 {
 		o.RedisPorts = []int{0}
-	}
-	if o.Store == "" {
-		o.Store = StoreRedis
 	}
 	return ValidateStore(o.Store)
 }
@@ -709,7 +728,7 @@ func (c *Cluster) StartOperator(ctx context.Context) error {
 		fmt.Sprintf("--webhook-port=%d", c.ports.webhook),
 		"--webhook-host=127.0.0.1",
 		"--webhook-configuration=" + WebhookConfigurationName,
-		"--cluster-name=" + ClusterName,
+		"--cluster-name=" + c.opts.ClusterName,
 		"--kubeconfig=" + c.OperatorKubeconfig,
 		// Redis listens on 127.0.0.1, a loopback address, which the operator
 		// refuses for inline endpoints unless allowed; ClusterLockBackends'
@@ -759,6 +778,16 @@ func (c *Cluster) OperatorPID() int {
 		return 0
 	}
 	return c.operator.pid()
+}
+
+// Options returns the options the cluster runs with, defaults filled in: a
+// second cluster started from them (with its own Dir) uses the same binaries.
+func (c *Cluster) Options() Options {
+	o := c.opts
+	o.RedisPorts = append([]int(nil), c.opts.RedisPorts...)
+	o.ExternalRedis = append([]string(nil), c.opts.ExternalRedis...)
+	o.ManagerArgs = append([]string(nil), c.opts.ManagerArgs...)
+	return o
 }
 
 // LogPath returns the log file of a component: etcd, kube-apiserver,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,8 +19,12 @@ import (
 )
 
 // startRedis starts the Redis masters in parallel, each on its preferred
-// port when that is free, else on a free port.
+// port when that is free, else on a free port; with Options.ExternalRedis it
+// starts none and checks that those answer.
 func (c *Cluster) startRedis(ctx context.Context) error {
+	if len(c.opts.ExternalRedis) > 0 {
+		return c.useExternalRedis(ctx)
+	}
 	c.Redis = make([]*Redis, len(c.opts.RedisPorts))
 	for i := range c.Redis {
 		c.Redis[i] = &Redis{}
@@ -49,6 +54,33 @@ func (c *Cluster) startRedis(ctx context.Context) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// useExternalRedis records Options.ExternalRedis as the cluster's Redis
+// masters (without a process: the cluster does not run them) once each
+// answers PING.
+func (c *Cluster) useExternalRedis(ctx context.Context) error {
+	c.Redis = make([]*Redis, len(c.opts.ExternalRedis))
+	for i, addr := range c.opts.ExternalRedis {
+		_, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return fmt.Errorf("external Redis %q: %w", addr, err)
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil {
+			return fmt.Errorf("external Redis %q: port: %w", addr, err)
+		}
+		c.Redis[i] = &Redis{Addr: addr, Port: p}
+		rc := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ReadTimeout: time.Second, WriteTimeout: time.Second})
+		err = c.waitFor(ctx, nil, "external Redis at "+addr, func(ctx context.Context) (bool, error) {
+			return rc.Ping(ctx).Err() == nil, nil
+		})
+		_ = rc.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // configureRedis writes the configuration of Redis master i for port.
@@ -81,6 +113,9 @@ func (c *Cluster) configureRedis(i, port int) error {
 // process_id). It fails when another process took the port while it was down.
 func (c *Cluster) StartRedis(ctx context.Context, i int) error {
 	r := c.Redis[i]
+	if r.proc == nil {
+		return fmt.Errorf("Redis master %d (%s) is not this cluster's to start", i, r.Addr)
+	}
 	if !r.proc.running() {
 		if err := r.proc.start(); err != nil {
 			return err
@@ -101,8 +136,13 @@ func (c *Cluster) StartRedis(ctx context.Context, i int) error {
 	})
 }
 
-// KillRedis kills Redis master i with SIGKILL; it loses its data.
-func (c *Cluster) KillRedis(i int) { c.Redis[i].proc.kill() }
+// KillRedis kills Redis master i with SIGKILL; it loses its data. It does
+// nothing to a master of Options.ExternalRedis.
+func (c *Cluster) KillRedis(i int) {
+	if p := c.Redis[i].proc; p != nil {
+		p.kill()
+	}
+}
 
 // RestartRedis kills Redis master i and starts it again, empty, on the same port.
 func (c *Cluster) RestartRedis(ctx context.Context, i int) error {

@@ -111,7 +111,7 @@ func (c *Cluster) StartStore(ctx context.Context, kind string) (*Store, error) {
 	)
 	switch kind {
 	case StoreRedis:
-		if len(c.Redis) == 0 || c.Redis[0].proc == nil {
+		if len(c.Redis) == 0 || c.Redis[0].Addr == "" {
 			return nil, fmt.Errorf("no Redis master is running")
 		}
 		return &Store{Kind: StoreRedis, Addrs: []string{c.Redis[0].Addr}, LogPaths: []string{c.Redis[0].LogPath}}, nil
