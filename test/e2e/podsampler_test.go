@@ -30,9 +30,13 @@ type podView struct {
 	uid           types.UID
 	// gated: the Pod still has the scheduling gate lockwarden.io/lock.
 	gated bool
-	// terminating: the Pod is being deleted (its containers may still run
-	// until the grace period ends).
+	// terminating: the Pod is being deleted; its containers may run until
+	// graceEnd (its deletionTimestamp: the end of its grace period, when the
+	// kubelet kills what still runs). The API shows it to the second.
 	terminating bool
+	graceEnd    time.Time
+	// at is when the sample was taken.
+	at time.Time
 	// finished: phase Succeeded or Failed.
 	finished bool
 	phase    corev1.PodPhase
@@ -62,11 +66,15 @@ func (p podView) String() string {
 	return fmt.Sprintf("%s/%s (%s, token %d)", p.cluster, p.name, strings.Join(state, ", "), p.token)
 }
 
-// viewPod turns a Pod into the sampler's view of it.
-func viewPod(clusterName string, pod *corev1.Pod) podView {
+// viewPod turns a Pod, as listed at, into the sampler's view of it.
+func viewPod(clusterName string, pod *corev1.Pod, at time.Time) podView {
 	token, _ := strconv.ParseInt(pod.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
+	var graceEnd time.Time
+	if pod.DeletionTimestamp != nil {
+		graceEnd = pod.DeletionTimestamp.Time
+	}
 	return podView{
-		cluster: clusterName, name: pod.Name, uid: pod.UID,
+		cluster: clusterName, name: pod.Name, uid: pod.UID, at: at, graceEnd: graceEnd,
 		gated: slices.ContainsFunc(pod.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool {
 			return g.Name == podGate
 		}),
@@ -179,7 +187,7 @@ func (s *podSampler) take(ctx context.Context) {
 			return
 		}
 		for i := range pods.Items {
-			sm.pods = append(sm.pods, viewPod(src.cluster, &pods.Items[i]))
+			sm.pods = append(sm.pods, viewPod(src.cluster, &pods.Items[i], sm.at))
 		}
 		if src.lock != "" {
 			var dl locksv1alpha1.DistributedLock
@@ -320,7 +328,11 @@ func TestPodSamplerCatchesOverlap(t *testing.T) {
 		p.gated, p.phase = true, corev1.PodPending
 		return p
 	}
-	terminating := func(p podView) podView { p.terminating = true; return p }
+	now := time.Now()
+	terminating := func(p podView, graceLeft time.Duration) podView {
+		p.terminating, p.at, p.graceEnd = true, now, now.Add(graceLeft)
+		return p
+	}
 	ended := func(p podView) podView { p.finished, p.phase = true, corev1.PodSucceeded; return p }
 
 	tests := map[string]struct {
@@ -339,12 +351,16 @@ func TestPodSamplerCatchesOverlap(t *testing.T) {
 			pods:        []podView{running("a", "p1", 7), running("a", "p2", 8), gatedPod("a", "p3")},
 			wantHolders: 2, wantClusters: 1, wantViolation: true,
 		},
-		"a terminating Pod still holds while its containers may run": {
-			pods:        []podView{terminating(running("a", "p1", 7)), running("a", "p2", 8)},
+		"a terminating Pod holds until its grace period ends": {
+			pods:        []podView{terminating(running("a", "p1", 7), time.Second), running("a", "p2", 8)},
 			wantHolders: 2, wantClusters: 1, wantViolation: true,
 		},
+		"a terminating Pod past its grace period no longer runs": {
+			pods:        []podView{terminating(running("a", "p1", 7), -time.Millisecond), running("a", "p2", 8)},
+			wantHolders: 1, wantClusters: 1,
+		},
 		"with the handover Terminating a terminating Pod has released": {
-			pods:                []podView{terminating(running("a", "p1", 7)), running("a", "p2", 8)},
+			pods:                []podView{terminating(running("a", "p1", 7), time.Second), running("a", "p2", 8)},
 			terminatingReleases: true,
 			wantHolders:         1, wantClusters: 1,
 		},
