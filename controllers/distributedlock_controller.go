@@ -53,6 +53,9 @@ type DistributedLockReconciler struct {
 	*tracker
 	// resync lists the locks the status resync keeps current.
 	resync *resyncTable
+	// rollouts are the Deployment rollouts the Pod reconciler found
+	// waiting for a lock their own old Pods hold (RolloutBlocked).
+	rollouts *rolloutMemory
 	// budget bounds, per namespace, the reconciles of locks without a
 	// held manual lease (see namespaceBudget); nil bounds nothing.
 	budget *namespaceBudget

@@ -45,6 +45,9 @@ type observation struct {
 	// lost is a lost lease not shown in status yet: reported by the
 	// watchdog, or found by this reconcile.
 	lost *watchdog.Lost
+	// rolloutBlocked explains the Deployment rollout found waiting for
+	// this lock, which its own old Pods hold ("" when none).
+	rolloutBlocked string
 	// backendWasDown: status showed the backend unready before this reconcile.
 	backendWasDown bool
 	// knownDown: the backend's health check says it does not answer; this
@@ -89,6 +92,7 @@ func (r *DistributedLockReconciler) manualHolder(dl *locksv1alpha1.DistributedLo
 // report, after the status that shows them was written.
 func (r *DistributedLockReconciler) gather(ctx context.Context, dl *locksv1alpha1.DistributedLock) *observation {
 	obs := &observation{now: r.Clock.Now(), keys: backend.EngineKeys(dl), backendWasDown: backendWasDown(dl)}
+	obs.rolloutBlocked = r.rollouts.of(client.ObjectKeyFromObject(dl), obs.now)
 	if l, ok := r.lostOf(client.ObjectKeyFromObject(dl)); ok {
 		obs.lost = &l
 	}

@@ -35,6 +35,13 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 	}
 
 	switch {
+	case obs.rolloutBlocked != "":
+		set(locksv1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, locksv1alpha1.EventRolloutBlocked, obs.rolloutBlocked)
+	case meta.IsStatusConditionTrue(st.Conditions, locksv1alpha1.ConditionRolloutBlocked):
+		set(locksv1alpha1.ConditionRolloutBlocked, metav1.ConditionFalse, "NoBlockedRollout", "No rollout waits for this lock while its own old Pods hold it")
+	}
+
+	switch {
 	case obs.scopeDenied != "":
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonScopeNotAllowed, obs.scopeDenied)
 		setManual(dl, obs, &st, set, metav1.ConditionFalse, locksv1alpha1.ReasonScopeNotAllowed, obs.scopeDenied)

@@ -494,13 +494,31 @@ func busyRequeue() time.Duration { return wait.Jitter(busyRequeueBase, 1) }
 const connectingRequeue = time.Second
 
 // backendFor returns the Job's backend when the lock may use it and it
-// answers. Otherwise it tells the Job why (the policy's refusal, or the
+// answers (see holderBackend).
+func (r *JobReconciler) backendFor(ctx context.Context, g *gatedJob, action string) (backend.Handle, ctrl.Result, bool) {
+	return holderBackend(ctx, r.Deps, holderUse{ref: g.ref, dl: g.dl, obj: g.job, leaves: &g.leaves, stays: "the Job stays suspended"}, action)
+}
+
+// holderUse is a holder's use of its lock's backend in one reconcile.
+type holderUse struct {
+	ref holder.Ref
+	dl  *locksv1alpha1.DistributedLock
+	// obj is told (Events) why the backend cannot be used.
+	obj client.Object
+	// leaves collects the backend slots the reconcile took.
+	leaves *[]func()
+	// stays says what happens to the holder meanwhile, for Events.
+	stays string
+}
+
+// holderBackend returns a holder's backend when the lock may use it and it
+// answers. Otherwise it tells the holder why (the policy's refusal, or the
 // backend's failure as a category, never the peer's bytes) and returns when
 // to look again; a backend known to be down fails at once, without a
 // connection attempt, so that unreachable backends do not hold the shared
 // workers.
-func (r *JobReconciler) backendFor(ctx context.Context, g *gatedJob, action string) (backend.Handle, ctrl.Result, bool) {
-	h, err := r.Registry.For(ctx, g.ref, g.dl)
+func holderBackend(ctx context.Context, d Deps, u holderUse, action string) (backend.Handle, ctrl.Result, bool) {
+	h, err := d.Registry.For(ctx, u.ref, u.dl)
 	if err == nil {
 		err = h.Health()
 	}
@@ -508,14 +526,14 @@ func (r *JobReconciler) backendFor(ctx context.Context, g *gatedJob, action stri
 	switch {
 	case err == nil:
 		// One slow backend may hold only its share of the shared workers.
-		if len(g.leaves) > 0 {
+		if len(*u.leaves) > 0 {
 			return h, ctrl.Result{}, true // this reconcile holds a slot already
 		}
 		leave, ok := h.Enter()
 		if !ok {
 			return h, ctrl.Result{RequeueAfter: busyRequeue()}, false
 		}
-		g.leaves = append(g.leaves, leave)
+		*u.leaves = append(*u.leaves, leave)
 		return h, ctrl.Result{}, true
 	case errors.Is(err, backend.ErrConnecting):
 		return h, ctrl.Result{RequeueAfter: connectingRequeue}, false
@@ -524,14 +542,15 @@ func (r *JobReconciler) backendFor(ctx context.Context, g *gatedJob, action stri
 		if pe.Reason == locksv1alpha1.ReasonScopeNotAllowed {
 			reason = locksv1alpha1.EventScopeNotAllowed
 		}
-		r.eventf(g.job, corev1.EventTypeWarning, reason, action, "Lock %s cannot be acquired: %s; the Job stays suspended", g.dl.Name, pe.Error())
+		d.Recorder.Eventf(u.obj, nil, corev1.EventTypeWarning, reason, action, "Lock %s cannot be acquired: %s; %s", u.dl.Name, pe.Error(), u.stays)
 		return h, ctrl.Result{RequeueAfter: lockMissingRequeue}, false
 	default:
-		r.eventf(g.job, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, action, "Lock %s: %s", g.dl.Name, backend.Describe(err))
-		logf.FromContext(ctx).V(1).Info("Backend of the Job's lock is not usable; retrying", "lock", g.dl.Name, "error", err.Error())
+		d.Recorder.Eventf(u.obj, nil, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, action, "Lock %s: %s", u.dl.Name, backend.Describe(err))
+		logf.FromContext(ctx).V(1).Info("Backend of the holder's lock is not usable; retrying", "lock", u.dl.Name, "error", err.Error())
 		if h.Locker != nil && action == "Acquire" {
 			// Known to be down: its recovery wakes the waiting Jobs
-			// (onHealth); retrying sooner would cost the shared workers.
+			// (onHealth); waiting Pods try again at their own pace. Retrying
+			// sooner would cost the shared workers.
 			return h, ctrl.Result{RequeueAfter: lockMissingRequeue}, false
 		}
 		return h, ctrl.Result{RequeueAfter: backendRetry}, false

@@ -78,9 +78,16 @@ func (s *orphanSweeper) sweepState(ctx context.Context) {
 		if _, _, held := s.Watchdog.Holding(holder.Ref{Kind: kind, Namespace: nn.Namespace, Name: nn.Name}); held {
 			return false
 		}
-		var obj client.Object = &locksv1alpha1.DistributedLock{}
-		if kind == jobKind {
+		var obj client.Object
+		switch kind {
+		case jobKind:
 			obj = &batchv1.Job{}
+		case lockKind:
+			obj = &locksv1alpha1.DistributedLock{}
+		case podKind:
+			obj = &corev1.Pod{}
+		default:
+			return false // a workload's use ends with its lease (see orphaned)
 		}
 		return apierrors.IsNotFound(s.Client.Get(ctx, nn, obj))
 	}
@@ -91,10 +98,13 @@ func (s *orphanSweeper) sweepState(ctx context.Context) {
 			continue
 		}
 		forgotten++
-		if ref.Kind == jobKind {
+		switch ref.Kind {
+		case jobKind:
 			s.forgetJob(nn)
-		} else {
+		case lockKind:
 			s.forgetLock(nn)
+		default:
+			s.Registry.Forget(ref)
 		}
 	}
 	for _, nn := range metrics.LockSeries() {
@@ -134,8 +144,33 @@ func (s *orphanSweeper) orphaned(ctx context.Context, ref holder.Ref, lease *loc
 			return nil, "the DistributedLock was replaced by another of the same name", nil
 		}
 		return nil, "", nil
+	case podKind:
+		var pod corev1.Pod
+		if err := s.Client.Get(ctx, nn, &pod); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, "the Pod is gone, or no longer carries the lock label", nil
+			}
+			return nil, "", err
+		}
+		return &pod, podOrphaned(&pod, lease), nil
+	case "Deployment", "StatefulSet", "ReplicaSet":
+		why, err := workloadOrphaned(ctx, s.Client, ref, lease)
+		return nil, why, err
 	}
 	return nil, "", nil
+}
+
+// podOrphaned says why a Pod no longer holds lease ("" when it does).
+func podOrphaned(pod *corev1.Pod, lease *lock.Lease) string {
+	switch {
+	case pod.Labels[locksv1alpha1.LabelLock] == "":
+		return "the Pod no longer carries the lock label"
+	case !controllerutil.ContainsFinalizer(pod, locksv1alpha1.Finalizer):
+		return "the Pod's finalizer was removed"
+	case lease != nil && holder.Decode(lease.Holder).UID != string(pod.UID):
+		return "the Pod was replaced by another of the same name"
+	}
+	return ""
 }
 
 // jobOrphaned says why a Job no longer holds lease ("" when it does).

@@ -93,6 +93,7 @@ const DefaultWorkers = 16
 type Reconcilers struct {
 	Locks *DistributedLockReconciler
 	Jobs  *JobReconciler
+	Pods  *PodReconciler
 	// ClusterBackends and Backends report ClusterLockBackends' and
 	// LockBackends' use and health.
 	ClusterBackends, Backends *BackendStatusReconciler
@@ -114,22 +115,30 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, d Deps, o LockOptio
 	locks := NewDistributedLockReconciler(d, o)
 	jobs := NewJobReconciler(d, locks.Enqueue)
 	jobs.workers = locks.Workers
+	locks.rollouts = newRolloutMemory()
+	pods := NewPodReconciler(d, locks.Enqueue, locks.rollouts)
+	pods.workers = locks.Workers
 	// A share per namespace in each controller: a Job's changes reconcile
 	// its lock too (its status lists the queue), and would use the share
 	// of its namespace's Jobs otherwise.
 	jobs.budget = newNamespaceBudget(o.NamespaceQPS)
 	locks.budget = newNamespaceBudget(o.NamespaceQPS)
+	pods.budget = newNamespaceBudget(o.NamespaceQPS)
 	// A backend that answers slowly (a tenant's, on purpose or not) holds
 	// at most half of each controller's workers; its other reconciles come
 	// back later without calling it.
 	d.Registry.SetBulkhead(BackendWorkerShare(locks.Workers))
 	d.Watchdog.OnLost(locks.onLost)
 	d.Watchdog.OnLost(jobs.onLost)
+	d.Watchdog.OnLost(pods.onLost)
 	if err := locks.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up the DistributedLock controller: %w", err)
 	}
 	if err := jobs.SetupWithManager(mgr); err != nil {
 		return nil, fmt.Errorf("set up the Job controller: %w", err)
+	}
+	if err := pods.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("set up the Pod controller: %w", err)
 	}
 	if err := mgr.Add(&statusResync{table: locks.resync, enqueue: locks.enqueueWait, interval: locks.Resync, log: locks.Log.WithName("resync")}); err != nil {
 		return nil, fmt.Errorf("set up the status resync: %w", err)
@@ -137,7 +146,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, d Deps, o LockOptio
 	if err := mgr.Add(&orphanSweeper{Deps: locks.Deps, interval: locks.Resync, forgetLock: locks.dropLockState, forgetJob: jobs.dropJobState}); err != nil {
 		return nil, fmt.Errorf("set up the orphaned-lease sweep: %w", err)
 	}
-	out := &Reconcilers{Locks: locks, Jobs: jobs,
+	out := &Reconcilers{Locks: locks, Jobs: jobs, Pods: pods,
 		ClusterBackends: NewClusterLockBackendReconciler(d.Client, d.Registry, locks.Resync),
 		Backends:        NewLockBackendReconciler(d.Client, d.Registry, locks.Resync),
 	}

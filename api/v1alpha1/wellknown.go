@@ -41,6 +41,61 @@ const (
 	AnnotationSyncedFromCronJob = "lockwarden.io/synced-from-cronjob"
 )
 
+// Pod gating: Pods of Deployments, StatefulSets and ReplicaSets, and bare
+// Pods, that name a lock (AnnotationLock on the Pod, from its template; the
+// workload webhook copies a Deployment's or StatefulSet's own annotation
+// into its template) wait with a scheduling gate until they hold it.
+const (
+	// AnnotationHolderMode says who holds the lock for a gated Pod:
+	// HolderModePod (the default) or HolderModeWorkload.
+	AnnotationHolderMode = "lockwarden.io/holder-mode"
+	// AnnotationWorkload is set by the Pod webhook on a gated Pod to its
+	// controlling workload, Kind/name/uid (a Deployment is found through
+	// the Pod's ReplicaSet); empty for a bare Pod. Only lockwarden writes it.
+	AnnotationWorkload = "lockwarden.io/workload"
+	// AnnotationHandover set to HandoverTerminating makes a gated Pod
+	// release its lease as soon as it starts terminating, rather than when
+	// it is gone: the next Pod runs during the old one's grace period, with
+	// a larger fencing token.
+	AnnotationHandover = "lockwarden.io/handover"
+	// HandoverTerminating is the value of AnnotationHandover that releases
+	// at the start of termination.
+	HandoverTerminating = "Terminating"
+	// SchedulingGate is the name of the scheduling gate that keeps a gated
+	// Pod Pending until it holds its lock.
+	SchedulingGate = "lockwarden.io/lock"
+	// PodConditionLockHeld is the Pod condition lockwarden sets to False
+	// when a running Pod's lease is lost.
+	PodConditionLockHeld = "lockwarden.io/LockHeld"
+	// AnnotationSyncedFromWorkload marks pod-template annotations that the
+	// workload webhook copied from a Deployment's or StatefulSet's own
+	// annotations (a comma-separated list of their names).
+	AnnotationSyncedFromWorkload = "lockwarden.io/synced-from-workload"
+)
+
+// HolderMode says who holds the lock for the gated Pods of a workload.
+type HolderMode string
+
+const (
+	// HolderModePod: each Pod holds the lock for itself, so a lock's
+	// maxHolders caps the running Pods (across namespaces and clusters
+	// sharing the store). The default.
+	HolderModePod HolderMode = "Pod"
+	// HolderModeWorkload: the Pod's Deployment, StatefulSet or ReplicaSet
+	// holds the lock once for all its Pods in this cluster; in another
+	// cluster sharing the store the same workload waits (active/passive).
+	HolderModeWorkload HolderMode = "Workload"
+)
+
+// ConditionRolloutBlocked is a DistributedLock's condition: True while a
+// Deployment's rolling update waits for this lock that only its own old
+// Pods hold and will not give up (maxUnavailable 0).
+const ConditionRolloutBlocked = "RolloutBlocked"
+
+// EventRolloutBlocked is recorded on the lock and the Deployment when
+// ConditionRolloutBlocked becomes True.
+const EventRolloutBlocked = "RolloutBlocked"
+
 // Annotations on DistributedLocks.
 const (
 	// AnnotationForceRelease asks the operator to take a lease away from a

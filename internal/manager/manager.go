@@ -395,6 +395,8 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 				// specs: memory does not grow with the cluster's other Jobs,
 				// nor with the size of a tenant's.
 				&batchv1.Job{}: {Label: labels.NewSelector().Add(*gated), Transform: controllers.LeanJob},
+				// Likewise only gated Pods (the Pod webhook labels them).
+				&corev1.Pod{}: {Label: labels.NewSelector().Add(*gated)},
 				// Only the manager's own Secrets (the webhook certificate) are
 				// cached; locks' Secrets are read on demand from their namespace.
 				&corev1.Secret{}: {Namespaces: map[string]cache.Config{certNS: {}}},
@@ -447,11 +449,17 @@ func withRateLimit(cfg *rest.Config, o *Options) *rest.Config {
 // certificates it first waits for the rotator to write them.
 func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, tokens *holder.Tokens) error {
 	gate := &webhook.JobGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check}
+	podGate := &webhook.PodGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check}
+	workloads := &webhook.WorkloadGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader()}
 	audit := &webhook.ForceReleaseAudit{Seal: tokens.ForceReleaseSeal}
 	if o.webhookCertMode == certModeExternal {
 		if err := gate.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("set up the Job webhook: %w", err)
 		}
+		if err := podGate.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("set up the Pod webhook: %w", err)
+		}
+		workloads.SetupWithManager(mgr)
 		audit.SetupWithManager(mgr)
 		return mgr.AddReadyzCheck("webhook", webhookStarted(mgr.GetWebhookServer(), o))
 	}
@@ -477,6 +485,10 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, toke
 		if err := gate.SetupWithManager(mgr); err != nil {
 			ctrl.Log.WithName("setup").Error(err, "Setting up the Job webhook failed")
 		}
+		if err := podGate.SetupWithManager(mgr); err != nil {
+			ctrl.Log.WithName("setup").Error(err, "Setting up the Pod webhook failed")
+		}
+		workloads.SetupWithManager(mgr)
 		audit.SetupWithManager(mgr)
 	}()
 	return mgr.AddReadyzCheck("webhook-certificate", func(*http.Request) error {

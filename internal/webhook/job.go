@@ -3,7 +3,6 @@ package webhook
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -23,7 +22,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/backend"
 )
 
 // JobGate suspends new Jobs that a lock gates, so that the Job controller
@@ -67,26 +65,8 @@ func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 	if len(errs) > 0 {
 		return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, errs)
 	}
-	dl, err := g.getLock(ctx, job.Namespace, name)
-	if err != nil {
-		// Not the user's mistake: refuse for now, so the creation is retried.
-		return apierrors.NewInternalError(fmt.Errorf("read DistributedLock %s/%s: %w", job.Namespace, name, err))
-	}
-	if dl == nil {
-		return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, field.ErrorList{
-			field.Invalid(path.Key(locksv1alpha1.AnnotationLock), name, fmt.Sprintf("%sno DistributedLock %q in namespace %q: create it, or name an existing lock", source, name, job.Namespace)),
-		})
-	}
-	if g.Check != nil {
-		var pe *backend.PolicyError
-		switch err := g.Check(ctx, dl); {
-		case errors.As(err, &pe):
-			return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, field.ErrorList{
-				field.Invalid(path.Key(locksv1alpha1.AnnotationLock), name, fmt.Sprintf("%sDistributedLock %q cannot be used: %s", source, name, pe.Error())),
-			})
-		case err != nil:
-			return apierrors.NewInternalError(fmt.Errorf("check the backend of DistributedLock %s/%s: %w", job.Namespace, name, err))
-		}
+	if err := findLock(ctx, lockLookup{reader: g.Reader, apiReader: g.APIReader, check: g.Check}, schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, job.Namespace, name, path, source); err != nil {
+		return err
 	}
 	Gate(job, name, contention)
 	if s.hasMaxWait {
@@ -119,18 +99,7 @@ func Gate(job *batchv1.Job, lock, contention string) {
 	suspend := true
 	job.Spec.Suspend = &suspend
 	controllerutil.AddFinalizer(job, locksv1alpha1.Finalizer)
-	env := []corev1.EnvVar{
-		{Name: locksv1alpha1.EnvFencingToken, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + locksv1alpha1.AnnotationFencingToken + "']"}}},
-		{Name: locksv1alpha1.EnvHolder, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + locksv1alpha1.AnnotationHolder + "']"}}},
-		{Name: locksv1alpha1.EnvLock, Value: lock},
-	}
-	spec := &job.Spec.Template.Spec
-	for i := range spec.InitContainers {
-		spec.InitContainers[i].Env = withEnv(spec.InitContainers[i].Env, env)
-	}
-	for i := range spec.Containers {
-		spec.Containers[i].Env = withEnv(spec.Containers[i].Env, env)
-	}
+	addTokenEnv(&job.Spec.Template.Spec, lock)
 }
 
 // OperatorAnnotations are the annotations only the operator writes on a
@@ -238,12 +207,12 @@ type metaOwnerRef struct {
 func validateAnnotations(lock, contention string, path *field.Path, source string) field.ErrorList {
 	var errs field.ErrorList
 	for _, msg := range validation.IsDNS1123Subdomain(lock) {
-		errs = append(errs, field.Invalid(path.Key(locksv1alpha1.AnnotationLock), lock, source+"must name a DistributedLock in the Job's namespace: "+msg))
+		errs = append(errs, field.Invalid(path.Key(locksv1alpha1.AnnotationLock), lock, source+"must name a DistributedLock in the same namespace: "+msg))
 	}
 	if len(errs) == 0 && len(lock) > validation.LabelValueMaxLength {
 		// The name becomes the value of the lockwarden.io/lock label.
 		errs = append(errs, field.Invalid(path.Key(locksv1alpha1.AnnotationLock), lock,
-			fmt.Sprintf("%sa lock that gates Jobs must have a name of at most %d characters (it is stored as a label value); rename the DistributedLock", source, validation.LabelValueMaxLength)))
+			fmt.Sprintf("%sa lock that gates Jobs or Pods must have a name of at most %d characters (it is stored as a label value); rename the DistributedLock", source, validation.LabelValueMaxLength)))
 	}
 	switch locksv1alpha1.Contention(contention) {
 	case "", locksv1alpha1.ContentionQueue, locksv1alpha1.ContentionQueueLatest, locksv1alpha1.ContentionSkip:
@@ -266,12 +235,12 @@ func validateMaxWait(maxWait string, path *field.Path, source string) field.Erro
 // getLock reads a lock from the cache, then from the API server (the cache
 // may lag behind a lock created a moment ago). It returns nil when there is
 // no such lock; err is a failure to read.
-func (g *JobGate) getLock(ctx context.Context, namespace, name string) (*locksv1alpha1.DistributedLock, error) {
+func getLock(ctx context.Context, reader, apiReader client.Reader, namespace, name string) (*locksv1alpha1.DistributedLock, error) {
 	nn := types.NamespacedName{Namespace: namespace, Name: name}
 	var dl locksv1alpha1.DistributedLock
-	err := g.Reader.Get(ctx, nn, &dl)
-	if apierrors.IsNotFound(err) && g.APIReader != nil {
-		err = g.APIReader.Get(ctx, nn, &dl)
+	err := reader.Get(ctx, nn, &dl)
+	if apierrors.IsNotFound(err) && apiReader != nil {
+		err = apiReader.Get(ctx, nn, &dl)
 	}
 	switch {
 	case apierrors.IsNotFound(err):

@@ -130,8 +130,8 @@ func TestChartMatchesConfigDefault(t *testing.T) {
 				t.Errorf("%s: the spec differs (-config/default +chart):\n%s", key, diff)
 			}
 		}
-		if n != 4 {
-			t.Errorf("config/default has %d admission policy objects, want the two policies (job gate, lock Leases) and their bindings", n)
+		if n != 6 {
+			t.Errorf("config/default has %d admission policy objects, want the three policies (Job gate, Pod gate, lock Leases) and their bindings", n)
 		}
 	})
 }
