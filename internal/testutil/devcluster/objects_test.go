@@ -26,6 +26,8 @@ func TestWebhookConfiguration(t *testing.T) {
 		"gate.jobs.lockwarden.io":           "/mutate-batch-v1-job",
 		"cronjob-jobs.lockwarden.io":        "/mutate-batch-v1-job",
 		"force-release.locks.lockwarden.io": webhook.ForceReleasePath,
+		"gate.pods.lockwarden.io":           "/mutate--v1-pod",
+		"workloads.lockwarden.io":           webhook.WorkloadPath,
 	}
 	names := map[string]bool{}
 	for _, w := range wh.Webhooks {

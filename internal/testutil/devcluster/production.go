@@ -38,6 +38,10 @@ const JobGatePolicy = "lockwarden-job-gate"
 // store's Leases to the operator.
 const LockLeasePolicy = "lockwarden-lock-leases"
 
+// PodGatePolicy is config/default's ValidatingAdmissionPolicy that keeps a
+// gated Pod's scheduling gate, token, label and finalizer in the operator's hands.
+const PodGatePolicy = "lockwarden-pod-gate"
+
 // fieldManager is the server-side apply field manager of what the cluster installs.
 const fieldManager = "lockwarden-devcluster"
 

@@ -75,7 +75,7 @@ func TestProductionObjects(t *testing.T) {
 		t.Error("no ClusterRoleBinding binds lockwarden-manager-role")
 	}
 	vaps, bindings := byKind["ValidatingAdmissionPolicy"], byKind["ValidatingAdmissionPolicyBinding"]
-	want := []string{JobGatePolicy, LockLeasePolicy}
+	want := []string{JobGatePolicy, LockLeasePolicy, PodGatePolicy}
 	if !slices.Equal(names(vaps), want) || !slices.Equal(names(bindings), want) {
 		t.Fatalf("admission policies %v and bindings %v, want %v each", names(vaps), names(bindings), want)
 	}
