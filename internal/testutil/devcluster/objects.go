@@ -102,8 +102,65 @@ func WebhookConfiguration(path, base string, caPEM []byte) (*admissionregistrati
 	return &wh, nil
 }
 
+// podStopStage is a kwok Stage that does what a kubelet does to a deleted
+// Pod whose finalizers keep it: at the end of its grace period (its
+// deletionTimestamp) its containers are killed, terminated (exit code 143:
+// SIGTERM), and the Pod turns Failed. kwok's own Stages leave such a Pod
+// Running until its finalizers are gone, so a finalizer that waits for the
+// Pod to stop (lockwarden's on gated Pods) would wait forever.
+const podStopStage = `apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-stop-on-delete
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'Exists'
+    - key: '.metadata.finalizers'
+      operator: 'Exists'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Running'
+  weight: 1
+  delay:
+    durationMilliseconds: 0
+    durationFrom:
+      expressionFrom: '.metadata.deletionTimestamp'
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "False"
+        type: Ready
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "False"
+        type: ContainersReady
+      containerStatuses:
+      {{ range $index, $item := .spec.containers }}
+      - image: {{ $item.image | Quote }}
+        name: {{ $item.name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: 143
+            finishedAt: {{ $now | Quote }}
+            reason: Error
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Failed
+`
+
 // writeKwokStages concatenates the kwok Stages the cluster uses (node/fast,
-// pod/general, from the kwok module's kustomize/stage) into one file.
+// pod/general, from the kwok module's kustomize/stage, and podStopStage)
+// into one file.
 func writeKwokStages(assets, out string) (string, error) {
 	var buf bytes.Buffer
 	for _, dir := range []string{"node/fast", "pod/general"} {
@@ -127,6 +184,7 @@ func writeKwokStages(assets, out string) (string, error) {
 			}
 		}
 	}
+	buf.WriteString("---\n# devcluster: pod-stop-on-delete\n" + podStopStage)
 	return out, os.WriteFile(out, buf.Bytes(), 0o600)
 }
 
