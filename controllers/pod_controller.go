@@ -516,8 +516,19 @@ func (r *PodReconciler) releaseLease(ctx context.Context, g *gatedPod) error {
 			}
 		}
 	}
-	if err := locker.Dequeue(ctx, backend.EngineKeys(g.dl), g.owner); err != nil {
-		logf.FromContext(ctx).V(1).Info("Leaving the queue failed; the entry expires without heartbeats", "error", err.Error())
+	// The lock may be gone (a namespace being deleted deletes it beside its
+	// Pods): the lease held knows its keys.
+	var keys []string
+	switch {
+	case g.dl != nil:
+		keys = backend.EngineKeys(g.dl)
+	case lease != nil:
+		keys = lease.Keys
+	}
+	if keys != nil {
+		if err := locker.Dequeue(ctx, keys, g.owner); err != nil {
+			logf.FromContext(ctx).V(1).Info("Leaving the queue failed; the entry expires without heartbeats", "error", err.Error())
+		}
 	}
 	r.notifyLock(pod)
 	return nil
