@@ -46,12 +46,19 @@ type podView struct {
 	hash string
 }
 
-// holds reports whether the Pod counts as a holder: it is not gated and has
-// not finished. A terminating Pod counts unless terminatingReleases, which is
+// holds reports whether the Pod counts as a holder: it is not gated, has not
+// finished, and, when it is terminating, its grace period has not ended. A
+// terminating Pod does not count at all with terminatingReleases, which is
 // how the handover Terminating documents it (the old Pod releases its lease
 // as soon as it starts terminating).
 func (p podView) holds(terminatingReleases bool) bool {
-	return !p.gated && !p.finished && (!terminatingReleases || !p.terminating)
+	if p.gated || p.finished {
+		return false
+	}
+	if p.terminating {
+		return !terminatingReleases && p.at.Before(p.graceEnd)
+	}
+	return true
 }
 
 func (p podView) String() string {
@@ -76,7 +83,7 @@ func viewPod(clusterName string, pod *corev1.Pod, at time.Time) podView {
 	return podView{
 		cluster: clusterName, name: pod.Name, uid: pod.UID, at: at, graceEnd: graceEnd,
 		gated: slices.ContainsFunc(pod.Spec.SchedulingGates, func(g corev1.PodSchedulingGate) bool {
-			return g.Name == podGate
+			return g.Name == locksv1alpha1.SchedulingGate
 		}),
 		terminating: pod.DeletionTimestamp != nil,
 		finished:    pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed,
@@ -142,10 +149,11 @@ type podSampler struct {
 	phase      string
 	samples    []sample
 	violations []string
-	// firstHeld is when each Pod was first seen holding (ungated, not terminating).
-	firstHeld map[types.UID]time.Time
-	errs      int
-	lastErr   error
+	// firstHeld is when each Pod was first seen holding (ungated, not
+	// terminating); firstFinished when it was first seen finished.
+	firstHeld, firstFinished map[types.UID]time.Time
+	errs                     int
+	lastErr                  error
 }
 
 // samplePods starts sampling sources until the test ends; check (which may
@@ -153,7 +161,7 @@ type podSampler struct {
 // on every violation found.
 func samplePods(t *testing.T, check func(sample) []string, sources ...podSource) *podSampler {
 	t.Helper()
-	s := &podSampler{sources: sources, check: check, firstHeld: map[types.UID]time.Time{}}
+	s := &podSampler{sources: sources, check: check, firstHeld: map[types.UID]time.Time{}, firstFinished: map[types.UID]time.Time{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -203,6 +211,9 @@ func (s *podSampler) take(ctx context.Context) {
 		if _, seen := s.firstHeld[p.uid]; !seen && p.holds(true) {
 			s.firstHeld[p.uid] = sm.at
 		}
+		if _, seen := s.firstFinished[p.uid]; !seen && p.finished {
+			s.firstFinished[p.uid] = sm.at
+		}
 	}
 	s.samples = append(s.samples, sm)
 	if s.check != nil {
@@ -251,6 +262,15 @@ func (s *podSampler) heldSince(uid types.UID) (time.Time, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	at, ok := s.firstHeld[uid]
+	return at, ok
+}
+
+// finishedSince returns when the Pod was first seen finished (phase
+// Succeeded or Failed).
+func (s *podSampler) finishedSince(uid types.UID) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.firstFinished[uid]
 	return at, ok
 }
 
