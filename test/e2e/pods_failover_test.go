@@ -83,7 +83,7 @@ func fleetObjects(t *testing.T, c client.Client, ns string) {
 	}
 	d := newLockedDeployment(ns, "fleet", "fleet", 2)
 	delete(d.Spec.Template.Annotations, locksv1alpha1.AnnotationLock)
-	d.Annotations = map[string]string{locksv1alpha1.AnnotationLock: "fleet", annotationHolderMode: "Workload"}
+	d.Annotations = map[string]string{locksv1alpha1.AnnotationLock: "fleet", locksv1alpha1.AnnotationHolderMode: string(locksv1alpha1.HolderModeWorkload)}
 	if err := c.Create(ctx, d); err != nil {
 		t.Fatal(err)
 	}
