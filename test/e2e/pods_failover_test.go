@@ -124,8 +124,8 @@ func TestPodWorkloadFailoverAcrossClusters(t *testing.T) {
 		return nil
 	}
 	sampler := samplePods(t, strict,
-		podSource{cluster: devcluster.ClusterName, client: cluster.Client, namespace: ns, lock: "fleet"},
-		podSource{cluster: peerClusterName, client: peer.Client, namespace: ns, lock: "fleet"})
+		podSource{cluster: devcluster.ClusterName, client: cluster.Client, config: cluster.Config, namespace: ns, lock: "fleet"},
+		podSource{cluster: peerClusterName, client: peer.Client, config: peer.Config, namespace: ns, lock: "fleet"})
 	sampler.setPhase(phaseBoth)
 	overlap := func(sm sample) bool { return clustersHolding(sm.pods, false) > 1 }
 

@@ -14,7 +14,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -120,10 +123,13 @@ func clustersHolding(pods []podView, terminatingReleases bool) int {
 }
 
 // podSource is one namespace, in one cluster, that a sampler lists, with the
-// lock whose status.holderCount it reads at each sample.
+// lock whose status.holderCount it reads at each sample. With config, the
+// sampler also watches the namespace's Pods, to time when each Pod starts
+// holding and finishes more closely than its samples can.
 type podSource struct {
 	cluster   string
 	client    client.Client
+	config    *rest.Config
 	namespace string
 	lock      string
 }
@@ -150,7 +156,8 @@ type podSampler struct {
 	samples    []sample
 	violations []string
 	// firstHeld is when each Pod was first seen holding (ungated, not
-	// terminating); firstFinished when it was first seen finished.
+	// terminating); firstFinished when it was first seen finished: in a
+	// sample or, sooner, in a watch event.
 	firstHeld, firstFinished map[types.UID]time.Time
 	errs                     int
 	lastErr                  error
@@ -177,12 +184,57 @@ func samplePods(t *testing.T, check func(sample) []string, sources ...podSource)
 			}
 		}
 	}()
+	for _, src := range sources {
+		if src.config != nil {
+			s.watch(t, ctx, src)
+		}
+	}
 	t.Cleanup(func() {
 		cancel()
 		<-done
 		s.report(t)
 	})
 	return s
+}
+
+// watch records, from the watch events of src's Pods, when each starts
+// holding and finishes. A watch that ends early leaves that to the samples.
+func (s *podSampler) watch(t *testing.T, ctx context.Context, src podSource) {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(src.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := cs.CoreV1().Pods(src.namespace).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			pod, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			s.saw(viewPod(src.cluster, pod, time.Now()))
+		}
+	}()
+}
+
+// saw records when p was first seen holding and first seen finished.
+func (s *podSampler) saw(p podView) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sawLocked(p)
+}
+
+func (s *podSampler) sawLocked(p podView) {
+	if _, seen := s.firstHeld[p.uid]; !seen && p.holds(true) {
+		s.firstHeld[p.uid] = p.at
+	}
+	if _, seen := s.firstFinished[p.uid]; !seen && p.finished {
+		s.firstFinished[p.uid] = p.at
+	}
 }
 
 // take lists every source once and records the sample.
@@ -208,12 +260,7 @@ func (s *podSampler) take(ctx context.Context) {
 	defer s.mu.Unlock()
 	sm.phase = s.phase
 	for _, p := range sm.pods {
-		if _, seen := s.firstHeld[p.uid]; !seen && p.holds(true) {
-			s.firstHeld[p.uid] = sm.at
-		}
-		if _, seen := s.firstFinished[p.uid]; !seen && p.finished {
-			s.firstFinished[p.uid] = sm.at
-		}
+		s.sawLocked(p)
 	}
 	s.samples = append(s.samples, sm)
 	if s.check != nil {
