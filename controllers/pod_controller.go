@@ -279,6 +279,9 @@ func (r *PodReconciler) reconcileWaiting(ctx context.Context, g *gatedPod) (ctrl
 		metrics.Acquisitions.WithLabelValues(podKind, metrics.ResultAcquired).Inc()
 		logf.FromContext(ctx).Info("Acquired lock for Pod", "lock", g.dl.Name, "fence", lease.Fence, "holder", g.ref)
 		r.Recorder.Eventf(g.dl, pod, corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire", "Acquired by %s %s with fencing token %d", g.ref.Kind, g.ref.Name, lease.Fence)
+		if g.mode == locksv1alpha1.HolderModeWorkload {
+			r.enqueueWorkload(ctx, g.ref, pod.Labels[locksv1alpha1.LabelLock])
+		}
 		return r.ungate(ctx, g, lease)
 	case errors.As(err, &busy):
 		metrics.Acquisitions.WithLabelValues(podKind, metrics.ResultBusy).Inc()
@@ -608,16 +611,20 @@ func (r *PodReconciler) onLost(l watchdog.Lost) {
 		r.enqueue(types.NamespacedName{Namespace: l.Ref.Namespace, Name: l.Ref.Name})
 	case "Deployment", "StatefulSet", "ReplicaSet":
 		r.recordLost(l)
-		h := holder.Decode(l.Lease.Holder)
-		var pods corev1.PodList
-		if err := r.Client.List(context.Background(), &pods, client.InNamespace(l.Ref.Namespace), client.MatchingLabels{locksv1alpha1.LabelLock: h.Lock}); err != nil {
-			r.Log.Error(err, "Listing the Pods of a workload that lost its lease failed; the sweep reports it", "workload", l.Ref)
-			return
-		}
-		for i := range pods.Items {
-			if k, n, _, ok := parseWorkload(pods.Items[i].Annotations[locksv1alpha1.AnnotationWorkload]); ok && k == l.Ref.Kind && n == l.Ref.Name {
-				r.enqueue(client.ObjectKeyFromObject(&pods.Items[i]))
-			}
+		r.enqueueWorkload(context.Background(), l.Ref, holder.Decode(l.Lease.Holder).Lock)
+	}
+}
+
+// enqueueWorkload asks for a reconcile of every Pod of the workload ref on lock.
+func (r *PodReconciler) enqueueWorkload(ctx context.Context, ref holder.Ref, lock string) {
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(ref.Namespace), client.MatchingLabels{locksv1alpha1.LabelLock: lock}); err != nil {
+		r.Log.Error(err, "Listing the Pods of a workload failed; they catch up at their next requeue", "workload", ref)
+		return
+	}
+	for i := range pods.Items {
+		if k, n, _, ok := parseWorkload(pods.Items[i].Annotations[locksv1alpha1.AnnotationWorkload]); ok && k == ref.Kind && n == ref.Name {
+			r.enqueue(client.ObjectKeyFromObject(&pods.Items[i]))
 		}
 	}
 }

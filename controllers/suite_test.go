@@ -222,6 +222,10 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 	if err := (&webhook.JobGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check}).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
+	if err := (&webhook.PodGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check}).SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	(&webhook.WorkloadGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr)
 	(&webhook.ForceReleaseAudit{Seal: tokens.ForceReleaseSeal}).SetupWithManager(mgr)
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()

@@ -40,6 +40,8 @@ const (
 	// PolicyName is the Job gate's ValidatingAdmissionPolicy (and binding)
 	// of config/policy, as deployed.
 	PolicyName = NamePrefix + "job-gate"
+	// PodPolicyName is the Pod gate's ValidatingAdmissionPolicy (and binding).
+	PodPolicyName = NamePrefix + "pod-gate"
 	// LockLeasePolicyName is the policy (and binding) of config/policy that
 	// keeps the kubernetes store's Leases to the operator, as deployed.
 	LockLeasePolicyName = NamePrefix + "lock-leases"
@@ -174,7 +176,7 @@ func readConfig(paths ...string) ([]*unstructured.Unstructured, error) {
 // error): such an expression would fail at admission and, with
 // failurePolicy Fail, refuse every request it matches.
 func checkTypes(ctx context.Context, env *kubetest.Env) error {
-	for _, name := range []string{PolicyName, LockLeasePolicyName} {
+	for _, name := range []string{PolicyName, PodPolicyName, LockLeasePolicyName} {
 		var p admissionregistrationv1.ValidatingAdmissionPolicy
 		err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 			if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &p); err != nil {
@@ -216,6 +218,18 @@ func waitEnforced(ctx context.Context, env *kubetest.Env) error {
 	})
 	if err != nil {
 		return fmt.Errorf("the API server does not enforce ValidatingAdmissionPolicy %s (is its admission plugin on?): %w; last dry run: %w", PolicyName, err, last)
+	}
+	// The Pod gate's policy: a Pod labelled as gated without the gate.
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "policy-probe", Namespace: "default", Labels: map[string]string{locksv1alpha1.LabelLock: "probe"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "work", Image: "busybox"}}},
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		last = env.Client.Create(ctx, pod.DeepCopy(), client.DryRunAll)
+		return last != nil && strings.Contains(last.Error(), PodPolicyName), nil
+	})
+	if err != nil {
+		return fmt.Errorf("the API server does not enforce ValidatingAdmissionPolicy %s: %w; last dry run: %w", PodPolicyName, err, last)
 	}
 	return nil
 }

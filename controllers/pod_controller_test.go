@@ -1,0 +1,381 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
+	"github.com/lockwarden/lockwarden/internal/testutil/redistest"
+)
+
+// gatedPodOf is a Pod that names lock, with the given extra annotations and owners.
+func gatedPodOf(name, namespace, lock string, annotations map[string]string, owners ...metav1.OwnerReference) *corev1.Pod {
+	a := map[string]string{locksv1alpha1.AnnotationLock: lock}
+	for k, v := range annotations {
+		a[k] = v
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Annotations: a, OwnerReferences: owners},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
+	}
+}
+
+// podRunsWithLock tells whether a Pod may run under its lock: its gate is
+// gone and it carries its fencing token, and it is not being deleted.
+func podRunsWithLock(p *corev1.Pod) bool {
+	return p.DeletionTimestamp == nil && !podGated(p) && p.Annotations[locksv1alpha1.AnnotationFencingToken] != "" && p.Annotations[locksv1alpha1.AnnotationLost] == ""
+}
+
+// ungatedPods returns the names of the Pods in namespace that run with their lock.
+func ungatedPods(t *testing.T, c client.Client, namespace string) []string {
+	t.Helper()
+	var pods corev1.PodList
+	if err := c.List(context.Background(), &pods, client.InNamespace(namespace)); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for i := range pods.Items {
+		if podRunsWithLock(&pods.Items[i]) {
+			out = append(out, pods.Items[i].Name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// podOverlap watches the Pods of namespaces (in their clusters) and records
+// every moment more than limit of them ran with their lock at once.
+type podOverlap struct {
+	mu       sync.Mutex
+	running  map[string]bool
+	overlaps []string
+	limit    int
+}
+
+func watchPodOverlap(t *testing.T, limit int, watches map[string]client.WithWatch, namespace string) *podOverlap {
+	t.Helper()
+	o := &podOverlap{running: map[string]bool{}, limit: limit}
+	for cluster, c := range watches {
+		w, err := c.Watch(context.Background(), &corev1.PodList{}, client.InNamespace(namespace))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(w.Stop)
+		go func() {
+			for ev := range w.ResultChan() {
+				if p, ok := ev.Object.(*corev1.Pod); ok {
+					o.see(cluster+"/"+p.Name, ev.Type != watch.Deleted && podRunsWithLock(p))
+				}
+			}
+		}()
+	}
+	return o
+}
+
+// see records that name runs (or not) and any overlap that makes.
+func (o *podOverlap) see(name string, runs bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.running[name] = runs
+	var names []string
+	for n, r := range o.running {
+		if r {
+			names = append(names, n)
+		}
+	}
+	if len(names) > o.limit {
+		slices.Sort(names)
+		o.overlaps = append(o.overlaps, strings.Join(names, "+"))
+	}
+}
+
+func (o *podOverlap) check(t *testing.T) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.overlaps) > 0 {
+		t.Fatalf("more than %d Pods ran with the lock at once: %v", o.limit, o.overlaps)
+	}
+}
+
+// TestPodOverlapCatchesTwoRunningPods is the overlap watch's negative
+// control: two Pods running at once are seen.
+func TestPodOverlapCatchesTwoRunningPods(t *testing.T) {
+	t.Parallel()
+	o := &podOverlap{running: map[string]bool{}, limit: 1}
+	o.see("east/a", true)
+	o.see("west/b", true)
+	o.see("east/a", false)
+	if len(o.overlaps) != 1 || o.overlaps[0] != "east/a+west/b" {
+		t.Fatalf("overlaps %v, want the one moment east/a and west/b ran together", o.overlaps)
+	}
+}
+
+func podFence(t *testing.T, p *corev1.Pod) int64 {
+	t.Helper()
+	f, err := strconv.ParseInt(p.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
+	if err != nil {
+		t.Fatalf("Pod %s: fencing token %q: %v", p.Name, p.Annotations[locksv1alpha1.AnnotationFencingToken], err)
+	}
+	return f
+}
+
+func getPod(t *testing.T, c client.Client, namespace, name string) *corev1.Pod {
+	t.Helper()
+	var p corev1.Pod
+	if err := c.Get(context.Background(), nn(namespace, name), &p); err != nil {
+		t.Fatal(err)
+	}
+	return &p
+}
+
+// waitPodGone waits until the Pod is deleted for good (its finalizer removed).
+func waitPodGone(t *testing.T, c client.Client, namespace, name string) {
+	t.Helper()
+	eventually(t, 10*time.Second, "Pod "+name+" to be gone", func() (bool, string) {
+		err := c.Get(context.Background(), nn(namespace, name), &corev1.Pod{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+}
+
+func TestPodsOfAOneHolderLockRunOneAtATime(t *testing.T) {
+	rdb := redistest.Start(t)
+	startManager(t, managerOptions{})
+	ns := newNamespace(t, nil)
+	c := env.Client
+	create(t, makeLock("billing", ns, rdb.Addr).obj())
+	ov := watchPodOverlap(t, 1, map[string]client.WithWatch{"test": watchClient(t, env)}, ns)
+	names := []string{"web-a", "web-b", "web-c"}
+	for _, n := range names {
+		create(t, gatedPodOf(n, ns, "billing", nil))
+	}
+	// The webhook gated each one.
+	for _, n := range names {
+		p := getPod(t, c, ns, n)
+		if p.Labels[locksv1alpha1.LabelLock] != "billing" || !slices.Contains(p.Finalizers, locksv1alpha1.Finalizer) {
+			t.Fatalf("Pod %s was not gated: labels %v, finalizers %v", n, p.Labels, p.Finalizers)
+		}
+	}
+	var prev int64
+	for round := range names {
+		var holder string
+		eventually(t, 10*time.Second, "one Pod to run with the lock", func() (bool, string) {
+			running := ungatedPods(t, c, ns)
+			if len(running) == 1 {
+				holder = running[0]
+			}
+			return len(running) == 1, fmt.Sprint(running)
+		})
+		p := getPod(t, c, ns, holder)
+		if f := podFence(t, p); f <= prev {
+			t.Fatalf("Pod %s has fencing token %d, not larger than the previous holder's %d", holder, f, prev)
+		} else {
+			prev = f
+		}
+		if p.Annotations[locksv1alpha1.AnnotationHolder] == "" {
+			t.Errorf("Pod %s carries no holder annotation", holder)
+		}
+		// The others wait behind it, gated, and say so.
+		if round < len(names)-1 {
+			eventually(t, 10*time.Second, "the waiting Pods to show their place", func() (bool, string) {
+				var pods corev1.PodList
+				if err := c.List(context.Background(), &pods, client.InNamespace(ns)); err != nil {
+					return false, err.Error()
+				}
+				for i := range pods.Items {
+					q := &pods.Items[i]
+					if q.Name != holder && (!podGated(q) || q.Annotations[locksv1alpha1.AnnotationWaitingFor] == "") {
+						return false, fmt.Sprintf("%s gates %v annotations %v", q.Name, q.Spec.SchedulingGates, q.Annotations)
+					}
+				}
+				return true, ""
+			})
+			eventually(t, 10*time.Second, "the lock's status to name the holding Pod", func() (bool, string) {
+				dl := getLock(t, ns, "billing")
+				return dl.Status.Holder != nil && dl.Status.Holder.Kind == "Pod" && dl.Status.Holder.Name == holder && len(dl.Status.Waiting) == len(names)-1-round,
+					fmt.Sprintf("holder %+v, waiting %+v", dl.Status.Holder, dl.Status.Waiting)
+			})
+		}
+		if err := c.Delete(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+		waitPodGone(t, c, ns, holder)
+	}
+	ov.check(t)
+}
+
+func TestWorkloadHoldsOnceForAllItsPodsAndTheOtherWaits(t *testing.T) {
+	rdb := redistest.Start(t)
+	envB := kubetest.Start(t, kubetest.WithWebhooks())
+	startManager(t, managerOptions{cluster: "east"})
+	startManager(t, managerOptions{cluster: "west", env: envB})
+	const ns = "serving"
+	namedNamespace(t, env, ns)
+	namedNamespace(t, envB, ns)
+	for _, e := range []*kubetest.Env{env, envB} {
+		if err := e.Client.Create(context.Background(), makeLock("consumer", ns, rdb.Addr).obj()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ov := watchPodOverlap(t, 2, map[string]client.WithWatch{"east": watchClient(t, env), "west": watchClient(t, envB)}, ns)
+	// The same Deployment in both clusters: a Deployment and its
+	// ReplicaSet, and two Pods of it, Workload mode.
+	deploy := func(e *kubetest.Env) []metav1.OwnerReference {
+		d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "consumer", Namespace: ns}, Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](2), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "consumer"}},
+			Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "consumer"}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}}}}}
+		if err := e.Client.Create(context.Background(), d); err != nil {
+			t.Fatal(err)
+		}
+		rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "consumer-1", Namespace: ns,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID, Controller: ptr.To(true)}}},
+			Spec: appsv1.ReplicaSetSpec{Selector: d.Spec.Selector, Template: d.Spec.Template}}
+		if err := e.Client.Create(context.Background(), rs); err != nil {
+			t.Fatal(err)
+		}
+		return []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, Controller: ptr.To(true)}}
+	}
+	workload := map[string]string{locksv1alpha1.AnnotationHolderMode: "Workload"}
+	eastOwner := deploy(env)
+	for _, n := range []string{"consumer-1-a", "consumer-1-b"} {
+		create(t, gatedPodOf(n, ns, "consumer", workload, eastOwner...))
+	}
+	eventually(t, 10*time.Second, "both east Pods to run with the workload's lease", func() (bool, string) {
+		r := ungatedPods(t, env.Client, ns)
+		return len(r) == 2, fmt.Sprint(r)
+	})
+	a, b := getPod(t, env.Client, ns, "consumer-1-a"), getPod(t, env.Client, ns, "consumer-1-b")
+	if podFence(t, a) != podFence(t, b) || a.Annotations[locksv1alpha1.AnnotationWorkload] == "" ||
+		!strings.HasPrefix(a.Annotations[locksv1alpha1.AnnotationHolder], "east/serving/Deployment/consumer/") {
+		t.Fatalf("east Pods hold tokens %d and %d as %q (workload %q), want one token held by the Deployment",
+			podFence(t, a), podFence(t, b), a.Annotations[locksv1alpha1.AnnotationHolder], a.Annotations[locksv1alpha1.AnnotationWorkload])
+	}
+	westOwner := deploy(envB)
+	for _, n := range []string{"consumer-1-a", "consumer-1-b"} {
+		if err := envB.Client.Create(context.Background(), gatedPodOf(n, ns, "consumer", workload, westOwner...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The standby cluster's Pods wait, naming the active Deployment.
+	eventually(t, 10*time.Second, "the west Pods to wait for the east Deployment", func() (bool, string) {
+		p := getPod(t, envB.Client, ns, "consumer-1-a")
+		return podGated(p) && strings.Contains(p.Annotations[locksv1alpha1.AnnotationWaitingFor], "east/serving/Deployment/consumer"), fmt.Sprint(p.Annotations)
+	})
+	// One of the east Pods ends: the workload still holds.
+	if err := env.Client.Delete(context.Background(), a); err != nil {
+		t.Fatal(err)
+	}
+	waitPodGone(t, env.Client, ns, a.Name)
+	if p := getPod(t, envB.Client, ns, "consumer-1-a"); !podGated(p) {
+		t.Fatal("a west Pod started while an east Pod of the holding Deployment still runs")
+	}
+	// The last one ends: the west Deployment takes over with a larger token.
+	if err := env.Client.Delete(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "both west Pods to run", func() (bool, string) {
+		r := ungatedPods(t, envB.Client, ns)
+		return len(r) == 2, fmt.Sprint(r)
+	})
+	if w := getPod(t, envB.Client, ns, "consumer-1-a"); podFence(t, w) <= podFence(t, b) {
+		t.Fatalf("west token %d not larger than east %d", podFence(t, w), podFence(t, b))
+	}
+	ov.check(t)
+	for _, name := range ov.names() {
+		if !strings.HasPrefix(name, "west/") && !strings.HasPrefix(name, "east/") {
+			t.Fatalf("unexpected Pod %s", name)
+		}
+	}
+}
+
+// names are the Pods the watch saw.
+func (o *podOverlap) names() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []string
+	for n := range o.running {
+		out = append(out, n)
+	}
+	return out
+}
+
+func TestPodThatLosesItsLeaseUnderTerminateIsEvicted(t *testing.T) {
+	rdb := redistest.Start(t)
+	startManager(t, managerOptions{})
+	ns := newNamespace(t, nil)
+	c := env.Client
+	dl := makeLock("billing", ns, rdb.Addr).obj()
+	dl.Spec.OnLost = locksv1alpha1.OnLostTerminate
+	create(t, dl)
+	create(t, gatedPodOf("singleton", ns, "billing", nil))
+	eventually(t, 10*time.Second, "the Pod to run with the lock", func() (bool, string) {
+		r := ungatedPods(t, c, ns)
+		return len(r) == 1, fmt.Sprint(r)
+	})
+	// Someone else takes the key (an operator of the store, a partition
+	// that outlasted the TTL): the watchdog's next renewal fails.
+	if err := rdb.Client().Del(context.Background(), lockKey(ns, "billing/ledger")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the Pod to be marked lost and evicted", func() (bool, string) {
+		var p corev1.Pod
+		err := c.Get(context.Background(), nn(ns, "singleton"), &p)
+		if apierrors.IsNotFound(err) {
+			return true, ""
+		}
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Annotations[locksv1alpha1.AnnotationLost] != "" && p.DeletionTimestamp != nil, fmt.Sprint(p.Annotations, p.DeletionTimestamp)
+	})
+	ok, evs := hasEvent(t, ns, "singleton", locksv1alpha1.EventTerminated)
+	if !ok {
+		t.Fatalf("no Terminated Event on the Pod: %s", evs)
+	}
+}
+
+func TestRemovingTheGateIsRefusedToTenants(t *testing.T) {
+	rdb := redistest.Start(t)
+	startManager(t, managerOptions{})
+	ns := newNamespace(t, nil)
+	c := env.Client
+	create(t, makeLock("billing", ns, rdb.Addr).obj())
+	// Another lock on the same key holds it, so the Pod waits.
+	create(t, makeLock("other", ns, rdb.Addr).holder("maintenance").obj())
+	waitCondition(t, 10*time.Second, ns, "other", locksv1alpha1.ConditionManualHolderHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired)
+	create(t, gatedPodOf("waiter", ns, "billing", nil))
+	eventually(t, 10*time.Second, "the Pod to wait behind the maintenance window", func() (bool, string) {
+		p := getPod(t, c, ns, "waiter")
+		return strings.Contains(p.Annotations[locksv1alpha1.AnnotationWaitingFor], "maintenance"), fmt.Sprint(p.Annotations)
+	})
+	// Without the shipped admission policy (envtest installs none) the
+	// operator itself keeps the promise: a Pod ungated behind its back is
+	// deleted, never left running without the lock.
+	p := getPod(t, c, ns, "waiter")
+	p.Spec.SchedulingGates = nil
+	if err := c.Update(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the Pod ungated without the lock to be deleted", func() (bool, string) {
+		var q corev1.Pod
+		err := c.Get(context.Background(), nn(ns, "waiter"), &q)
+		return apierrors.IsNotFound(err) || q.DeletionTimestamp != nil, fmt.Sprint(err)
+	})
+}
