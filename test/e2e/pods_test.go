@@ -382,6 +382,9 @@ func TestPodRollout(t *testing.T) {
 			edit: func(d *appsv1.Deployment) {
 				rollingUpdate(d, 1, 1)
 				d.Annotations = map[string]string{locksv1alpha1.AnnotationHandover: locksv1alpha1.HandoverTerminating}
+				// A grace period long enough for samples to see the new Pod
+				// hold while the old one may still run.
+				d.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To[int64](3)
 			},
 			terminatingReleases: true,
 		},
@@ -399,7 +402,7 @@ func rollout(t *testing.T, suffix string, edit func(*appsv1.Deployment), termina
 	if err := cluster.Client.Create(ctx, newPodLock(ns, "app", "pods/app", 1, podTTL)); err != nil {
 		t.Fatal(err)
 	}
-	samplePods(t, atMostHolders(1, terminatingReleases), podSource{cluster: devcluster.ClusterName, client: cluster.Client, namespace: ns, lock: "app"})
+	sampler := samplePods(t, atMostHolders(1, terminatingReleases), podSource{cluster: devcluster.ClusterName, client: cluster.Client, namespace: ns, lock: "app"})
 	cs, warned := warningClient(t, cluster.Config)
 	d := newLockedDeployment(ns, "app", "app", 1)
 	d.Spec.Template.Annotations[annotationRollout] = "1"
@@ -443,6 +446,15 @@ func rollout(t *testing.T, suffix string, edit func(*appsv1.Deployment), termina
 		}
 	}
 	waitRolledOut(t, ns, "app", updated.Generation, "2")
+	if terminatingReleases {
+		// The handover took effect: the new Pod held while the old one was
+		// in its grace period (the trade-off the annotation documents).
+		n, of := sampler.count("", func(sm sample) bool { return holderCount(sm.pods, false) > 1 })
+		t.Logf("samples with the new Pod holding during the old one's grace period: %d of %d", n, of)
+		if n == 0 {
+			t.Errorf("no sample saw the new Pod hold while the old one was terminating: the handover %s did not take effect", locksv1alpha1.HandoverTerminating)
+		}
+	}
 	if blocked {
 		waitFor(t, 30*time.Second, "RolloutBlocked to end", func(ctx context.Context) (bool, error) {
 			dl, err := getLock(ctx, ns, "app")
