@@ -264,6 +264,26 @@ func (r *PodReconciler) reconcileWaiting(ctx context.Context, g *gatedPod) (ctrl
 		// the start patch of this Pod failed: start it with the lease held.
 		return r.ungate(ctx, g, lease)
 	}
+	if g.mode == locksv1alpha1.HolderModeWorkload {
+		fence, err := r.workloadFence(ctx, pod)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if fence > 0 {
+			lease, res, err := r.recoverLease(ctx, g, fence)
+			switch {
+			case err == nil && lease == nil:
+				return res, nil
+			case err == nil:
+				return r.ungate(ctx, g, lease)
+			case !errors.Is(err, lock.ErrLost) && !errors.Is(err, lock.ErrNotHeld):
+				logf.FromContext(ctx).Error(err, "Taking over the lease of the workload failed; retrying", "lock", g.dl.Name)
+				return ctrl.Result{RequeueAfter: backendRetry}, nil
+			}
+			// Lost: the running Pods learn it at their reconcile; this one
+			// waits for a new lease.
+		}
+	}
 	h, res, ok := r.backendFor(ctx, g, "Acquire")
 	if !ok {
 		return res, nil
@@ -378,20 +398,10 @@ func (r *PodReconciler) reconcileRunning(ctx context.Context, g *gatedPod) (ctrl
 		metrics.LeasesLost.WithLabelValues(podKind).Inc()
 		return r.handleLost(ctx, g, fmt.Errorf("%w: DistributedLock %q was deleted", lock.ErrLost, pod.Labels[locksv1alpha1.LabelLock]))
 	}
-	h, res, ok := r.backendFor(ctx, g, "Renew")
-	if !ok {
-		return res, nil
-	}
-	ttl := lockTTL(g.dl)
-	renewed, err := h.Locker.Renew(ctx, &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, TTL: ttl, Limit: int(g.dl.Spec.MaxHolders)}, ttl)
+	_, res, err := r.recoverLease(ctx, g, fence)
 	switch {
 	case err == nil:
-		if renewed.Fence == 0 {
-			renewed.Fence = fence
-		}
-		r.Watchdog.Hold(g.ref, h.Locker, renewed)
-		logf.FromContext(ctx).Info("Recovered held lease of Pod", "fence", fence, "holder", g.ref)
-		return ctrl.Result{}, nil
+		return res, nil
 	case errors.Is(err, lock.ErrLost), errors.Is(err, lock.ErrNotHeld):
 		metrics.LeasesLost.WithLabelValues(podKind).Inc()
 		return r.handleLost(ctx, g, err)
@@ -399,6 +409,50 @@ func (r *PodReconciler) reconcileRunning(ctx context.Context, g *gatedPod) (ctrl
 		logf.FromContext(ctx).Error(err, "Taking over the lease of a running Pod failed; retrying", "lock", g.dl.Name)
 		return ctrl.Result{RequeueAfter: backendRetry}, nil
 	}
+}
+
+// recoverLease takes over, after a restart of the operator, the lease a
+// running Pod (or its workload) holds with fence: the same owner token
+// renews it, and the watchdog renews it from then on. A nil lease with a nil
+// error means the backend cannot be asked now; res says when to try again.
+func (r *PodReconciler) recoverLease(ctx context.Context, g *gatedPod, fence int64) (*lock.Lease, ctrl.Result, error) {
+	h, res, ok := r.backendFor(ctx, g, "Renew")
+	if !ok {
+		return nil, res, nil
+	}
+	ttl := lockTTL(g.dl)
+	renewed, err := h.Locker.Renew(ctx, &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, TTL: ttl, Limit: int(g.dl.Spec.MaxHolders)}, ttl)
+	if err != nil {
+		return nil, ctrl.Result{}, err
+	}
+	if renewed.Fence == 0 {
+		renewed.Fence = fence
+	}
+	r.Watchdog.Hold(g.ref, h.Locker, renewed)
+	logf.FromContext(ctx).Info("Recovered held lease", "fence", fence, "holder", g.ref)
+	return renewed, ctrl.Result{}, nil
+}
+
+// workloadFence returns the fencing token the running Pods of pod's
+// workload hold (0 when none runs with one): after a restart of the
+// operator a new Pod of a holding workload must join that lease, never
+// acquire another (which would give the running Pods a stale token).
+func (r *PodReconciler) workloadFence(ctx context.Context, pod *corev1.Pod) (int64, error) {
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(pod.Namespace), client.MatchingLabels{locksv1alpha1.LabelLock: pod.Labels[locksv1alpha1.LabelLock]}); err != nil {
+		return 0, fmt.Errorf("list the Pods of the workload: %w", err)
+	}
+	var fence int64
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Annotations[locksv1alpha1.AnnotationWorkload] != pod.Annotations[locksv1alpha1.AnnotationWorkload] || podGated(p) || p.Annotations[locksv1alpha1.AnnotationLost] != "" || !holdsForWorkload(p) {
+			continue
+		}
+		if f, err := strconv.ParseInt(p.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64); err == nil && f > fence {
+			fence = f
+		}
+	}
+	return fence, nil
 }
 
 // handleLost records a running Pod's lost lease on the Pod (annotation,

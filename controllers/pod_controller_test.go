@@ -379,3 +379,45 @@ func TestRemovingTheGateIsRefusedToTenants(t *testing.T) {
 		return apierrors.IsNotFound(err) || q.DeletionTimestamp != nil, fmt.Sprint(err)
 	})
 }
+
+// TestWorkloadKeepsItsTokenAcrossARestart: after the operator restarts, a
+// new Pod of a holding workload joins the lease its running Pods hold; it
+// never acquires another, which would leave them with a stale token.
+func TestWorkloadKeepsItsTokenAcrossARestart(t *testing.T) {
+	rdb := redistest.Start(t)
+	m1 := startManager(t, managerOptions{})
+	ns := newNamespace(t, nil)
+	c := env.Client
+	create(t, makeLock("consumer", ns, rdb.Addr).ttl(restartTTL).obj())
+	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "consumer-1", Namespace: ns}, Spec: appsv1.ReplicaSetSpec{
+		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "consumer"}},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "consumer"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}}}}}
+	create(t, rs)
+	owners := []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, Controller: ptr.To(true)}}
+	workload := map[string]string{locksv1alpha1.AnnotationHolderMode: "Workload"}
+	create(t, gatedPodOf("consumer-1-a", ns, "consumer", workload, owners...))
+	eventually(t, 10*time.Second, "the first Pod to run", func() (bool, string) {
+		r := ungatedPods(t, c, ns)
+		return len(r) == 1, fmt.Sprint(r)
+	})
+	first := podFence(t, getPod(t, c, ns, "consumer-1-a"))
+
+	m1.stop()
+	ttl := restartTTL * time.Second
+	waitRenewalMissed(t, rdb.Client(), lockKey(ns, "billing/ledger"), ttl)
+	startManager(t, managerOptions{})
+	create(t, gatedPodOf("consumer-1-b", ns, "consumer", workload, owners...))
+	eventually(t, 10*time.Second, "the new Pod to join the workload's lease", func() (bool, string) {
+		r := ungatedPods(t, c, ns)
+		return len(r) == 2, fmt.Sprint(r)
+	})
+	if got := podFence(t, getPod(t, c, ns, "consumer-1-b")); got != first {
+		t.Fatalf("the new Pod holds token %d, the running one %d: the workload acquired again", got, first)
+	}
+	// Past a renewal, the first Pod still holds with its token.
+	waitRenewedAfterRestart(t, rdb.Client(), lockKey(ns, "billing/ledger"), ttl)
+	if a := getPod(t, c, ns, "consumer-1-a"); a.Annotations[locksv1alpha1.AnnotationLost] != "" || podFence(t, a) != first {
+		t.Fatalf("the running Pod was marked lost (%q) or changed token across the restart", a.Annotations[locksv1alpha1.AnnotationLost])
+	}
+}
