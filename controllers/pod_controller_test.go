@@ -13,7 +13,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -420,4 +422,46 @@ func TestWorkloadKeepsItsTokenAcrossARestart(t *testing.T) {
 	if a := getPod(t, c, ns, "consumer-1-a"); a.Annotations[locksv1alpha1.AnnotationLost] != "" || podFence(t, a) != first {
 		t.Fatalf("the running Pod was marked lost (%q) or changed token across the restart", a.Annotations[locksv1alpha1.AnnotationLost])
 	}
+}
+
+// TestBlockedRolloutShowsOnTheLock: a Deployment's new Pod waits for the
+// lock its old Pod holds, with maxUnavailable 0: the lock says so
+// (RolloutBlocked, and an Event naming the way out).
+func TestBlockedRolloutShowsOnTheLock(t *testing.T) {
+	rdb := redistest.Start(t)
+	startManager(t, managerOptions{})
+	ns := newNamespace(t, nil)
+	c := env.Client
+	create(t, makeLock("consumer", ns, rdb.Addr).obj())
+	zero, one := intstr.FromInt32(0), intstr.FromInt32(1)
+	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "consumer", Namespace: ns}, Spec: appsv1.DeploymentSpec{
+		Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "consumer"}},
+		Strategy: appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType, RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &zero, MaxSurge: &one}},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "consumer"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}}}}}
+	create(t, d)
+	// The old and the new ReplicaSet of the rollout, and a Pod of each.
+	podOfRS := func(name, hash string) *corev1.Pod {
+		rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "consumer-" + hash, Namespace: ns,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID, Controller: ptr.To(true)}}},
+			Spec: appsv1.ReplicaSetSpec{Selector: d.Spec.Selector, Template: d.Spec.Template}}
+		create(t, rs)
+		p := gatedPodOf(name, ns, "consumer", nil, metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, Controller: ptr.To(true)})
+		p.Labels = map[string]string{appsv1.DefaultDeploymentUniqueLabelKey: hash, "app": "consumer"}
+		return p
+	}
+	create(t, podOfRS("consumer-old", "old"))
+	eventually(t, 10*time.Second, "the old Pod to hold the lock", func() (bool, string) {
+		r := ungatedPods(t, c, ns)
+		return len(r) == 1, fmt.Sprint(r)
+	})
+	create(t, podOfRS("consumer-new", "new"))
+	dl := waitCondition(t, 15*time.Second, ns, "consumer", locksv1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, locksv1alpha1.EventRolloutBlocked)
+	msg := meta.FindStatusCondition(dl.Status.Conditions, locksv1alpha1.ConditionRolloutBlocked).Message
+	if !containsAll(msg, "Deployment consumer", "consumer-old", "maxUnavailable 0", "at least 1") {
+		t.Errorf("RolloutBlocked says %q; want the Deployment, the holding Pod and the way out", msg)
+	}
+	eventually(t, 5*time.Second, "a RolloutBlocked Event on the lock", func() (bool, string) {
+		return hasEvent(t, ns, "consumer", locksv1alpha1.EventRolloutBlocked)
+	})
 }
