@@ -226,8 +226,8 @@ func TestWorkloadHoldsOnceForAllItsPodsAndTheOtherWaits(t *testing.T) {
 	envB := kubetest.Start(t, kubetest.WithWebhooks())
 	startManager(t, managerOptions{cluster: "east"})
 	startManager(t, managerOptions{cluster: "west", env: envB})
-	const ns = "serving"
-	namedNamespace(t, env, ns)
+	// The same namespace name in both clusters: scope Namespace keys are equal.
+	ns := newNamespace(t, nil)
 	namedNamespace(t, envB, ns)
 	for _, e := range []*kubetest.Env{env, envB} {
 		if err := e.Client.Create(context.Background(), makeLock("consumer", ns, rdb.Addr).obj()); err != nil {
@@ -265,7 +265,7 @@ func TestWorkloadHoldsOnceForAllItsPodsAndTheOtherWaits(t *testing.T) {
 	})
 	a, b := getPod(t, env.Client, ns, "consumer-1-a"), getPod(t, env.Client, ns, "consumer-1-b")
 	if podFence(t, a) != podFence(t, b) || a.Annotations[locksv1alpha1.AnnotationWorkload] == "" ||
-		!strings.HasPrefix(a.Annotations[locksv1alpha1.AnnotationHolder], "east/serving/Deployment/consumer/") {
+		!strings.HasPrefix(a.Annotations[locksv1alpha1.AnnotationHolder], "east/"+ns+"/Deployment/consumer/") {
 		t.Fatalf("east Pods hold tokens %d and %d as %q (workload %q), want one token held by the Deployment",
 			podFence(t, a), podFence(t, b), a.Annotations[locksv1alpha1.AnnotationHolder], a.Annotations[locksv1alpha1.AnnotationWorkload])
 	}
@@ -278,7 +278,7 @@ func TestWorkloadHoldsOnceForAllItsPodsAndTheOtherWaits(t *testing.T) {
 	// The standby cluster's Pods wait, naming the active Deployment.
 	eventually(t, 10*time.Second, "the west Pods to wait for the east Deployment", func() (bool, string) {
 		p := getPod(t, envB.Client, ns, "consumer-1-a")
-		return podGated(p) && strings.Contains(p.Annotations[locksv1alpha1.AnnotationWaitingFor], "east/serving/Deployment/consumer"), fmt.Sprint(p.Annotations)
+		return podGated(p) && strings.Contains(p.Annotations[locksv1alpha1.AnnotationWaitingFor], "east/"+ns+"/Deployment/consumer"), fmt.Sprint(p.Annotations)
 	})
 	// One of the east Pods ends: the workload still holds.
 	if err := env.Client.Delete(context.Background(), a); err != nil {
