@@ -37,6 +37,10 @@ type JobGate struct {
 	// scope (the Registry's Check): the same decision the controllers make,
 	// so a Job whose lock is refused is refused at creation.
 	Check func(ctx context.Context, dl *locksv1alpha1.DistributedLock) error
+	// Kueue, when set, leaves the Jobs that Kueue queues (label or
+	// annotation kueue.x-k8s.io/queue-name) to Kueue, whose admission check
+	// acquires their lock (see ManagedElsewhere).
+	Kueue bool
 }
 
 var _ admission.Defaulter[*batchv1.Job] = (*JobGate)(nil)
@@ -88,6 +92,11 @@ func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 			return apierrors.NewInternalError(fmt.Errorf("check the backend of DistributedLock %s/%s: %w", job.Namespace, name, err))
 		}
 	}
+	if by, ok := ManagedElsewhere(job, g.Kueue); ok {
+		PrepareManaged(job, name, contention)
+		log.V(1).Info("Prepared Job started by another controller", "job", job.Name, "generateName", job.GenerateName, "namespace", job.Namespace, "lock", name, "managedBy", by)
+		return nil
+	}
 	Gate(job, name, contention)
 	if s.hasMaxWait {
 		job.Annotations[locksv1alpha1.AnnotationMaxWait] = s.maxWait
@@ -119,6 +128,13 @@ func Gate(job *batchv1.Job, lock, contention string) {
 	suspend := true
 	job.Spec.Suspend = &suspend
 	controllerutil.AddFinalizer(job, locksv1alpha1.Finalizer)
+	addTokenEnv(job, lock)
+}
+
+// addTokenEnv gives every container of the Job's pods the environment
+// variables that carry the fencing token and holder (from the pod's
+// annotations, through the downward API) and the lock's name.
+func addTokenEnv(job *batchv1.Job, lock string) {
 	env := []corev1.EnvVar{
 		{Name: locksv1alpha1.EnvFencingToken, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + locksv1alpha1.AnnotationFencingToken + "']"}}},
 		{Name: locksv1alpha1.EnvHolder, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + locksv1alpha1.AnnotationHolder + "']"}}},
