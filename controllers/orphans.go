@@ -86,6 +86,9 @@ func (s *orphanSweeper) sweepState(ctx context.Context) {
 	}
 	forgotten := 0
 	for _, ref := range s.Registry.Users() {
+		if ref.Kind != jobKind && ref.Kind != lockKind {
+			continue // a Workload's: its reconcile forgets it when the Workload is gone
+		}
 		nn := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
 		if !gone(ref.Kind, nn) {
 			continue
@@ -134,6 +137,8 @@ func (s *orphanSweeper) orphaned(ctx context.Context, ref holder.Ref, lease *loc
 			return nil, "the DistributedLock was replaced by another of the same name", nil
 		}
 		return nil, "", nil
+	case workloadKind:
+		return workloadOrphaned(ctx, s.Client, nn, lease)
 	}
 	return nil, "", nil
 }
