@@ -4,9 +4,15 @@ import (
 	"flag"
 	"fmt"
 
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
+
+	"github.com/lockwarden/lockwarden/controllers"
 )
 
 // Values of --kueue-admission-check.
@@ -30,25 +36,45 @@ func (o *Options) checkKueueFlag() error {
 	return fmt.Errorf("--kueue-admission-check %q must be %q, %q or %q", o.kueueAdmissionCheck, kueueAuto, kueueOn, kueueOff)
 }
 
-// resolveKueue decides, once, whether the Kueue admission check runs: with
-// auto, when the API server serves Kueue's Workloads.
-func (o *Options) resolveKueue(mgr ctrl.Manager) error {
+// resolveKueue decides, once, before the manager is built, whether the
+// Kueue admission check runs: with auto, when the API server serves
+// Kueue's Workloads. (The manager's cache must not be told about Workloads
+// otherwise: it fails to start for a kind the API server does not serve.)
+func (o *Options) resolveKueue(cfg *rest.Config) error {
 	switch o.kueueAdmissionCheck {
 	case kueueOff:
 		o.kueue = false
 	case kueueOn:
 		o.kueue = true
 	default:
-		_, err := mgr.GetRESTMapper().RESTMapping(kueue.GroupVersion.WithKind("Workload").GroupKind(), kueue.GroupVersion.Version)
+		dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("--kueue-admission-check=auto: %w", err)
+		}
+		resources, err := dc.ServerResourcesForGroupVersion(kueue.GroupVersion.String())
 		switch {
-		case err == nil:
-			o.kueue = true
-		case apimeta.IsNoMatchError(err):
+		case apierrors.IsNotFound(err):
 			o.kueue = false
-		default:
+		case err != nil:
 			return fmt.Errorf("--kueue-admission-check=auto: find out whether the API server serves Kueue's Workloads: %w", err)
+		default:
+			o.kueue = false
+			for _, r := range resources.APIResources {
+				if r.Name == "workloads" {
+					o.kueue = true
+				}
+			}
 		}
 	}
 	ctrl.Log.WithName("setup").Info("Kueue admission check", "enabled", o.kueue, "flag", o.kueueAdmissionCheck)
 	return nil
+}
+
+// kueueCache adds to byObject how the manager caches Workloads when the
+// admission check runs: without their pod templates.
+func (o *Options) kueueCache(byObject map[client.Object]cache.ByObject) map[client.Object]cache.ByObject {
+	if o.kueue {
+		byObject[&kueue.Workload{}] = cache.ByObject{Transform: controllers.LeanWorkload}
+	}
+	return byObject
 }

@@ -390,6 +390,9 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 		return nil, err
 	}
 	certNS, _, _ := strings.Cut(o.webhookService, "/")
+	if err := o.resolveKueue(cfg); err != nil {
+		return nil, err
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  newScheme(),
 		Metrics: metricsOpts,
@@ -399,7 +402,7 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 			// would be most of the cache. An update of a cached object
 			// without them leaves them as they are.
 			DefaultTransform: cache.TransformStripManagedFields(),
-			ByObject: map[client.Object]cache.ByObject{
+			ByObject: o.kueueCache(map[client.Object]cache.ByObject{
 				// Only gated Jobs are cached, without their pod templates'
 				// specs: memory does not grow with the cluster's other Jobs,
 				// nor with the size of a tenant's.
@@ -407,10 +410,7 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 				// Only the manager's own Secrets (the webhook certificate) are
 				// cached; locks' Secrets are read on demand from their namespace.
 				&corev1.Secret{}: {Namespaces: map[string]cache.Config{certNS: {}}},
-				// Kueue's Workloads without their pod templates (used only
-				// with --kueue-admission-check).
-				&kueue.Workload{}: {Transform: controllers.LeanWorkload},
-			}},
+			})},
 		WebhookServer:                 newWebhookServer(o, tlsOpts),
 		HealthProbeBindAddress:        o.probeAddr,
 		PprofBindAddress:              o.pprofAddr,
@@ -424,9 +424,6 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
-	}
-	if err := o.resolveKueue(mgr); err != nil {
-		return nil, err
 	}
 	registry, tokens, err := setupControllers(ctx, mgr, o)
 	if err != nil {
