@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -162,6 +163,9 @@ func (r *WorkloadReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	}
 	switch {
 	case !wl.DeletionTimestamp.IsZero() || workloadCondition(&wl, kueue.WorkloadFinished):
+		if g.releasedAtFinish() {
+			return ctrl.Result{}, nil // released already: no call to the store
+		}
 		return r.releaseWorkload(ctx, g, "")
 	case !workloadCondition(&wl, kueue.WorkloadQuotaReserved):
 		return r.releaseWorkload(ctx, g, "The Workload gave back its quota; lockwarden acquires the lock again when quota is reserved again")
@@ -442,10 +446,33 @@ func (r *WorkloadReconciler) releaseWorkload(ctx context.Context, g *workloadLoc
 	}
 	r.Registry.Forget(g.ref)
 	r.forget(client.ObjectKeyFromObject(g.wl))
-	if why != "" && ready {
+	switch {
+	case !ready:
+		return ctrl.Result{}, nil
+	case why != "":
 		return r.setCheck(ctx, g, kueue.CheckStatePending, why, nil)
+	default:
+		// Finished (or being deleted): Kueue keeps the check Ready; it
+		// says the lock was released, which later reconciles (a restart of the operator
+		// reads every Workload) take as done.
+		end := "the Workload finished"
+		if !g.wl.DeletionTimestamp.IsZero() {
+			end = "the Workload is being deleted"
+		}
+		return r.setCheck(ctx, g, kueue.CheckStateReady,
+			fmt.Sprintf("%s%s (fencing token %d): %s", releasedPrefix, g.lockName, fence, end), g.checkState().PodSetUpdates)
 	}
-	return ctrl.Result{}, nil
+}
+
+// releasedPrefix starts the message of the Ready check of a finished
+// Workload whose lock was released.
+const releasedPrefix = "Released lock "
+
+// releasedAtFinish tells whether the check of a finished Workload says its
+// lock was released.
+func (g *workloadLock) releasedAtFinish() bool {
+	s := g.checkState()
+	return s != nil && s.State == kueue.CheckStateReady && strings.HasPrefix(s.Message, releasedPrefix)
 }
 
 // isWaiting tells whether the Workload waits in its lock's queue.

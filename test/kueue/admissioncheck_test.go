@@ -298,9 +298,7 @@ func TestAdmissionCheckHoldsTheLock(t *testing.T) {
 	if secondToken <= firstToken {
 		t.Errorf("second token %d is not larger than the first's %d", secondToken, firstToken)
 	}
-	if s, _ := h.check(wlFirst); s.State != kueue.CheckStateReady {
-		t.Errorf("a finished Workload's check = %s %q; Kueue keeps it Ready", s.State, s.Message)
-	}
+	h.waitCheck(wlFirst, kueue.CheckStateReady, "Released lock "+h.lock, fmt.Sprintf("fencing token %d", firstToken), "the Workload finished")
 
 	// A third waits; the second is evicted (preempted): Kueue stops its Job
 	// and, once the pods stopped, gives back the quota. Only then the lock
