@@ -779,10 +779,10 @@ func (r *PodReconciler) eventf(obj client.Object, eventtype, reason, action, not
 	r.Recorder.Eventf(obj, nil, eventtype, reason, action, note, args...)
 }
 
-// workloadOrphaned says why the lease held for a workload has no holder in
+// podWorkloadOrphaned says why the lease held for a workload has no holder in
 // this cluster any more ("" when it has one): no live gated Pod of the
 // workload is left.
-func workloadOrphaned(ctx context.Context, c client.Reader, ref holder.Ref, lease *lock.Lease) (string, error) {
+func podWorkloadOrphaned(ctx context.Context, c client.Reader, ref holder.Ref, lease *lock.Lease) (string, error) {
 	h := holder.Decode(lease.Holder)
 	var pods corev1.PodList
 	if err := c.List(ctx, &pods, client.InNamespace(ref.Namespace), client.MatchingLabels{locksv1alpha1.LabelLock: h.Lock}); err != nil {
