@@ -122,10 +122,11 @@ test-unit: ## Run the unit tests (go test -short): no kube-apiserver, no redis-s
 	go test -short ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: test-integration
-test-integration: stores helm kustomize ## Run every suite without -short: the envtest suites (real kube-apiserver) and those against real Redis, PostgreSQL, ZooKeeper and etcd servers.
+test-integration: stores helm kustomize ## Run every suite without -short: the envtest suites (real kube-apiserver, and Kueue's manager) and those against real Redis, PostgreSQL, ZooKeeper and etcd servers.
 	@# kube-controller-manager: the tenancy suites run its ClusterRole aggregation and admission-policy type checking.
 	@# LOCKWARDEN_REQUIRE_SERVERS: a test whose server is missing fails here instead of skipping.
-	LOCKWARDEN_REQUIRE_SERVERS=1 KUBEBUILDER_ASSETS="$$(hack/control-plane.sh kube-apiserver etcd kube-controller-manager)" go test ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
+	@# LOCKWARDEN_KUEUE: Kueue's manager, for test/kueue/withkueue (hack/kueue.sh builds it once into the cache).
+	LOCKWARDEN_REQUIRE_SERVERS=1 LOCKWARDEN_KUEUE="$$(hack/kueue.sh)" KUBEBUILDER_ASSETS="$$(hack/control-plane.sh kube-apiserver etcd kube-controller-manager)" go test ./... -count=1 -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS)
 
 .PHONY: test-e2e
 test-e2e: stores ## Run the end-to-end suite against a local control plane with kube-controller-manager and kwok.

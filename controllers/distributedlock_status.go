@@ -38,7 +38,7 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 	case obs.rolloutBlocked != "":
 		set(locksv1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, locksv1alpha1.EventRolloutBlocked, obs.rolloutBlocked)
 	case meta.IsStatusConditionTrue(st.Conditions, locksv1alpha1.ConditionRolloutBlocked):
-		set(locksv1alpha1.ConditionRolloutBlocked, metav1.ConditionFalse, "NoBlockedRollout", "No rollout waits for this lock while its own old Pods hold it")
+		set(locksv1alpha1.ConditionRolloutBlocked, metav1.ConditionFalse, locksv1alpha1.ReasonNoBlockedRollout, "No rollout waits for this lock while its own old Pods hold it")
 	}
 
 	switch {

@@ -93,6 +93,9 @@ func (s *orphanSweeper) sweepState(ctx context.Context) {
 	}
 	forgotten := 0
 	for _, ref := range s.Registry.Users() {
+		if ref.Kind != jobKind && ref.Kind != lockKind && ref.Kind != podKind {
+			continue // a Kueue Workload's or a Pod workload's: forgotten with its lease
+		}
 		nn := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
 		if !gone(ref.Kind, nn) {
 			continue
@@ -154,8 +157,10 @@ func (s *orphanSweeper) orphaned(ctx context.Context, ref holder.Ref, lease *loc
 		}
 		return &pod, podOrphaned(&pod, lease), nil
 	case "Deployment", "StatefulSet", "ReplicaSet":
-		why, err := workloadOrphaned(ctx, s.Client, ref, lease)
+		why, err := podWorkloadOrphaned(ctx, s.Client, ref, lease)
 		return nil, why, err
+	case workloadKind:
+		return workloadOrphaned(ctx, s.Client, nn, lease)
 	}
 	return nil, "", nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,6 +42,17 @@ const podKind = "Pod"
 // its next attempt, so this bounds how long after the TTL a standby starts.
 const podWaitRequeue = time.Second
 
+// podRetry is when a waiting Pod tries again. Only the head of the queue
+// (or a Pod not queued) can take a lease that expires without a release, so
+// only it tries every podWaitRequeue; the others keep their place at the
+// pace of waiting Jobs, and a release wakes them all at once.
+func podRetry(busy *lock.HeldError) time.Duration {
+	if busy.Position <= 0 {
+		return wait.Jitter(podWaitRequeue, 0.25)
+	}
+	return wait.Jitter(waitingRequeue, 0.1)
+}
+
 // PodReconciler runs the gated Pods of Deployments, StatefulSets, ReplicaSets
 // and bare Pods: it acquires the lock for a Pod (holder mode Pod) or for its
 // workload (holder mode Workload), writes the fencing token on the Pod and
@@ -63,7 +75,12 @@ type PodReconciler struct {
 	apiReader client.Reader
 
 	notify chan event.GenericEvent
-	mu     sync.Mutex
+	// acquiring serializes, per workload, the Pods that find it holding
+	// nothing: two of its Pods reconciled at once must not both acquire
+	// (the second would get a new fencing token and leave the first
+	// with a stale one).
+	acquiring [acquireStripes]sync.Mutex
+	mu        sync.Mutex
 	// lost are the leases the watchdog lost, by holder (a Pod, or a
 	// workload for all its Pods), until a new acquisition for it.
 	lost map[holder.Ref]watchdog.Lost
@@ -259,10 +276,36 @@ func (r *PodReconciler) reconcileWaiting(ctx context.Context, g *gatedPod) (ctrl
 			"DistributedLock %q does not exist in namespace %q; the Pod stays gated until it does", pod.Labels[locksv1alpha1.LabelLock], pod.Namespace)
 		return ctrl.Result{RequeueAfter: lockMissingRequeue}, nil
 	}
-	if lease, _, held := r.Watchdog.Holding(g.ref); held {
+	if lease, held := r.holding(g); held {
 		// The workload holds already (another of its Pods acquired), or
 		// the start patch of this Pod failed: start it with the lease held.
 		return r.ungate(ctx, g, lease)
+	}
+	if g.mode == locksv1alpha1.HolderModeWorkload {
+		mu := &r.acquiring[stripe(g.ref.String())]
+		mu.Lock()
+		defer mu.Unlock()
+		if lease, held := r.holding(g); held {
+			return r.ungate(ctx, g, lease) // another of its Pods acquired meanwhile
+		}
+		fence, err := r.workloadFence(ctx, pod)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if fence > 0 {
+			lease, res, err := r.recoverLease(ctx, g, fence)
+			switch {
+			case err == nil && lease == nil:
+				return res, nil
+			case err == nil:
+				return r.ungate(ctx, g, lease)
+			case !errors.Is(err, lock.ErrLost) && !errors.Is(err, lock.ErrNotHeld):
+				logf.FromContext(ctx).Error(err, "Taking over the lease of the workload failed; retrying", "lock", g.dl.Name)
+				return ctrl.Result{RequeueAfter: backendRetry}, nil
+			}
+			// Lost: the running Pods learn it at their reconcile; this one
+			// waits for a new lease.
+		}
 	}
 	h, res, ok := r.backendFor(ctx, g, "Acquire")
 	if !ok {
@@ -289,7 +332,7 @@ func (r *PodReconciler) reconcileWaiting(ctx context.Context, g *gatedPod) (ctrl
 			return ctrl.Result{}, err
 		}
 		r.checkRollout(ctx, g, busy)
-		return ctrl.Result{RequeueAfter: wait.Jitter(podWaitRequeue, 0.25)}, nil
+		return ctrl.Result{RequeueAfter: podRetry(busy)}, nil
 	case errors.As(err, &invalid):
 		metrics.Acquisitions.WithLabelValues(podKind, metrics.ResultError).Inc()
 		r.eventf(pod, corev1.EventTypeWarning, locksv1alpha1.ReasonInvalidBackend, "Acquire",
@@ -349,7 +392,12 @@ func (r *PodReconciler) ungate(ctx context.Context, g *gatedPod, lease *lock.Lea
 func (r *PodReconciler) reconcileRunning(ctx context.Context, g *gatedPod) (ctrl.Result, error) {
 	pod := g.pod
 	if pod.Annotations[locksv1alpha1.AnnotationLost] != "" {
-		return ctrl.Result{}, nil // reported; it runs on (Ignore) or was evicted (Terminate)
+		// Reported; it runs on (Ignore), or is evicted (Terminate): an
+		// eviction refused (a PodDisruptionBudget) is tried again.
+		if g.dl != nil && g.dl.Spec.OnLost == locksv1alpha1.OnLostTerminate {
+			return r.evict(ctx, g)
+		}
+		return ctrl.Result{}, nil
 	}
 	fence, _ := strconv.ParseInt(pod.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
 	if fence == 0 {
@@ -365,7 +413,7 @@ func (r *PodReconciler) reconcileRunning(ctx context.Context, g *gatedPod) (ctrl
 	if l, ok := r.lostOf(g.ref); ok && (l.Lease == nil || l.Lease.Fence == fence) {
 		return r.handleLost(ctx, g, lostCause(l))
 	}
-	if lease, _, ok := r.Watchdog.Holding(g.ref); ok {
+	if lease, ok := r.holding(g); ok {
 		if lease.Fence != fence {
 			// The workload acquired again after this Pod's lease was lost
 			// without this Pod being told (an operator restart between):
@@ -378,20 +426,10 @@ func (r *PodReconciler) reconcileRunning(ctx context.Context, g *gatedPod) (ctrl
 		metrics.LeasesLost.WithLabelValues(podKind).Inc()
 		return r.handleLost(ctx, g, fmt.Errorf("%w: DistributedLock %q was deleted", lock.ErrLost, pod.Labels[locksv1alpha1.LabelLock]))
 	}
-	h, res, ok := r.backendFor(ctx, g, "Renew")
-	if !ok {
-		return res, nil
-	}
-	ttl := lockTTL(g.dl)
-	renewed, err := h.Locker.Renew(ctx, &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, TTL: ttl, Limit: int(g.dl.Spec.MaxHolders)}, ttl)
+	_, res, err := r.recoverLease(ctx, g, fence)
 	switch {
 	case err == nil:
-		if renewed.Fence == 0 {
-			renewed.Fence = fence
-		}
-		r.Watchdog.Hold(g.ref, h.Locker, renewed)
-		logf.FromContext(ctx).Info("Recovered held lease of Pod", "fence", fence, "holder", g.ref)
-		return ctrl.Result{}, nil
+		return res, nil
 	case errors.Is(err, lock.ErrLost), errors.Is(err, lock.ErrNotHeld):
 		metrics.LeasesLost.WithLabelValues(podKind).Inc()
 		return r.handleLost(ctx, g, err)
@@ -399,6 +437,72 @@ func (r *PodReconciler) reconcileRunning(ctx context.Context, g *gatedPod) (ctrl
 		logf.FromContext(ctx).Error(err, "Taking over the lease of a running Pod failed; retrying", "lock", g.dl.Name)
 		return ctrl.Result{RequeueAfter: backendRetry}, nil
 	}
+}
+
+// recoverLease takes over, after a restart of the operator, the lease a
+// running Pod (or its workload) holds with fence: the same owner token
+// renews it, and the watchdog renews it from then on. A nil lease with a nil
+// error means the backend cannot be asked now; res says when to try again.
+func (r *PodReconciler) recoverLease(ctx context.Context, g *gatedPod, fence int64) (*lock.Lease, ctrl.Result, error) {
+	h, res, ok := r.backendFor(ctx, g, "Renew")
+	if !ok {
+		return nil, res, nil
+	}
+	ttl := lockTTL(g.dl)
+	renewed, err := h.Locker.Renew(ctx, &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, TTL: ttl, Limit: int(g.dl.Spec.MaxHolders)}, ttl)
+	if err != nil {
+		return nil, ctrl.Result{}, err
+	}
+	if renewed.Fence == 0 {
+		renewed.Fence = fence
+	}
+	r.Watchdog.Hold(g.ref, h.Locker, renewed)
+	logf.FromContext(ctx).Info("Recovered held lease", "fence", fence, "holder", g.ref)
+	return renewed, ctrl.Result{}, nil
+}
+
+// holding returns the lease the watchdog renews for g's holder, if it is
+// this holder's: a workload deleted and created again under the same name
+// (its old Pods still terminating) has another UID, and never starts its
+// Pods with the old one's lease.
+func (r *PodReconciler) holding(g *gatedPod) (*lock.Lease, bool) {
+	lease, _, ok := r.Watchdog.Holding(g.ref)
+	if !ok || holder.Decode(lease.Holder).UID != g.holder.UID {
+		return nil, false
+	}
+	return lease, true
+}
+
+// acquireStripes is how many locks serialize the acquisitions of workloads.
+const acquireStripes = 64
+
+// stripe maps s to one of acquireStripes.
+func stripe(s string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s))
+	return int(h.Sum32() % acquireStripes)
+}
+
+// workloadFence returns the fencing token the running Pods of pod's
+// workload hold (0 when none runs with one): after a restart of the
+// operator a new Pod of a holding workload must join that lease, never
+// acquire another (which would give the running Pods a stale token).
+func (r *PodReconciler) workloadFence(ctx context.Context, pod *corev1.Pod) (int64, error) {
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(pod.Namespace), client.MatchingLabels{locksv1alpha1.LabelLock: pod.Labels[locksv1alpha1.LabelLock]}); err != nil {
+		return 0, fmt.Errorf("list the Pods of the workload: %w", err)
+	}
+	var fence int64
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Annotations[locksv1alpha1.AnnotationWorkload] != pod.Annotations[locksv1alpha1.AnnotationWorkload] || podGated(p) || p.Annotations[locksv1alpha1.AnnotationLost] != "" || !holdsForWorkload(p) {
+			continue
+		}
+		if f, err := strconv.ParseInt(p.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64); err == nil && f > fence {
+			fence = f
+		}
+	}
+	return fence, nil
 }
 
 // handleLost records a running Pod's lost lease on the Pod (annotation,
@@ -425,15 +529,28 @@ func (r *PodReconciler) handleLost(ctx context.Context, g *gatedPod, cause error
 		logf.FromContext(ctx).Error(err, "Setting the Pod's LockHeld condition failed; the annotation and Event say it")
 	}
 	r.eventf(pod, corev1.EventTypeWarning, locksv1alpha1.EventLost, "Renew", "Lost the lease of lock %s (fencing token %s): %s", pod.Labels[locksv1alpha1.LabelLock], fence, backend.Describe(cause))
-	if g.dl != nil && g.dl.Spec.OnLost == locksv1alpha1.OnLostTerminate {
-		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace}}
-		if err := r.Client.SubResource("eviction").Create(ctx, pod, ev); client.IgnoreNotFound(err) != nil {
-			r.eventf(pod, corev1.EventTypeWarning, locksv1alpha1.EventTerminated, "Terminate", "Evicting the Pod after its lease was lost failed: %v; it runs on with a stale fencing token", err)
-			return ctrl.Result{RequeueAfter: backendRetry}, nil
-		}
-		r.eventf(pod, corev1.EventTypeWarning, locksv1alpha1.EventTerminated, "Terminate", "Evicted the Pod: its lease was lost and the lock's onLost is Terminate")
-	}
 	logf.FromContext(ctx).Info("Pod lost its lease", "fence", fence, "holder", g.ref, "cause", cause.Error())
+	if g.dl != nil && g.dl.Spec.OnLost == locksv1alpha1.OnLostTerminate {
+		return r.evict(ctx, g)
+	}
+	return ctrl.Result{}, nil
+}
+
+// evict evicts a Pod whose lease was lost under onLost Terminate, through
+// the Eviction API (PodDisruptionBudgets apply); a refused eviction is tried
+// again until the Pod is gone.
+func (r *PodReconciler) evict(ctx context.Context, g *gatedPod) (ctrl.Result, error) {
+	pod := g.pod
+	if !pod.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil
+	}
+	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace}}
+	if err := r.Client.SubResource("eviction").Create(ctx, pod, ev); client.IgnoreNotFound(err) != nil {
+		r.eventf(pod, corev1.EventTypeWarning, locksv1alpha1.EventTerminated, "Terminate",
+			"Evicting the Pod after its lease was lost failed: %s; it runs on with a stale fencing token, trying again", backend.Describe(err))
+		return ctrl.Result{RequeueAfter: backendRetry}, nil
+	}
+	r.eventf(pod, corev1.EventTypeWarning, locksv1alpha1.EventTerminated, "Terminate", "Evicted the Pod: its lease was lost and the lock's onLost is Terminate")
 	return ctrl.Result{}, nil
 }
 
@@ -484,6 +601,11 @@ func (r *PodReconciler) release(ctx context.Context, g *gatedPod) (ctrl.Result, 
 func (r *PodReconciler) releaseLease(ctx context.Context, g *gatedPod) error {
 	pod := g.pod
 	lease, locker, held := r.Watchdog.Holding(g.ref)
+	if held && holder.Decode(lease.Holder).UID != g.holder.UID {
+		// Another workload of the same name holds (this one was deleted
+		// and created again): not this Pod's to release.
+		lease, locker, held = nil, nil, false
+	}
 	if !held && g.dl != nil {
 		h, err := r.Registry.For(ctx, g.ref, g.dl)
 		if err != nil {
@@ -668,10 +790,10 @@ func (r *PodReconciler) eventf(obj client.Object, eventtype, reason, action, not
 	r.Recorder.Eventf(obj, nil, eventtype, reason, action, note, args...)
 }
 
-// workloadOrphaned says why the lease held for a workload has no holder in
+// podWorkloadOrphaned says why the lease held for a workload has no holder in
 // this cluster any more ("" when it has one): no live gated Pod of the
 // workload is left.
-func workloadOrphaned(ctx context.Context, c client.Reader, ref holder.Ref, lease *lock.Lease) (string, error) {
+func podWorkloadOrphaned(ctx context.Context, c client.Reader, ref holder.Ref, lease *lock.Lease) (string, error) {
 	h := holder.Decode(lease.Holder)
 	var pods corev1.PodList
 	if err := c.List(ctx, &pods, client.InNamespace(ref.Namespace), client.MatchingLabels{locksv1alpha1.LabelLock: h.Lock}); err != nil {

@@ -13,7 +13,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -224,8 +226,8 @@ func TestWorkloadHoldsOnceForAllItsPodsAndTheOtherWaits(t *testing.T) {
 	envB := kubetest.Start(t, kubetest.WithWebhooks())
 	startManager(t, managerOptions{cluster: "east"})
 	startManager(t, managerOptions{cluster: "west", env: envB})
-	const ns = "serving"
-	namedNamespace(t, env, ns)
+	// The same namespace name in both clusters: scope Namespace keys are equal.
+	ns := newNamespace(t, nil)
 	namedNamespace(t, envB, ns)
 	for _, e := range []*kubetest.Env{env, envB} {
 		if err := e.Client.Create(context.Background(), makeLock("consumer", ns, rdb.Addr).obj()); err != nil {
@@ -263,7 +265,7 @@ func TestWorkloadHoldsOnceForAllItsPodsAndTheOtherWaits(t *testing.T) {
 	})
 	a, b := getPod(t, env.Client, ns, "consumer-1-a"), getPod(t, env.Client, ns, "consumer-1-b")
 	if podFence(t, a) != podFence(t, b) || a.Annotations[locksv1alpha1.AnnotationWorkload] == "" ||
-		!strings.HasPrefix(a.Annotations[locksv1alpha1.AnnotationHolder], "east/serving/Deployment/consumer/") {
+		!strings.HasPrefix(a.Annotations[locksv1alpha1.AnnotationHolder], "east/"+ns+"/Deployment/consumer/") {
 		t.Fatalf("east Pods hold tokens %d and %d as %q (workload %q), want one token held by the Deployment",
 			podFence(t, a), podFence(t, b), a.Annotations[locksv1alpha1.AnnotationHolder], a.Annotations[locksv1alpha1.AnnotationWorkload])
 	}
@@ -276,7 +278,7 @@ func TestWorkloadHoldsOnceForAllItsPodsAndTheOtherWaits(t *testing.T) {
 	// The standby cluster's Pods wait, naming the active Deployment.
 	eventually(t, 10*time.Second, "the west Pods to wait for the east Deployment", func() (bool, string) {
 		p := getPod(t, envB.Client, ns, "consumer-1-a")
-		return podGated(p) && strings.Contains(p.Annotations[locksv1alpha1.AnnotationWaitingFor], "east/serving/Deployment/consumer"), fmt.Sprint(p.Annotations)
+		return podGated(p) && strings.Contains(p.Annotations[locksv1alpha1.AnnotationWaitingFor], "east/"+ns+"/Deployment/consumer"), fmt.Sprint(p.Annotations)
 	})
 	// One of the east Pods ends: the workload still holds.
 	if err := env.Client.Delete(context.Background(), a); err != nil {
@@ -377,5 +379,89 @@ func TestRemovingTheGateIsRefusedToTenants(t *testing.T) {
 		var q corev1.Pod
 		err := c.Get(context.Background(), nn(ns, "waiter"), &q)
 		return apierrors.IsNotFound(err) || q.DeletionTimestamp != nil, fmt.Sprint(err)
+	})
+}
+
+// TestWorkloadKeepsItsTokenAcrossARestart: after the operator restarts, a
+// new Pod of a holding workload joins the lease its running Pods hold; it
+// never acquires another, which would leave them with a stale token.
+func TestWorkloadKeepsItsTokenAcrossARestart(t *testing.T) {
+	rdb := redistest.Start(t)
+	m1 := startManager(t, managerOptions{})
+	ns := newNamespace(t, nil)
+	c := env.Client
+	create(t, makeLock("consumer", ns, rdb.Addr).ttl(restartTTL).obj())
+	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "consumer-1", Namespace: ns}, Spec: appsv1.ReplicaSetSpec{
+		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "consumer"}},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "consumer"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}}}}}
+	create(t, rs)
+	owners := []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, Controller: ptr.To(true)}}
+	workload := map[string]string{locksv1alpha1.AnnotationHolderMode: "Workload"}
+	create(t, gatedPodOf("consumer-1-a", ns, "consumer", workload, owners...))
+	eventually(t, 10*time.Second, "the first Pod to run", func() (bool, string) {
+		r := ungatedPods(t, c, ns)
+		return len(r) == 1, fmt.Sprint(r)
+	})
+	first := podFence(t, getPod(t, c, ns, "consumer-1-a"))
+
+	m1.stop()
+	ttl := restartTTL * time.Second
+	waitRenewalMissed(t, rdb.Client(), lockKey(ns, "billing/ledger"), ttl)
+	startManager(t, managerOptions{})
+	create(t, gatedPodOf("consumer-1-b", ns, "consumer", workload, owners...))
+	eventually(t, 10*time.Second, "the new Pod to join the workload's lease", func() (bool, string) {
+		r := ungatedPods(t, c, ns)
+		return len(r) == 2, fmt.Sprint(r)
+	})
+	if got := podFence(t, getPod(t, c, ns, "consumer-1-b")); got != first {
+		t.Fatalf("the new Pod holds token %d, the running one %d: the workload acquired again", got, first)
+	}
+	// Past a renewal, the first Pod still holds with its token.
+	waitRenewedAfterRestart(t, rdb.Client(), lockKey(ns, "billing/ledger"), ttl)
+	if a := getPod(t, c, ns, "consumer-1-a"); a.Annotations[locksv1alpha1.AnnotationLost] != "" || podFence(t, a) != first {
+		t.Fatalf("the running Pod was marked lost (%q) or changed token across the restart", a.Annotations[locksv1alpha1.AnnotationLost])
+	}
+}
+
+// TestBlockedRolloutShowsOnTheLock: a Deployment's new Pod waits for the
+// lock its old Pod holds, with maxUnavailable 0: the lock says so
+// (RolloutBlocked, and an Event naming the way out).
+func TestBlockedRolloutShowsOnTheLock(t *testing.T) {
+	rdb := redistest.Start(t)
+	startManager(t, managerOptions{})
+	ns := newNamespace(t, nil)
+	c := env.Client
+	create(t, makeLock("consumer", ns, rdb.Addr).obj())
+	zero, one := intstr.FromInt32(0), intstr.FromInt32(1)
+	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "consumer", Namespace: ns}, Spec: appsv1.DeploymentSpec{
+		Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "consumer"}},
+		Strategy: appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType, RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &zero, MaxSurge: &one}},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "consumer"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}}}}}
+	create(t, d)
+	// The old and the new ReplicaSet of the rollout, and a Pod of each.
+	podOfRS := func(name, hash string) *corev1.Pod {
+		rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "consumer-" + hash, Namespace: ns,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID, Controller: ptr.To(true)}}},
+			Spec: appsv1.ReplicaSetSpec{Selector: d.Spec.Selector, Template: d.Spec.Template}}
+		create(t, rs)
+		p := gatedPodOf(name, ns, "consumer", nil, metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, Controller: ptr.To(true)})
+		p.Labels = map[string]string{appsv1.DefaultDeploymentUniqueLabelKey: hash, "app": "consumer"}
+		return p
+	}
+	create(t, podOfRS("consumer-old", "old"))
+	eventually(t, 10*time.Second, "the old Pod to hold the lock", func() (bool, string) {
+		r := ungatedPods(t, c, ns)
+		return len(r) == 1, fmt.Sprint(r)
+	})
+	create(t, podOfRS("consumer-new", "new"))
+	dl := waitCondition(t, 15*time.Second, ns, "consumer", locksv1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, locksv1alpha1.EventRolloutBlocked)
+	msg := meta.FindStatusCondition(dl.Status.Conditions, locksv1alpha1.ConditionRolloutBlocked).Message
+	if !containsAll(msg, "Deployment consumer", "consumer-old", "maxUnavailable 0", "at least 1") {
+		t.Errorf("RolloutBlocked says %q; want the Deployment, the holding Pod and the way out", msg)
+	}
+	eventually(t, 5*time.Second, "a RolloutBlocked Event on the lock", func() (bool, string) {
+		return hasEvent(t, ns, "consumer", locksv1alpha1.EventRolloutBlocked)
 	})
 }

@@ -77,6 +77,9 @@ type LockOptions struct {
 	// namespaceBudget): 0 means DefaultNamespaceQPS, a negative value lifts
 	// the bound.
 	NamespaceQPS float64
+	// KueueAdmissionCheck runs the Kueue admission check controller
+	// (WorkloadReconciler); the cluster must serve Kueue's v1beta2 API.
+	KueueAdmissionCheck bool
 }
 
 // BackendWorkerShare is how many of a controller's workers reconciles of
@@ -99,6 +102,8 @@ type Reconcilers struct {
 	ClusterBackends, Backends *BackendStatusReconciler
 	// CronJobs is nil unless LockOptions.SyncCronJobTemplates.
 	CronJobs *CronJobReconciler
+	// Workloads is nil unless LockOptions.KueueAdmissionCheck.
+	Workloads *WorkloadReconciler
 }
 
 // SetupWithManager wires every lockwarden controller into mgr: the field
@@ -159,6 +164,12 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, d Deps, o LockOptio
 		out.CronJobs = &CronJobReconciler{Client: d.Client}
 		if err := out.CronJobs.SetupWithManager(mgr); err != nil {
 			return nil, fmt.Errorf("set up the CronJob controller: %w", err)
+		}
+	}
+	if o.KueueAdmissionCheck {
+		out.Workloads = NewWorkloadReconciler(d, mgr.GetAPIReader())
+		if err := out.Workloads.SetupWithManager(mgr); err != nil {
+			return nil, fmt.Errorf("set up the Kueue admission check controller: %w", err)
 		}
 	}
 	return out, nil

@@ -339,7 +339,8 @@ type HolderStatus struct {
 	// +kubebuilder:validation:MaxLength=253
 	Lock string `json:"lock,omitempty"`
 	// kind of the holding Kubernetes object: DistributedLock for a manual
-	// holder, Job for a gated Job.
+	// holder, Job for a gated Job, Pod for a gated Pod, Deployment,
+	// StatefulSet or ReplicaSet for a workload that holds for its Pods.
 	// +optional
 	// +kubebuilder:validation:MaxLength=63
 	Kind string `json:"kind,omitempty"`

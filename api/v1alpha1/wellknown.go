@@ -92,6 +92,9 @@ const (
 // Pods hold and will not give up (maxUnavailable 0).
 const ConditionRolloutBlocked = "RolloutBlocked"
 
+// ReasonNoBlockedRollout: RolloutBlocked is False, no rollout waits any more.
+const ReasonNoBlockedRollout = "NoBlockedRollout"
+
 // EventRolloutBlocked is recorded on the lock and the Deployment when
 // ConditionRolloutBlocked becomes True.
 const EventRolloutBlocked = "RolloutBlocked"

@@ -1,5 +1,5 @@
 // Package cli is the kubectl plugin kubectl-lockwarden: the operator's view
-// of DistributedLocks and their gated Jobs (status, queue, why), manual holds
+// of DistributedLocks and their gated Jobs and Pods (status, queue, why), manual holds
 // (hold, unhold) and the audited force release (release --force).
 //
 // The connection flags (--kubeconfig, --context, -n/--namespace and the rest
@@ -67,8 +67,8 @@ func NewCommand(streams genericiooptions.IOStreams) *cobra.Command {
 		Use:   "kubectl-lockwarden",
 		Short: "Inspect and operate lockwarden's DistributedLocks",
 		Long: `kubectl lockwarden shows lockwarden's DistributedLocks as the operator sees them
-(who holds a lock, with which fencing token, who waits and why a Job is
-suspended), holds a lock for a manual holder, and asks the operator for an
+(who holds a lock, with which fencing token, who waits, why a Job is
+suspended or a Pod is gated), holds a lock for a manual holder, and asks the operator for an
 audited force release.
 
 The connection flags (--kubeconfig, --context, -n/--namespace, ...) work as in
@@ -77,6 +77,7 @@ holder (see "hold").`,
 		Example: `  kubectl lockwarden status -A
   kubectl lockwarden queue billing -n team-a
   kubectl lockwarden why nightly-report-29120 -n team-a
+  kubectl lockwarden why pod/payments-7d9f8b6c5d-x2k9q -n team-a
   kubectl lockwarden hold billing --as maintenance-2026-12-01 --wait --timeout 2h
   kubectl lockwarden release billing --force`,
 		Annotations: map[string]string{

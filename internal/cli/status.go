@@ -35,7 +35,10 @@ func newStatusCommand(o *options) *cobra.Command {
 or the named ones, as the operator last observed them in their backend:
 
   KEYS      the lock's keys
-  HOLDER    who holds the keys (of a semaphore, the oldest holder; "+N" more)
+  HOLDER    who holds the keys (of a semaphore, the oldest holder; "+N" more):
+            cluster/namespace/Kind/name/uid-prefix for a Job, a Pod, or a
+            Deployment or StatefulSet holding for its Pods (holder mode
+            Workload); a manual holder's identity
   FENCE     the holder's fencing token
   QUEUE     how many wait (status.queueLength, exact)
   BACKEND   where the lock lives: redis (inline endpoints), LockBackend/NAME or ClusterLockBackend/NAME

@@ -19,19 +19,27 @@ import (
 
 func newWhyCommand(o *options) *cobra.Command {
 	return &cobra.Command{
-		Use:   "why JOB",
-		Short: "Explain why a Job is suspended: its lock, place in line and the holder",
-		Long: `why explains in words what lockwarden does with a Job: which lock gates it,
-its position in the lock's queue and whom it waits behind, who holds the lock
-with which fencing token; or that it holds the lock, did not run because the
-lock was held (contention Skip), waited too long, was superseded, lost its
-lease, or is not gated by lockwarden at all.
+		Use:   "why (JOB | job/NAME | pod/NAME)",
+		Short: "Explain why a Job is suspended or a Pod is gated: its lock, place in line and the holder",
+		Long: `why explains in words what lockwarden does with a Job or a Pod: which lock
+gates it, its position in the lock's queue and whom it waits behind, who holds
+the lock with which fencing token; or that it holds the lock, did not run
+because the lock was held (contention Skip), waited too long, was superseded,
+lost its lease, or is not gated by lockwarden at all.
 
-It reads the Job's lockwarden.io/* annotations and conditions, and the lock's
-status, as the operator last wrote them.`,
+For a Pod (of a Deployment, StatefulSet or ReplicaSet, or a bare Pod) it also
+says who holds the lock for it (the Pod itself, or its workload in holder mode
+Workload), whether it is still held back by its scheduling gate, and, for a
+Pod being deleted, when it releases the lock. A lock whose Deployment rollout
+waits on its own old Pods (condition RolloutBlocked) says so.
+
+A bare NAME is looked up as a Job first, then as a Pod; job/NAME and pod/NAME
+name one kind. It reads the object's lockwarden.io/* annotations and
+conditions, and the lock's status, as the operator last wrote them.`,
 		Example: `  kubectl lockwarden why nightly-report-29120
-  kubectl lockwarden why nightly-report-29120 -n team-a`,
-		Args: exactArgs("JOB", "the name of a Job"),
+  kubectl lockwarden why job/nightly-report-29120 -n team-a
+  kubectl lockwarden why pod/payments-singleton-7d9f8b6c5d-x2k9q -n team-a`,
+		Args: exactArgs("JOB", "the name of a Job, or job/NAME or pod/NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, ns, err := o.client()
 			if err != nil {
@@ -42,8 +50,45 @@ status, as the operator last wrote them.`,
 	}
 }
 
-// why writes the explanation for one Job.
-func why(ctx context.Context, c client.Client, ns, name string, out io.Writer, now time.Time) error {
+// why writes the explanation for the Job or Pod arg names: job/NAME,
+// pod/NAME, or a bare NAME, a Job if there is one, else a Pod.
+func why(ctx context.Context, c client.Client, ns, arg string, out io.Writer, now time.Time) error {
+	kind, name, typed := strings.Cut(arg, "/")
+	if !typed {
+		kind, name = "", arg
+	}
+	if name == "" {
+		kind = "?"
+	}
+	switch strings.ToLower(kind) {
+	case "job", "jobs", "job.batch", "jobs.batch":
+		return whyNamedJob(ctx, c, ns, name, out, now)
+	case "pod", "pods", "po":
+		return whyNamedPod(ctx, c, ns, name, out, now)
+	case "":
+		var job batchv1.Job
+		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &job)
+		switch {
+		case err == nil:
+			return whyJob(ctx, c, &job, out, now)
+		case !apierrors.IsNotFound(err):
+			return fmt.Errorf("get job %q in namespace %q: %w", name, ns, err)
+		}
+		var pod corev1.Pod
+		err = c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &pod)
+		switch {
+		case err == nil:
+			return whyPod(ctx, c, &pod, out, now)
+		case apierrors.IsNotFound(err):
+			return fmt.Errorf("job %q not found in namespace %q, nor a pod of that name", name, ns)
+		}
+		return fmt.Errorf("get pod %q in namespace %q: %w", name, ns, err)
+	}
+	return fmt.Errorf("why explains a Job or a Pod: name it as JOB, job/NAME or pod/NAME, not %q", arg)
+}
+
+// whyNamedJob explains the Job ns/name.
+func whyNamedJob(ctx context.Context, c client.Client, ns, name string, out io.Writer, now time.Time) error {
 	var job batchv1.Job
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &job); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -51,6 +96,12 @@ func why(ctx context.Context, c client.Client, ns, name string, out io.Writer, n
 		}
 		return fmt.Errorf("get job %q in namespace %q: %w", name, ns, err)
 	}
+	return whyJob(ctx, c, &job, out, now)
+}
+
+// whyJob writes the explanation for one Job.
+func whyJob(ctx context.Context, c client.Client, job *batchv1.Job, out io.Writer, now time.Time) error {
+	ns, name := job.Namespace, job.Name
 	ref := fmt.Sprintf("Job %s/%s", ns, name)
 	lockName := job.Annotations[locksv1alpha1.AnnotationLock]
 	if lockName == "" {
@@ -75,7 +126,7 @@ func why(ctx context.Context, c client.Client, ns, name string, out io.Writer, n
 	}
 
 	dl, lockErr := getLock(ctx, c, ns, lockName)
-	finished, reason, message := finishedCondition(&job)
+	finished, reason, message := finishedCondition(job)
 	switch {
 	case a[locksv1alpha1.AnnotationSkipped] != "":
 		say("%s did not run: %s, and its contention is Skip (%s).", ref, a[locksv1alpha1.AnnotationSkipped], locksv1alpha1.AnnotationSkipped)

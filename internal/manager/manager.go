@@ -38,6 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+	kueue "sigs.k8s.io/kueue/apis/kueue/v1beta2"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/controllers"
@@ -93,7 +94,10 @@ type Options struct {
 	kubeAPIQPS           float64
 	kubeAPIBurst         int
 	pprofAddr            string
-	zap                  zap.Options
+	kueueAdmissionCheck  string
+	// kueue is whether the Kueue admission check runs (resolveKueue).
+	kueue bool
+	zap   zap.Options
 }
 
 // Client-side rate limit of the manager's requests to the API server. A
@@ -131,6 +135,7 @@ func newScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
 	utilruntime.Must(locksv1alpha1.AddToScheme(s))
+	utilruntime.Must(kueue.AddToScheme(s))
 	return s
 }
 
@@ -210,6 +215,7 @@ func ParseFlags(args []string) (*Options, error) {
 		"Requests the manager may send to the API server in a burst above --kube-api-qps.")
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "",
 		"Address Go's profiler (/debug/pprof) binds to, for example 127.0.0.1:6060. Empty (default): off. It has no authentication: bind it to loopback.")
+	bindKueueFlag(fs, o)
 	o.zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -254,6 +260,9 @@ func ParseFlags(args []string) (*Options, error) {
 		return nil, fmt.Errorf("--namespace-reconcile-qps must not be 0 (a negative value lifts the bound)")
 	}
 	if err := checkDefaultBackendName(o.defaultBackend); err != nil {
+		return nil, err
+	}
+	if err := o.checkKueueFlag(); err != nil {
 		return nil, err
 	}
 	if slices.Contains(o.endpointAllow, AllowAnyEndpoint) && len(o.endpointAllow) > 1 {
@@ -381,6 +390,9 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 		return nil, err
 	}
 	certNS, _, _ := strings.Cut(o.webhookService, "/")
+	if err := o.resolveKueue(cfg); err != nil {
+		return nil, err
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  newScheme(),
 		Metrics: metricsOpts,
@@ -390,7 +402,7 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 			// would be most of the cache. An update of a cached object
 			// without them leaves them as they are.
 			DefaultTransform: cache.TransformStripManagedFields(),
-			ByObject: map[client.Object]cache.ByObject{
+			ByObject: o.kueueCache(map[client.Object]cache.ByObject{
 				// Only gated Jobs are cached, without their pod templates'
 				// specs: memory does not grow with the cluster's other Jobs,
 				// nor with the size of a tenant's.
@@ -400,7 +412,7 @@ func New(ctx context.Context, cfg *rest.Config, o *Options) (ctrl.Manager, error
 				// Only the manager's own Secrets (the webhook certificate) are
 				// cached; locks' Secrets are read on demand from their namespace.
 				&corev1.Secret{}: {Namespaces: map[string]cache.Config{certNS: {}}},
-			}},
+			})},
 		WebhookServer:                 newWebhookServer(o, tlsOpts),
 		HealthProbeBindAddress:        o.probeAddr,
 		PprofBindAddress:              o.pprofAddr,
@@ -448,7 +460,7 @@ func withRateLimit(cfg *rest.Config, o *Options) *rest.Config {
 // force-release audit); with self-signed
 // certificates it first waits for the rotator to write them.
 func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, tokens *holder.Tokens) error {
-	gate := &webhook.JobGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check}
+	gate := &webhook.JobGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check, Kueue: o.kueue}
 	podGate := &webhook.PodGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check}
 	workloads := &webhook.WorkloadGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader()}
 	audit := &webhook.ForceReleaseAudit{Seal: tokens.ForceReleaseSeal}
@@ -592,6 +604,7 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o *Options) (*backe
 		Workers:              o.workers,
 		NamespaceQPS:         o.namespaceQPS,
 		SyncCronJobTemplates: o.syncCronJobTemplates,
+		KueueAdmissionCheck:  o.kueue,
 	})
 	return registry, tokens, err
 }

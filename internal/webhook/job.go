@@ -35,6 +35,10 @@ type JobGate struct {
 	// scope (the Registry's Check): the same decision the controllers make,
 	// so a Job whose lock is refused is refused at creation.
 	Check func(ctx context.Context, dl *locksv1alpha1.DistributedLock) error
+	// Kueue, when set, leaves the Jobs that Kueue queues (label or
+	// annotation kueue.x-k8s.io/queue-name) to Kueue, whose admission check
+	// acquires their lock (see ManagedElsewhere).
+	Kueue bool
 }
 
 var _ admission.Defaulter[*batchv1.Job] = (*JobGate)(nil)
@@ -67,6 +71,11 @@ func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 	}
 	if err := findLock(ctx, lockLookup{reader: g.Reader, apiReader: g.APIReader, check: g.Check}, schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, job.Namespace, name, path, source); err != nil {
 		return err
+	}
+	if by, ok := ManagedElsewhere(job, g.Kueue); ok {
+		PrepareManaged(job, name, contention)
+		log.V(1).Info("Prepared Job started by another controller", "job", job.Name, "generateName", job.GenerateName, "namespace", job.Namespace, "lock", name, "managedBy", by)
+		return nil
 	}
 	Gate(job, name, contention)
 	if s.hasMaxWait {

@@ -40,7 +40,7 @@ type PodGate struct {
 
 var _ admission.Defaulter[*corev1.Pod] = (*PodGate)(nil)
 
-// +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get
+// +kubebuilder:rbac:groups=apps,resources=replicasets;statefulsets,verbs=get
 
 // SetupWithManager registers the webhook at /mutate--v1-pod.
 func (g *PodGate) SetupWithManager(mgr ctrl.Manager) error {
@@ -162,31 +162,43 @@ func validatePodAnnotations(annotations map[string]string, path *field.Path, sou
 
 // workloadOf names the workload that controls pod, Kind/name/uid: its
 // StatefulSet, its ReplicaSet's Deployment, or its ReplicaSet. It is "" for
-// a Pod no workload controls.
+// a Pod no workload controls, or whose owner reference names no existing
+// workload (a missing owner, or another UID than the one of that name).
 func (g *PodGate) workloadOf(ctx context.Context, pod *corev1.Pod) (string, error) {
+	reader := g.APIReader
+	if reader == nil {
+		reader = g.Reader
+	}
+	// The owner as it exists: an owner reference names any UID its writer
+	// chose, and the workload it claims must be the one of that name.
+	get := func(kind, name string) (*metav1.PartialObjectMetadata, error) {
+		var o metav1.PartialObjectMetadata
+		o.SetGroupVersionKind(appsv1.SchemeGroupVersion.WithKind(kind))
+		if err := reader.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: name}, &o); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, nil
+			}
+			return nil, fmt.Errorf("read %s %s/%s that controls the Pod: %w", kind, pod.Namespace, name, err)
+		}
+		return &o, nil
+	}
 	if ref := controlledBy(pod.OwnerReferences, "apps", "StatefulSet"); ref != nil {
+		sts, err := get("StatefulSet", ref.Name)
+		if err != nil || sts == nil || sts.UID != ref.UID {
+			return "", err
+		}
 		return workloadName("StatefulSet", ref.Name, ref.UID), nil
 	}
 	ref := controlledBy(pod.OwnerReferences, "apps", "ReplicaSet")
 	if ref == nil {
 		return "", nil
 	}
-	var rs metav1.PartialObjectMetadata
-	rs.SetGroupVersionKind(appsv1.SchemeGroupVersion.WithKind("ReplicaSet"))
-	reader := g.APIReader
-	if reader == nil {
-		reader = g.Reader
+	rs, err := get("ReplicaSet", ref.Name)
+	if err != nil || rs == nil || rs.UID != ref.UID {
+		return "", err
 	}
-	if err := reader.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: ref.Name}, &rs); err != nil {
-		if apierrors.IsNotFound(err) {
-			return workloadName("ReplicaSet", ref.Name, ref.UID), nil
-		}
-		return "", fmt.Errorf("read ReplicaSet %s/%s that controls the Pod: %w", pod.Namespace, ref.Name, err)
-	}
-	if rs.UID == ref.UID {
-		if d := controlledBy(rs.OwnerReferences, "apps", "Deployment"); d != nil {
-			return workloadName("Deployment", d.Name, d.UID), nil
-		}
+	if d := controlledBy(rs.OwnerReferences, "apps", "Deployment"); d != nil {
+		return workloadName("Deployment", d.Name, d.UID), nil
 	}
 	return workloadName("ReplicaSet", ref.Name, ref.UID), nil
 }

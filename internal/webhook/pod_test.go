@@ -42,6 +42,7 @@ func TestPodGate(t *testing.T) {
 	billing := &locksv1alpha1.DistributedLock{ObjectMeta: metav1.ObjectMeta{Name: "billing", Namespace: "default"}}
 	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "web-5d4f", Namespace: "default", UID: "uid-rs",
 		OwnerReferences: []metav1.OwnerReference{owner("apps/v1", "Deployment", "web", "uid-deploy")}}}
+	sts := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "default", UID: "uid-sts"}}
 	lock := map[string]string{locksv1alpha1.AnnotationLock: "billing"}
 	workloadMode := map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationHolderMode: "Workload"}
 	cases := map[string]struct {
@@ -60,8 +61,12 @@ func TestPodGate(t *testing.T) {
 		"a StatefulSet's Pod in Workload mode records its StatefulSet": {
 			pod: newPod(workloadMode, owner("apps/v1", "StatefulSet", "db", "uid-sts")), wantMode: "Workload", wantWorkload: "StatefulSet/db/uid-sts",
 		},
-		"a ReplicaSet that is not the owner named is recorded as itself": {
-			pod: newPod(workloadMode, owner("apps/v1", "ReplicaSet", "web-5d4f", "uid-other")), wantMode: "Workload", wantWorkload: "ReplicaSet/web-5d4f/uid-other",
+		"an owner reference with another UID than the ReplicaSet of that name names no workload": {
+			pod:     newPod(workloadMode, owner("apps/v1", "ReplicaSet", "web-5d4f", "uid-other")),
+			wantErr: []string{"metadata.annotations[lockwarden.io/holder-mode]"},
+		},
+		"an owner reference to a StatefulSet that does not exist names no workload": {
+			pod: newPod(lock, owner("apps/v1", "StatefulSet", "ghost", "uid-ghost")), wantMode: "Pod",
 		},
 		"a Pod cannot claim another workload, a token or a place": {
 			pod: newPod(map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationWorkload: "Deployment/payroll/uid-x",
@@ -94,7 +99,7 @@ func TestPodGate(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			c := fake.NewClientBuilder().WithScheme(kubetest.Scheme()).WithObjects(billing.DeepCopy(), rs.DeepCopy()).Build()
+			c := fake.NewClientBuilder().WithScheme(kubetest.Scheme()).WithObjects(billing.DeepCopy(), rs.DeepCopy(), sts.DeepCopy()).Build()
 			g := &PodGate{Reader: c, APIReader: c}
 			pod := tc.pod.DeepCopy()
 			err := g.Default(context.Background(), pod)
@@ -331,6 +336,29 @@ func TestWorkloadGate(t *testing.T) {
 		_, resp := admit(t, g, s, "StatefulSet")
 		if len(resp.Warnings) != 2 || !strings.Contains(resp.Warnings[0], "podManagementPolicy Parallel") || !strings.Contains(resp.Warnings[1], "OnDelete") {
 			t.Errorf("warnings %q, want the ordered start and the rolling update", resp.Warnings)
+		}
+	})
+	t.Run("annotating a running Deployment warns that its Pods overlap the new ones", func(t *testing.T) {
+		t.Parallel()
+		oldDeploy := deployment(1, rolling(intstr.FromInt32(1), intstr.FromInt32(0)), nil, nil)
+		newDeploy := deployment(1, rolling(intstr.FromInt32(1), intstr.FromInt32(0)), lock, nil)
+		oldRaw, _ := json.Marshal(oldDeploy)
+		raw, _ := json.Marshal(newDeploy)
+		resp := g.Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+			Kind: metav1.GroupVersionKind{Group: "apps", Version: "v1", Kind: "Deployment"}, Name: "web", Namespace: "default", Operation: admissionv1.Update,
+			Object: runtime.RawExtension{Raw: raw}, OldObject: runtime.RawExtension{Raw: oldRaw},
+		}})
+		if len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "scale it to 0 first") {
+			t.Errorf("warnings %q, want the one about the running ungated Pods", resp.Warnings)
+		}
+		// Already gated before: no such warning.
+		oldRaw, _ = json.Marshal(deployment(1, rolling(intstr.FromInt32(1), intstr.FromInt32(0)), nil, lock))
+		resp = g.Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+			Kind: metav1.GroupVersionKind{Group: "apps", Version: "v1", Kind: "Deployment"}, Name: "web", Namespace: "default", Operation: admissionv1.Update,
+			Object: runtime.RawExtension{Raw: raw}, OldObject: runtime.RawExtension{Raw: oldRaw},
+		}})
+		if len(resp.Warnings) != 0 {
+			t.Errorf("warnings %q for a Deployment gated before", resp.Warnings)
 		}
 	})
 	t.Run("a missing lock is a warning, not a refusal", func(t *testing.T) {

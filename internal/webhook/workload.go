@@ -94,7 +94,32 @@ func (g *WorkloadGate) Handle(ctx context.Context, req admission.Request) admiss
 	} else {
 		warnings = rolloutWarnings(obj, dl)
 	}
+	if w := newlyGated(req, obj, lockName); w != "" {
+		warnings = append(warnings, w)
+	}
 	return patched(req, obj, warnings)
+}
+
+// newlyGated warns when an update puts an existing workload under a lock:
+// its running Pods were never gated and hold nothing, so until they are
+// replaced they run beside the new Pods that hold the lock.
+func newlyGated(req admission.Request, obj any, lockName string) string {
+	if len(req.OldObject.Raw) == 0 {
+		return ""
+	}
+	var old struct {
+		Spec struct {
+			Template corev1.PodTemplateSpec `json:"template"`
+		} `json:"spec"`
+	}
+	if err := json.Unmarshal(req.OldObject.Raw, &old); err != nil || old.Spec.Template.Annotations[locksv1alpha1.AnnotationLock] != "" {
+		return ""
+	}
+	if d, ok := obj.(*appsv1.Deployment); ok && d.Spec.Strategy.Type == appsv1.RecreateDeploymentStrategyType {
+		return "" // the old Pods stop before the first new one starts
+	}
+	return fmt.Sprintf("%s %s now names lock %s: this starts a rollout, and its current Pods, never gated, hold nothing and run beside the new Pods that hold the lock until they are replaced. "+
+		"For a workload that must never run twice, scale it to 0 first (or use strategy Recreate), then annotate it", req.Kind.Kind, req.Name, lockName)
 }
 
 // syncTemplate copies the workload's own lock annotations into its pod
@@ -159,8 +184,8 @@ func rolloutWarnings(obj any, dl *locksv1alpha1.DistributedLock) []string {
 		if need := replicas - holders + 1; unavailable < need {
 			return []string{fmt.Sprintf("Deployment %s: each Pod holds lock %s (maxHolders %d), so at most %d of its %d Pods are ever available; "+
 				"a rolling update with maxUnavailable %d waits for a new Pod to become available before it removes an old one, while the old Pods hold the lock: the rollout stops. "+
-				"Use strategy Recreate, set spec.strategy.rollingUpdate.maxUnavailable to at least %d, or hold the lock per workload (annotation %s: %s); "+
-				"annotation %s: %s makes each old Pod hand the lock over as soon as it starts terminating",
+				"Use strategy Recreate, set spec.strategy.rollingUpdate.maxUnavailable to at least %d, or hold the lock per workload (annotation %s: %s). "+
+				"With one of the first two, annotation %s: %s also lets each new Pod start while the old one it replaces is still terminating",
 				w.Name, dl.Name, holders, min(holders, replicas), replicas, unavailable, max(need, 1),
 				locksv1alpha1.AnnotationHolderMode, locksv1alpha1.HolderModeWorkload, locksv1alpha1.AnnotationHandover, locksv1alpha1.HandoverTerminating)}
 		}
