@@ -248,6 +248,10 @@ func (r *DistributedLockReconciler) requeueAfter(obs *observation) time.Duration
 	case !obs.holdEnds.IsZero():
 		// A bounded manual hold: be there when it ends.
 		return max(obs.holdEnds.Sub(obs.now), time.Millisecond)
+	case obs.rolloutBlocked != "":
+		// Shown until no waiting Pod finds the rollout blocked: be there
+		// when that ends, to clear RolloutBlocked.
+		return rolloutBlockedFor + time.Second
 	default:
 		return 0
 	}

@@ -325,6 +325,8 @@ func (r *PodReconciler) reconcileWaiting(ctx context.Context, g *gatedPod) (ctrl
 		if g.mode == locksv1alpha1.HolderModeWorkload {
 			r.enqueueWorkload(ctx, g.ref, pod.Labels[locksv1alpha1.LabelLock])
 		}
+		// A rollout found blocked on this lock moves again.
+		r.rollouts.clear(types.NamespacedName{Namespace: pod.Namespace, Name: g.dl.Name})
 		return r.ungate(ctx, g, lease)
 	case errors.As(err, &busy):
 		metrics.Acquisitions.WithLabelValues(podKind, metrics.ResultBusy).Inc()

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/testutil/kubetest"
@@ -464,4 +465,63 @@ func TestBlockedRolloutShowsOnTheLock(t *testing.T) {
 	eventually(t, 5*time.Second, "a RolloutBlocked Event on the lock", func() (bool, string) {
 		return hasEvent(t, ns, "consumer", locksv1alpha1.EventRolloutBlocked)
 	})
+}
+
+// TestPodWhoseLockWentFirstStillReleases: when the lock is deleted before
+// its holding Pod (a namespace being deleted deletes both), the Pod still
+// releases its lease from what the lease knows, and goes away.
+func TestPodWhoseLockWentFirstStillReleases(t *testing.T) {
+	rdb := redistest.Start(t)
+	startManager(t, managerOptions{})
+	ns := newNamespace(t, nil)
+	c := env.Client
+	create(t, makeLock("billing", ns, rdb.Addr).obj())
+	create(t, gatedPodOf("singleton", ns, "billing", nil))
+	eventually(t, 10*time.Second, "the Pod to run with the lock", func() (bool, string) {
+		r := ungatedPods(t, c, ns)
+		return len(r) == 1, fmt.Sprint(r)
+	})
+	if err := c.Delete(context.Background(), getLock(t, ns, "billing")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the lock to be gone", func() (bool, string) {
+		err := c.Get(context.Background(), nn(ns, "billing"), &locksv1alpha1.DistributedLock{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	panics := podReconcilePanics(t)
+	if err := c.Delete(context.Background(), getPod(t, c, ns, "singleton")); err != nil {
+		t.Fatal(err)
+	}
+	waitPodGone(t, c, ns, "singleton")
+	eventually(t, 10*time.Second, "the lease to be released in Redis", func() (bool, string) {
+		n, err := rdb.Client().Exists(context.Background(), lockKey(ns, "billing/ledger")).Result()
+		return err == nil && n == 0, fmt.Sprint(n, err)
+	})
+	if n := podReconcilePanics(t); n != panics {
+		t.Fatalf("the Pod controller panicked %v times releasing the Pod", n-panics)
+	}
+}
+
+// podReconcilePanics reads controller-runtime's count of the Pod
+// controller's reconciles that panicked (and were recovered).
+func podReconcilePanics(t *testing.T) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, f := range families {
+		if f.GetName() != "controller_runtime_reconcile_panics_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "controller" && l.GetValue() == "pod" {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
 }

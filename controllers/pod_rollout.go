@@ -54,6 +54,19 @@ func (m *rolloutMemory) set(lock types.NamespacedName, b blockedRollout) bool {
 	return !ok || prev.deployment != b.deployment || b.at.Sub(prev.at) > rolloutBlockedFor
 }
 
+// clear forgets the blocked rollout of lock (a Pod of it acquired: the
+// rollout moves) and reports whether there was one.
+func (m *rolloutMemory) clear(lock types.NamespacedName) bool {
+	if m == nil {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.blocked[lock]
+	delete(m.blocked, lock)
+	return ok
+}
+
 // of returns the message of the blocked rollout of lock still current at now.
 func (m *rolloutMemory) of(lock types.NamespacedName, now time.Time) string {
 	if m == nil {
