@@ -462,15 +462,9 @@ func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Re
 		return res, nil
 	}
 	fence, _ := strconv.ParseInt(g.job.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
-	ttl := lockTTL(g.dl)
-	renewed, err := h.Locker.Renew(ctx, &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, TTL: ttl, Limit: int(g.dl.Spec.MaxHolders)}, ttl)
+	_, err := takeOverLease(ctx, r.Deps, h, g.ref, g.dl, g.holder, g.owner, fence)
 	switch {
 	case err == nil:
-		if renewed.Fence == 0 {
-			renewed.Fence = fence
-		}
-		r.Watchdog.Hold(g.ref, h.Locker, renewed)
-		logf.FromContext(ctx).Info("Recovered held lease of Job", "fence", fence)
 		return ctrl.Result{}, nil
 	case errors.Is(err, lock.ErrLost), errors.Is(err, lock.ErrNotHeld):
 		metrics.LeasesLost.WithLabelValues(jobKind).Inc()
@@ -479,6 +473,24 @@ func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Re
 		logf.FromContext(ctx).Error(err, "Taking over the lease of a running Job failed; retrying", "lock", g.dl.Name)
 		return ctrl.Result{RequeueAfter: backendRetry}, nil
 	}
+}
+
+// takeOverLease renews, with the same owner token, the lease a holder took
+// with fence before the operator restarted, and hands it to the watchdog,
+// which renews it from then on. It never acquires: a holder that may run
+// with fence must not be given another token.
+func takeOverLease(ctx context.Context, d Deps, h backend.Handle, ref holder.Ref, dl *locksv1alpha1.DistributedLock, hd holder.Holder, owner string, fence int64) (*lock.Lease, error) {
+	ttl := lockTTL(dl)
+	renewed, err := h.Locker.Renew(ctx, &lock.Lease{Keys: backend.EngineKeys(dl), Owner: owner, Holder: hd.Encode(), Fence: fence, TTL: ttl, Limit: int(dl.Spec.MaxHolders)}, ttl)
+	if err != nil {
+		return nil, err
+	}
+	if renewed.Fence == 0 {
+		renewed.Fence = fence
+	}
+	d.Watchdog.Hold(ref, h.Locker, renewed)
+	logf.FromContext(ctx).Info("Recovered held lease", "holder", ref, "fence", fence)
+	return renewed, nil
 }
 
 // busyRequeueBase is about how soon a reconcile whose backend had no free

@@ -361,15 +361,9 @@ func (g *workloadLock) readyFence() (int64, bool) {
 // before the operator restarted, and keeps renewing it; a lease that is gone
 // is lost (the check goes to Retry).
 func (r *WorkloadReconciler) takeOver(ctx context.Context, g *workloadLock, h backend.Handle, fence int64) (ctrl.Result, error) {
-	ttl := lockTTL(g.dl)
-	renewed, err := h.Locker.Renew(ctx, &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, TTL: ttl, Limit: int(g.dl.Spec.MaxHolders)}, ttl)
+	renewed, err := takeOverLease(ctx, r.Deps, h, g.ref, g.dl, g.holder, g.owner, fence)
 	switch {
 	case err == nil:
-		if renewed.Fence == 0 {
-			renewed.Fence = fence
-		}
-		r.Watchdog.Hold(g.ref, h.Locker, renewed)
-		logf.FromContext(ctx).Info("Recovered held lease of Workload", "fence", fence)
 		return r.setReady(ctx, g, renewed)
 	case errors.Is(err, lock.ErrLost), errors.Is(err, lock.ErrNotHeld):
 		metrics.LeasesLost.WithLabelValues(workloadKind).Inc()

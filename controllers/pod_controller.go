@@ -450,17 +450,8 @@ func (r *PodReconciler) recoverLease(ctx context.Context, g *gatedPod, fence int
 	if !ok {
 		return nil, res, nil
 	}
-	ttl := lockTTL(g.dl)
-	renewed, err := h.Locker.Renew(ctx, &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, TTL: ttl, Limit: int(g.dl.Spec.MaxHolders)}, ttl)
-	if err != nil {
-		return nil, ctrl.Result{}, err
-	}
-	if renewed.Fence == 0 {
-		renewed.Fence = fence
-	}
-	r.Watchdog.Hold(g.ref, h.Locker, renewed)
-	logf.FromContext(ctx).Info("Recovered held lease", "fence", fence, "holder", g.ref)
-	return renewed, ctrl.Result{}, nil
+	renewed, err := takeOverLease(ctx, r.Deps, h, g.ref, g.dl, g.holder, g.owner, fence)
+	return renewed, ctrl.Result{}, err
 }
 
 // holding returns the lease the watchdog renews for g's holder, if it is

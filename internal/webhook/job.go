@@ -91,24 +91,14 @@ func Gate(job *batchv1.Job, lock, contention string) {
 		job.Labels = map[string]string{}
 	}
 	job.Labels[locksv1alpha1.LabelLock] = lock
-	if job.Annotations == nil {
-		job.Annotations = map[string]string{}
-	}
-	job.Annotations[locksv1alpha1.AnnotationLock] = lock
-	if contention != "" {
-		job.Annotations[locksv1alpha1.AnnotationContention] = contention
-	}
-	// A new Job never arrives holding the lock, having lost or skipped it,
-	// or with a place in its queue: drop what it claims (only the
-	// controller writes these) and suspend it.
-	for _, k := range OperatorAnnotations {
-		delete(job.Annotations, k)
-		delete(job.Spec.Template.Annotations, k)
-	}
+	// What every Job that names a lock gets (PrepareManaged: the lock's
+	// annotations and token environment; a new Job never arrives holding
+	// the lock, having lost or skipped it, or with a place in its queue),
+	// and it is suspended until it holds the lock.
+	PrepareManaged(job, lock, contention)
 	suspend := true
 	job.Spec.Suspend = &suspend
 	controllerutil.AddFinalizer(job, locksv1alpha1.Finalizer)
-	addTokenEnv(&job.Spec.Template.Spec, lock)
 }
 
 // OperatorAnnotations are the annotations only the operator writes on a
