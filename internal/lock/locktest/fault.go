@@ -187,6 +187,12 @@ type Faults struct {
 	// comes again, and the tally counts the faults by name: FaultTally.Check
 	// fails when one of them was never injected.
 	Nemeses []Nemesis
+	// ListedFirst makes the first round inject Nemeses in the order listed,
+	// later rounds in the seeded order. List a short nemesis before one that
+	// may outlast the run (a session expiry, a quorum loss): with a seeded
+	// first round the long one came first in every run of a series now and
+	// then, and the short one was never injected.
+	ListedFirst bool
 
 	record func(nemesis string) // set by RunFaults: counts a fault in the tally
 }
@@ -574,6 +580,12 @@ func injectFaults(ctx context.Context, wg *sync.WaitGroup, f Faults, seed uint64
 		// A seeded order in which every nemesis comes once before any
 		// comes again, so that a run with enough faults tries them all.
 		var order []int
+		if f.ListedFirst {
+			order = make([]int, len(f.Nemeses))
+			for i := range order {
+				order[i] = i
+			}
+		}
 		inject = func(ctx context.Context, rng *rand.Rand) {
 			if len(order) == 0 {
 				order = rng.Perm(len(f.Nemeses))

@@ -45,8 +45,8 @@ const faultSessionTimeout = 2 * time.Second
 //     a holder past its TTL on the ensemble's clock.
 //
 // Each run lists two of the nemeses (by its seed, so a replayed seed brings
-// the same two): the four runs of a series cover all seven, and each run is
-// long enough to inject both. Fencing tokens are zxids, which a new leader's
+// the same two), the shorter first (locktest.Faults.ListedFirst): the four
+// runs of a series cover all seven, and each run injects both. Fencing tokens are zxids, which a new leader's
 // epoch keeps increasing.
 //
 // Under -race this test can fail on a data race inside the client library
@@ -65,6 +65,7 @@ func TestFaultsFencedRegister(t *testing.T) {
 		locktest.RunFaults(t, "ensemble-3", seed, &tally, locktest.Faults{
 			NewLocker:      newLocker,
 			Nemeses:        []locktest.Nemesis{nemeses[g[0]], nemeses[g[1]]},
+			ListedFirst:    true,
 			AcquireTimeout: 2 * time.Second,
 			// Long enough for both nemeses, the longest (session expiry,
 			// quorum loss) taking the session timeout and a restart.
@@ -97,6 +98,7 @@ func TestFaultsSemaphore(t *testing.T) {
 		locktest.RunFaults(t, fmt.Sprintf("limit-%d", limit), seed, &tally, locktest.Faults{
 			NewLocker:      newLocker,
 			Nemeses:        []locktest.Nemesis{nemeses[g[0]], nemeses[g[1]]},
+			ListedFirst:    true,
 			AcquireTimeout: 2 * time.Second,
 			Duration:       4500 * time.Millisecond,
 			Limit:          limit,
