@@ -276,7 +276,13 @@ func (r *DistributedLockReconciler) enqueueIndexed(index, value string) {
 
 // SetupWithManager registers the reconciler, its indexes and its event sources.
 func (r *DistributedLockReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	r.Registry.OnRelease(func(backendID, key string) { r.enqueueIndexed(indexBackendKey, backendKeyValues(backendID, key)[0]) })
+	r.Registry.OnRelease(func(backendID, key string) {
+		r.enqueueIndexed(indexBackendKey, backendKeyValues(backendID, key)[0])
+		if prefix, ok := backend.ScopePrefix(key); ok {
+			// The locks that derive keys in the key's scope.
+			r.enqueueIndexed(indexBackendKey, backendKeyValues(backendID, prefix)[0])
+		}
+	})
 	r.Registry.OnHealth(func(backendID string, _ error) { r.enqueueIndexed(indexBackend, backendID) })
 
 	return ctrl.NewControllerManagedBy(mgr).

@@ -17,6 +17,7 @@ import (
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/holder"
+	"github.com/lockwarden/lockwarden/internal/keyfrom"
 	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/metrics"
 	"github.com/lockwarden/lockwarden/internal/watchdog"
@@ -35,6 +36,9 @@ type observation struct {
 	// when none was taken.
 	leave func()
 	keys  []string
+	// lanes is how many derived keys the workloads of a lock with keyFrom
+	// use in this cluster; keys are the first maxLanesInspected of them.
+	lanes int
 	// states is what the backend holds for each key.
 	states []lock.KeyState
 	// mine is the lease this lock's manual holder holds, if any.
@@ -132,6 +136,22 @@ func (r *DistributedLockReconciler) gather(ctx context.Context, dl *locksv1alpha
 		return obs
 	}
 	obs.handle = h
+	if dl.Spec.KeyFrom != nil {
+		lanes, err := keyfrom.InUse(ctx, r.Client, dl)
+		if err != nil {
+			// The cache answers from memory; should it fail, the lanes are
+			// shown at the next reconcile.
+			logf.FromContext(ctx).Error(err, "Listing the derived keys of the lock failed")
+		}
+		obs.lanes = len(lanes)
+		obs.keys = make([]string, 0, min(len(lanes), maxLanesInspected))
+		for _, k := range lanes[:min(len(lanes), maxLanesInspected)] {
+			obs.keys = append(obs.keys, backend.EngineKey(dl.Namespace, dl.Spec.Scope, k))
+		}
+		if len(obs.keys) == 0 {
+			return obs // nothing in use: nothing to read
+		}
+	}
 	states, err := h.Locker.Inspect(ctx, obs.keys)
 	if err != nil {
 		obs.backendErr, obs.backendReason = err, locksv1alpha1.ReasonBackendUnreachable
@@ -179,7 +199,17 @@ func (r *DistributedLockReconciler) report(dl *locksv1alpha1.DistributedLock, ob
 		}
 	default:
 		metrics.BackendUp.WithLabelValues(dl.Namespace, dl.Name).Set(1)
-		if len(obs.states) > 0 {
+		if dl.Spec.KeyFrom != nil {
+			// Summed over the lanes: metrics carry no per-key label.
+			var queued, holders int
+			var oldest float64
+			for _, s := range obs.states {
+				queued, holders, oldest = queued+queueLength(s), holders+holderCount(s), max(oldest, oldestWaiter(s))
+			}
+			metrics.QueueDepth.WithLabelValues(dl.Namespace, dl.Name).Set(float64(queued))
+			metrics.OldestWaiter.WithLabelValues(dl.Namespace, dl.Name).Set(oldest)
+			metrics.LockHolders.WithLabelValues(dl.Namespace, dl.Name).Set(float64(holders))
+		} else if len(obs.states) > 0 {
 			metrics.QueueDepth.WithLabelValues(dl.Namespace, dl.Name).Set(float64(queueLength(obs.states[0])))
 			metrics.OldestWaiter.WithLabelValues(dl.Namespace, dl.Name).Set(oldestWaiter(obs.states[0]))
 			metrics.LockHolders.WithLabelValues(dl.Namespace, dl.Name).Set(float64(holderCount(obs.states[0])))

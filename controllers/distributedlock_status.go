@@ -1,8 +1,11 @@
 package controllers
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -19,6 +22,12 @@ import (
 const (
 	maxWaitingInStatus = 10
 	maxHoldersInStatus = 10
+	// maxBusiestLanes bounds status.lanes.busiest.
+	maxBusiestLanes = 5
+	// maxLanesInspected bounds the derived keys a lock's reconcile reads
+	// from the store (status.lanes counts the keys exactly; holders and
+	// waiting are summed over the ones read).
+	maxLanesInspected = 1000
 )
 
 // computeStatus rebuilds a lock's status from what was observed. Timestamps of
@@ -51,7 +60,7 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 		set(locksv1alpha1.ConditionBackendReady, metav1.ConditionFalse, obs.backendReason, backend.Describe(obs.backendErr))
 		// What the store holds is unknown: keep the last known holder, but say so.
 		st.Holder, st.FencingToken, st.AcquiredTime, st.ExpireTime, st.Waiting = old.Holder, old.FencingToken, old.AcquiredTime, old.ExpireTime, old.Waiting
-		st.Holders, st.HolderCount, st.Slots, st.QueueLength = old.Holders, old.HolderCount, old.Slots, old.QueueLength
+		st.Holders, st.HolderCount, st.Slots, st.QueueLength, st.Lanes = old.Holders, old.HolderCount, old.Slots, old.QueueLength, old.Lanes
 		msg := "The backend did not answer; the holder shown is the last one observed"
 		if obs.backendReason != locksv1alpha1.ReasonBackendUnreachable {
 			msg = "The backend cannot be used (see the BackendReady condition); the holder shown is the last one observed"
@@ -61,6 +70,10 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 		return st
 	}
 	set(locksv1alpha1.ConditionBackendReady, metav1.ConditionTrue, locksv1alpha1.ReasonBackendReachable, "The backend answers")
+	if dl.Spec.KeyFrom != nil {
+		lanesStatus(dl, obs, &st, set, cluster)
+		return st
+	}
 
 	held := firstHeld(obs.states)
 	if held != nil {
@@ -236,4 +249,52 @@ func clampInt32(n int) int32 {
 // written again.
 func apiTime(t time.Time) metav1.Time {
 	return metav1.NewTime(t.Truncate(time.Second))
+}
+
+// lanesStatus fills the status of a lock that derives keys: counts and the
+// busiest keys, never an entry per key, and Held when any of its keys is
+// held through it.
+func lanesStatus(dl *locksv1alpha1.DistributedLock, obs *observation, st *locksv1alpha1.DistributedLockStatus,
+	set func(t string, s metav1.ConditionStatus, reason, msg string), cluster string) {
+	lanes := &locksv1alpha1.LanesStatus{Keys: clampInt32(obs.lanes)}
+	busiest := make([]locksv1alpha1.LaneStatus, 0, len(obs.states))
+	heldHere := 0
+	for _, s := range obs.states {
+		key, _ := backend.LaneKey(dl, s.Key)
+		l := locksv1alpha1.LaneStatus{Key: key, Holders: clampInt32(holderCount(s)), Waiting: clampInt32(queueLength(s))}
+		for _, hs := range holdersOf(s) {
+			l.FencingToken = max(l.FencingToken, hs.Fence)
+			if holder.Decode(hs.Holder).Of(cluster, dl.Namespace, dl.Name) {
+				heldHere++
+			}
+		}
+		lanes.Holders += l.Holders
+		lanes.Waiting += l.Waiting
+		if l.Holders > 0 || l.Waiting > 0 {
+			busiest = append(busiest, l)
+		}
+	}
+	slices.SortFunc(busiest, func(a, b locksv1alpha1.LaneStatus) int {
+		if c := cmp.Compare(b.Holders+b.Waiting, a.Holders+a.Waiting); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+	if len(busiest) > maxBusiestLanes {
+		busiest = busiest[:maxBusiestLanes]
+	}
+	if len(busiest) > 0 {
+		lanes.Busiest = busiest
+	}
+	st.Lanes = lanes
+	switch {
+	case heldHere > 0:
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired,
+			fmt.Sprintf("%d holder(s) of this lock hold %d derived key(s) in use; %d waiting (status.lanes)", heldHere, lanes.Keys, lanes.Waiting))
+	case lanes.Holders > 0:
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonHeldByOther,
+			fmt.Sprintf("The %d derived key(s) in use are held, not through this lock; %d waiting", lanes.Keys, lanes.Waiting))
+	default:
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonFree, fmt.Sprintf("No holder holds the %d derived key(s) in use", lanes.Keys))
+	}
 }

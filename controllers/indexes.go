@@ -32,8 +32,13 @@ func IndexFields(ctx context.Context, idx client.FieldIndexer) error {
 	})
 }
 
-// backendKeyIndexValues are the indexBackendKey values of dl: one per key.
+// backendKeyIndexValues are the indexBackendKey values of dl: one per key;
+// for a lock that derives keys, its scope's prefix (backend.ScopePrefix),
+// under which every key it derives lies.
 func backendKeyIndexValues(dl *locksv1alpha1.DistributedLock) []string {
+	if dl.Spec.KeyFrom != nil {
+		return backendKeyValues(backend.LockBackendID(dl), backend.EngineKey(dl.Namespace, dl.Spec.Scope, ""))
+	}
 	return backendKeyValues(backend.LockBackendID(dl), backend.EngineKeys(dl)...)
 }
 

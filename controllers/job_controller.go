@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/holder"
 	"github.com/lockwarden/lockwarden/internal/lock"
 	"github.com/lockwarden/lockwarden/internal/printable"
@@ -185,6 +186,10 @@ type gatedJob struct {
 	ref    holder.Ref
 	holder holder.Holder
 	owner  string
+	// keys are the store-side keys the Job acquires (its lock's, or the
+	// one derived at its admission); keysErr says why it has none.
+	keys    []string
+	keysErr error
 	// leaves give back the backend slots the reconcile took (backendFor).
 	leaves []func()
 }
@@ -208,6 +213,7 @@ func (r *JobReconciler) gatedJob(ctx context.Context, job *batchv1.Job) (*gatedJ
 	var dl locksv1alpha1.DistributedLock
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: lockName}, &dl); err == nil {
 		g.dl = &dl
+		g.keys, g.keysErr = backend.WorkloadKeys(g.dl, job.Annotations)
 	} else if client.IgnoreNotFound(err) != nil {
 		return nil, err
 	}

@@ -80,11 +80,17 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 		}
 		return untilDeadline(res, limit, deadline, r.Clock.Now()), err
 	}
+	if g.keysErr != nil {
+		// Only a Job admitted before its lock derived keys lacks one: it
+		// waits, and says why, until it is deleted.
+		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventNoKey, "Acquire", "The Job cannot take lock %s: %v", g.dl.Name, g.keysErr)
+		return ctrl.Result{}, nil
+	}
 	h, res, ok := r.backendFor(ctx, g, "Acquire")
 	if !ok {
 		return untilDeadline(res, limit, deadline, r.Clock.Now()), nil
 	}
-	lease, err := h.Locker.TryAcquire(ctx, lock.Request{Keys: backend.EngineKeys(g.dl), TTL: lockTTL(g.dl), Owner: g.owner, Holder: g.holder.Encode(),
+	lease, err := h.Locker.TryAcquire(ctx, lock.Request{Keys: g.keys, TTL: lockTTL(g.dl), Owner: g.owner, Holder: g.holder.Encode(),
 		Queue: contention != locksv1alpha1.ContentionSkip, Limit: int(g.dl.Spec.MaxHolders)})
 	var busy *lock.HeldError
 	var invalid *lock.InvalidRequestError
@@ -326,8 +332,8 @@ type ending struct {
 // with as a finished one: its finalizer and waiting annotations are removed.
 func (r *JobReconciler) end(ctx context.Context, g *gatedJob, e ending) (ctrl.Result, error) {
 	job := g.job
-	if h, err := r.Registry.For(ctx, g.ref, g.dl); err == nil && h.Locker != nil {
-		if err := h.Locker.Dequeue(ctx, backend.EngineKeys(g.dl), g.owner); err != nil {
+	if h, err := r.Registry.For(ctx, g.ref, g.dl); err == nil && h.Locker != nil && len(g.keys) > 0 {
+		if err := h.Locker.Dequeue(ctx, g.keys, g.owner); err != nil {
 			logf.FromContext(ctx).V(1).Info("Leaving the queue failed; the entry expires without heartbeats", "error", err.Error())
 		}
 	}
@@ -374,7 +380,7 @@ func (r *JobReconciler) start(ctx context.Context, g *gatedJob, h backend.Handle
 	// reconciles show without a call (wakeTurn, takePlace); the places of
 	// the waiters further back catch up at their periodic requeue, which
 	// keeps their place in the queue anyway.
-	r.wakeLock(g.dl)
+	r.wakeLock(g)
 	r.Recorder.Eventf(g.dl, g.job, corev1.EventTypeNormal, locksv1alpha1.EventAcquired, "Acquire", "Acquired by Job %s with fencing token %d", g.job.Name, lease.Fence)
 	return res, nil
 }
@@ -462,7 +468,7 @@ func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Re
 		return res, nil
 	}
 	fence, _ := strconv.ParseInt(g.job.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
-	_, err := takeOverLease(ctx, r.Deps, h, g.ref, g.dl, g.holder, g.owner, fence)
+	_, err := takeOverLease(ctx, r.Deps, h, g.ref, g.dl, g.keys, g.holder, g.owner, fence)
 	switch {
 	case err == nil:
 		return ctrl.Result{}, nil
@@ -479,9 +485,9 @@ func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Re
 // with fence before the operator restarted, and hands it to the watchdog,
 // which renews it from then on. It never acquires: a holder that may run
 // with fence must not be given another token.
-func takeOverLease(ctx context.Context, d Deps, h backend.Handle, ref holder.Ref, dl *locksv1alpha1.DistributedLock, hd holder.Holder, owner string, fence int64) (*lock.Lease, error) {
+func takeOverLease(ctx context.Context, d Deps, h backend.Handle, ref holder.Ref, dl *locksv1alpha1.DistributedLock, keys []string, hd holder.Holder, owner string, fence int64) (*lock.Lease, error) {
 	ttl := lockTTL(dl)
-	renewed, err := h.Locker.Renew(ctx, &lock.Lease{Keys: backend.EngineKeys(dl), Owner: owner, Holder: hd.Encode(), Fence: fence, TTL: ttl, Limit: int(dl.Spec.MaxHolders)}, ttl)
+	renewed, err := h.Locker.Renew(ctx, &lock.Lease{Keys: keys, Owner: owner, Holder: hd.Encode(), Fence: fence, TTL: ttl, Limit: int(dl.Spec.MaxHolders)}, ttl)
 	if err != nil {
 		return nil, err
 	}
@@ -634,11 +640,11 @@ func (r *JobReconciler) release(ctx context.Context, g *gatedJob, annotations ma
 	job := g.job
 	log := logf.FromContext(ctx)
 	lease, locker, held := r.Watchdog.Holding(g.ref)
-	if !held && g.dl != nil && job.Annotations[locksv1alpha1.AnnotationLost] == "" {
+	if !held && g.dl != nil && len(g.keys) > 0 && job.Annotations[locksv1alpha1.AnnotationLost] == "" {
 		if h, err := r.Registry.For(ctx, g.ref, g.dl); err == nil {
 			locker = h.Locker
 			fence, _ := strconv.ParseInt(job.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
-			lease = &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, Limit: int(g.dl.Spec.MaxHolders)}
+			lease = &lock.Lease{Keys: g.keys, Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, Limit: int(g.dl.Spec.MaxHolders)}
 		}
 	}
 	if locker != nil {
@@ -671,7 +677,7 @@ func (r *JobReconciler) release(ctx context.Context, g *gatedJob, annotations ma
 			// announces a waiter leaving the head of its queue wakes it
 			// too; the two coalesce when they meet. A release that
 			// succeeded is announced by every backend.)
-			r.wakeLock(g.dl)
+			r.wakeLock(g)
 		}
 	}
 	r.Registry.Forget(g.ref)

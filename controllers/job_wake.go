@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -121,39 +122,63 @@ func (r *JobReconciler) wakeKeys(backendID string, keys ...string) {
 	}
 }
 
-// wakeLock asks for the wake-up of the waiters of dl's keys.
-func (r *JobReconciler) wakeLock(dl *locksv1alpha1.DistributedLock) {
-	if dl != nil {
-		r.wakeKeys(backend.LockBackendID(dl), backend.EngineKeys(dl)...)
+// wakeLock asks for the wake-up of the waiters of dl's keys (of the Job's
+// key, for a lock that derives keys).
+func (r *JobReconciler) wakeLock(g *gatedJob) {
+	switch {
+	case g.dl == nil:
+	case g.dl.Spec.KeyFrom != nil:
+		r.wakeKeys(backend.LockBackendID(g.dl), g.keys...)
+	default:
+		r.wakeKeys(backend.LockBackendID(g.dl), backend.EngineKeys(g.dl)...)
 	}
 }
 
 // lockJobs is a lock on a woken key and its Jobs.
 type lockJobs struct {
-	dl   *locksv1alpha1.DistributedLock
+	dl *locksv1alpha1.DistributedLock
+	// keys are the store-side keys its Jobs on the woken key take: the
+	// lock's, or for a lock that derives keys the woken key alone (and jobs
+	// are only those with that key).
+	keys []string
 	jobs []batchv1.Job
 }
 
 // wakeTurn wakes the waiting Jobs whose turn it is on one key: one Inspect,
 // then a reconcile for each Job that a free slot goes to.
 func (r *JobReconciler) wakeTurn(ctx context.Context, k wakeKey) {
-	var locks locksv1alpha1.DistributedLockList
+	var locks, lanes locksv1alpha1.DistributedLockList
 	if err := r.Client.List(ctx, &locks, client.MatchingFields{indexBackendKey: backendKeyValues(k.backendID, k.key)[0]}); err != nil {
 		r.Log.Error(err, "Listing the locks of a released key failed; their waiting Jobs try again at their next requeue", "key", k.key)
 		return
 	}
-	if len(locks.Items) == 0 {
+	// The locks that derive keys in the key's scope: the key may be one of theirs.
+	if prefix, ok := backend.ScopePrefix(k.key); ok {
+		if err := r.Client.List(ctx, &lanes, client.MatchingFields{indexBackendKey: backendKeyValues(k.backendID, prefix)[0]}); err != nil {
+			r.Log.Error(err, "Listing the locks of a released key failed; their waiting Jobs try again at their next requeue", "key", k.key)
+			return
+		}
+	}
+	if len(locks.Items)+len(lanes.Items) == 0 {
 		return
 	}
-	of := make([]lockJobs, 0, len(locks.Items))
-	for i := range locks.Items {
-		dl := &locks.Items[i]
+	of := make([]lockJobs, 0, len(locks.Items)+len(lanes.Items))
+	for i, all := 0, append(locks.Items, lanes.Items...); i < len(all); i++ {
+		dl := &all[i]
 		var jobs batchv1.JobList
 		if err := r.Client.List(ctx, &jobs, client.InNamespace(dl.Namespace), client.MatchingLabels{locksv1alpha1.LabelLock: dl.Name}); err != nil {
 			r.Log.Error(err, "Listing the Jobs of a lock failed; they try again at their next requeue", "lock", klog.KObj(dl))
 			continue
 		}
-		of = append(of, lockJobs{dl: dl, jobs: jobs.Items})
+		lj := lockJobs{dl: dl, keys: backend.EngineKeys(dl), jobs: jobs.Items}
+		if dl.Spec.KeyFrom != nil {
+			lj.keys = []string{k.key}
+			lj.jobs = slices.DeleteFunc(lj.jobs, func(j batchv1.Job) bool {
+				keys, err := backend.WorkloadKeys(dl, j.Annotations)
+				return err != nil || keys[0] != k.key
+			})
+		}
+		of = append(of, lj)
 	}
 	wakeAll := func(why string, err error) {
 		r.Log.V(1).Info("Waking every waiting Job of a released key", "backend", k.backendID, "key", k.key, "why", why, "error", errString(err))
@@ -270,14 +295,14 @@ func planWake(cluster string, locks []lockJobs, s lock.KeyState) wakePlan {
 		}
 		j := jobOf(lj.jobs, h)
 		if j == nil {
-			p.gone = append(p.gone, goneWaiter{holder: h, keys: backend.EngineKeys(lj.dl)})
+			p.gone = append(p.gone, goneWaiter{holder: h, keys: lj.keys})
 			queued--
 			continue
 		}
 		nn := client.ObjectKeyFromObject(j)
 		switch {
 		case settled:
-			if keys := backend.EngineKeys(lj.dl); len(keys) > 0 && keys[0] == s.Key && phaseOf(j) == phaseWaiting {
+			if len(lj.keys) > 0 && lj.keys[0] == s.Key && phaseOf(j) == phaseWaiting {
 				p.places[nn] = &lock.HeldError{Key: s.Key, Holder: s.Holder, Fence: s.Fence, Position: pos, Holders: holders}
 			}
 		case !p.woken[nn]:

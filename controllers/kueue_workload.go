@@ -123,6 +123,10 @@ type workloadLock struct {
 	ref    holder.Ref
 	holder holder.Holder
 	owner  string
+	// keys are the store-side keys the Workload acquires (its lock's, or
+	// the one derived at its Job's admission); keysErr says why it has none.
+	keys    []string
+	keysErr error
 }
 
 // Reconcile acquires, keeps or releases the lock of one Workload.
@@ -228,6 +232,11 @@ func (r *WorkloadReconciler) workloadLock(ctx context.Context, wl *kueue.Workloa
 	var dl locksv1alpha1.DistributedLock
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: wl.Namespace, Name: g.lockName}, &dl); err == nil {
 		g.dl = &dl
+		var annotations map[string]string
+		if g.job != nil {
+			annotations = g.job.Annotations
+		}
+		g.keys, g.keysErr = backend.WorkloadKeys(g.dl, annotations)
 	} else if client.IgnoreNotFound(err) != nil {
 		return nil, err
 	}
@@ -294,6 +303,9 @@ func (r *WorkloadReconciler) admit(ctx context.Context, g *workloadLock) (ctrl.R
 		return r.setPending(ctx, g,
 			fmt.Sprintf("DistributedLock %q does not exist in namespace %q", g.lockName, g.wl.Namespace), lockMissingRequeue)
 	}
+	if g.keysErr != nil {
+		return r.setPending(ctx, g, fmt.Sprintf("Lock %s cannot be taken: the Job %v", g.dl.Name, g.keysErr), lockMissingRequeue)
+	}
 	h, err := r.Registry.For(ctx, g.ref, g.dl)
 	if err == nil {
 		err = h.Health()
@@ -315,7 +327,7 @@ func (r *WorkloadReconciler) admit(ctx context.Context, g *workloadLock) (ctrl.R
 		// token. Take the lease over; never acquire a new one for it.
 		return r.takeOver(ctx, g, h, fence)
 	}
-	lease, err := h.Locker.TryAcquire(ctx, lock.Request{Keys: backend.EngineKeys(g.dl), TTL: lockTTL(g.dl), Owner: g.owner, Holder: g.holder.Encode(),
+	lease, err := h.Locker.TryAcquire(ctx, lock.Request{Keys: g.keys, TTL: lockTTL(g.dl), Owner: g.owner, Holder: g.holder.Encode(),
 		Queue: true, Limit: int(g.dl.Spec.MaxHolders)})
 	var busy *lock.HeldError
 	switch {
@@ -361,7 +373,7 @@ func (g *workloadLock) readyFence() (int64, bool) {
 // before the operator restarted, and keeps renewing it; a lease that is gone
 // is lost (the check goes to Retry).
 func (r *WorkloadReconciler) takeOver(ctx context.Context, g *workloadLock, h backend.Handle, fence int64) (ctrl.Result, error) {
-	renewed, err := takeOverLease(ctx, r.Deps, h, g.ref, g.dl, g.holder, g.owner, fence)
+	renewed, err := takeOverLease(ctx, r.Deps, h, g.ref, g.dl, g.keys, g.holder, g.owner, fence)
 	switch {
 	case err == nil:
 		return r.setReady(ctx, g, renewed)
@@ -412,10 +424,10 @@ func (r *WorkloadReconciler) releaseWorkload(ctx context.Context, g *workloadLoc
 	log := logf.FromContext(ctx)
 	lease, locker, held := r.Watchdog.Holding(g.ref)
 	fence, ready := g.readyFence()
-	if !held && g.dl != nil {
+	if !held && g.dl != nil && len(g.keys) > 0 {
 		if h, err := r.Registry.For(ctx, g.ref, g.dl); err == nil {
 			locker = h.Locker
-			lease = &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, Limit: int(g.dl.Spec.MaxHolders)}
+			lease = &lock.Lease{Keys: g.keys, Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, Limit: int(g.dl.Spec.MaxHolders)}
 		}
 	}
 	if locker != nil && (held || ready || r.isWaiting(client.ObjectKeyFromObject(g.wl))) {

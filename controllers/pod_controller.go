@@ -128,7 +128,11 @@ type gatedPod struct {
 	ref    holder.Ref
 	holder holder.Holder
 	owner  string
-	leaves []func()
+	// keys are the store-side keys the holder acquires (the lock's, or the
+	// one derived at the Pod's admission); keysErr says why it has none.
+	keys    []string
+	keysErr error
+	leaves  []func()
 }
 
 func (g *gatedPod) leaveBackend() {
@@ -204,6 +208,7 @@ func (r *PodReconciler) gatedPod(ctx context.Context, pod *corev1.Pod) (*gatedPo
 	var dl locksv1alpha1.DistributedLock
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: lockName}, &dl); err == nil {
 		g.dl = &dl
+		g.keys, g.keysErr = backend.WorkloadKeys(g.dl, pod.Annotations)
 	} else if client.IgnoreNotFound(err) != nil {
 		return nil, err
 	}
@@ -307,11 +312,15 @@ func (r *PodReconciler) reconcileWaiting(ctx context.Context, g *gatedPod) (ctrl
 			// waits for a new lease.
 		}
 	}
+	if g.keysErr != nil {
+		r.eventf(g.pod, corev1.EventTypeWarning, locksv1alpha1.EventNoKey, "Acquire", "The Pod cannot take lock %s: %v", g.dl.Name, g.keysErr)
+		return ctrl.Result{}, nil
+	}
 	h, res, ok := r.backendFor(ctx, g, "Acquire")
 	if !ok {
 		return res, nil
 	}
-	lease, err := h.Locker.TryAcquire(ctx, lock.Request{Keys: backend.EngineKeys(g.dl), TTL: lockTTL(g.dl), Owner: g.owner, Holder: g.holder.Encode(),
+	lease, err := h.Locker.TryAcquire(ctx, lock.Request{Keys: g.keys, TTL: lockTTL(g.dl), Owner: g.owner, Holder: g.holder.Encode(),
 		Queue: true, Limit: int(g.dl.Spec.MaxHolders)})
 	var busy *lock.HeldError
 	var invalid *lock.InvalidRequestError
@@ -450,7 +459,7 @@ func (r *PodReconciler) recoverLease(ctx context.Context, g *gatedPod, fence int
 	if !ok {
 		return nil, res, nil
 	}
-	renewed, err := takeOverLease(ctx, r.Deps, h, g.ref, g.dl, g.holder, g.owner, fence)
+	renewed, err := takeOverLease(ctx, r.Deps, h, g.ref, g.dl, g.keys, g.holder, g.owner, fence)
 	return renewed, ctrl.Result{}, err
 }
 
@@ -599,14 +608,14 @@ func (r *PodReconciler) releaseLease(ctx context.Context, g *gatedPod) error {
 		// and created again): not this Pod's to release.
 		lease, locker, held = nil, nil, false
 	}
-	if !held && g.dl != nil {
+	if !held && g.dl != nil && len(g.keys) > 0 {
 		h, err := r.Registry.For(ctx, g.ref, g.dl)
 		if err != nil {
 			return nil // nothing to release it with; it expires with its TTL
 		}
 		locker = h.Locker
 		fence, _ := strconv.ParseInt(pod.Annotations[locksv1alpha1.AnnotationFencingToken], 10, 64)
-		lease = &lock.Lease{Keys: backend.EngineKeys(g.dl), Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, Limit: int(g.dl.Spec.MaxHolders)}
+		lease = &lock.Lease{Keys: g.keys, Owner: g.owner, Holder: g.holder.Encode(), Fence: fence, Limit: int(g.dl.Spec.MaxHolders)}
 		if fence == 0 || pod.Annotations[locksv1alpha1.AnnotationLost] != "" {
 			lease = nil // it never held, or lost what it held: only leave the queue
 		}
@@ -638,8 +647,8 @@ func (r *PodReconciler) releaseLease(ctx context.Context, g *gatedPod) error {
 	// Pods): the lease held knows its keys.
 	var keys []string
 	switch {
-	case g.dl != nil:
-		keys = backend.EngineKeys(g.dl)
+	case len(g.keys) > 0:
+		keys = g.keys
 	case lease != nil:
 		keys = lease.Keys
 	}

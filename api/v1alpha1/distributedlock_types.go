@@ -52,19 +52,40 @@ const (
 
 // DistributedLockSpec declares the keys of a lock, its lease TTL and the backend
 // that holds it.
-// +kubebuilder:validation:XValidation:rule="self.keys == oldSelf.keys",message="spec.keys is immutable: create a new DistributedLock to lock other keys"
+// +kubebuilder:validation:XValidation:rule="has(self.keys) != has(self.keyFrom)",message="spec: set exactly one of keys (the lock's fixed keys) or keyFrom (a key derived from each workload's metadata)"
+// +kubebuilder:validation:XValidation:rule="has(self.keys) == has(oldSelf.keys) && (!has(self.keys) || self.keys == oldSelf.keys)",message="spec.keys is immutable: create a new DistributedLock to lock other keys"
+// +kubebuilder:validation:XValidation:rule="has(self.keyFrom) == has(oldSelf.keyFrom) && (!has(self.keyFrom) || self.keyFrom == oldSelf.keyFrom)",message="spec.keyFrom is immutable: create a new DistributedLock to derive other keys"
+// +kubebuilder:validation:XValidation:rule="!has(self.keyFrom) || !has(self.holder)",message="spec.holder needs spec.keys: a lock with keyFrom has no fixed key for a manual holder to hold"
+// +kubebuilder:validation:XValidation:rule="!has(self.maxKeys) || has(self.keyFrom)",message="spec.maxKeys applies only with spec.keyFrom"
 // +kubebuilder:validation:XValidation:rule="self.scope == oldSelf.scope",message="spec.scope is immutable: create a new DistributedLock to change the scope"
 type DistributedLockSpec struct {
 	// keys are the lock keys, held all-or-nothing. 1 to 16 unique keys of up
 	// to 200 characters: letters, digits and the characters . _ / : - (starting
-	// with a letter or digit). Immutable.
-	// +required
+	// with a letter or digit). Immutable. Exactly one of keys and keyFrom is set.
+	// +optional
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=16
 	// +listType=set
 	// +kubebuilder:validation:items:MaxLength=200
 	// +kubebuilder:validation:items:Pattern=`^[A-Za-z0-9][A-Za-z0-9._/:-]*$`
-	Keys []string `json:"keys"`
+	Keys []string `json:"keys,omitempty"`
+
+	// keyFrom derives each workload's key from its metadata instead of a
+	// fixed list: one lock, many lanes ("one deploy at a time per
+	// environment"). The key is computed once, when the Job or Pod is
+	// admitted, recorded in its lockwarden.io/key annotation, and kept in the
+	// lock's scope (a Namespace lock's keys stay in its namespace whatever
+	// the labels say). maxHolders applies per derived key. Immutable.
+	// +optional
+	KeyFrom *KeyFrom `json:"keyFrom,omitempty"`
+
+	// maxKeys bounds how many derived keys the lock's workloads in this
+	// cluster may use at once: a workload that would add one more is refused
+	// at admission. Only with keyFrom. Default 100; 1 to 10000.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	MaxKeys int32 `json:"maxKeys,omitempty"`
 
 	// ttlSeconds is the lease TTL in the backend, in seconds. The operator renews a
 	// held lease about every ttlSeconds/3, so a holder that dies keeps the keys
@@ -141,6 +162,35 @@ type DistributedLockSpec struct {
 	// ZooKeeper and etcd only through those two).
 	// +required
 	Backend Backend `json:"backend"`
+}
+
+// KeyFrom says how a workload's key is derived. Both expressions are CEL,
+// compiled when the lock is admitted and bounded in cost, over these
+// variables:
+//   - object.metadata: the workload's namespace, name, generateName, labels
+//     and annotations (a Job's, or a Pod's);
+//   - owner: kind and name of the workload's controller (the CronJob of a
+//     Job, the Deployment, StatefulSet or ReplicaSet of a Pod; empty strings
+//     when it has none).
+type KeyFrom struct {
+	// expression gives the key, a string: for example
+	// `"deploy/" + object.metadata.labels["env"]`. The result must be a valid
+	// key (1 to 200 characters: letters, digits and . _ / : -, starting with
+	// a letter or digit); a workload for which it fails (a missing label) or
+	// gives no valid key is refused at admission, with the lock, the
+	// expression and the error named.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Expression string `json:"expression"`
+
+	// matches, when set, is a CEL guard (a bool) evaluated first: a workload
+	// for which it is false is refused at admission, with the guard quoted,
+	// for example `"env" in object.metadata.labels &&
+	// object.metadata.labels["env"] in ["dev", "staging", "prod"]`.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Matches string `json:"matches,omitempty"`
 }
 
 // ManualHolder names a holder that is not a Kubernetes workload.
@@ -372,6 +422,34 @@ type WaiterStatus struct {
 	Since *metav1.Time `json:"since,omitempty"`
 }
 
+// LanesStatus counts the derived keys of a lock with keyFrom.
+type LanesStatus struct {
+	// keys is how many derived keys this cluster's workloads of the lock use.
+	Keys int32 `json:"keys"`
+	// holders is how many leases hold those keys (in any cluster).
+	Holders int32 `json:"holders"`
+	// waiting is how many waiters their queues hold (in any cluster).
+	Waiting int32 `json:"waiting"`
+	// busiest are the keys with the most holders and waiters (at most 5).
+	// +optional
+	// +kubebuilder:validation:MaxItems=5
+	// +listType=atomic
+	Busiest []LaneStatus `json:"busiest,omitempty"`
+}
+
+// LaneStatus is one derived key.
+type LaneStatus struct {
+	// key is the derived key, as the expression gave it.
+	Key string `json:"key"`
+	// holders is how many leases hold it.
+	Holders int32 `json:"holders"`
+	// waiting is how many waiters its queue holds.
+	Waiting int32 `json:"waiting"`
+	// fencingToken is the newest holder's fencing token (0 when free).
+	// +optional
+	FencingToken int64 `json:"fencingToken,omitempty"`
+}
+
 // DistributedLockStatus is what the backend holds for the lock, as last observed.
 type DistributedLockStatus struct {
 	// holder is who holds the keys now (of a semaphore, the oldest holder);
@@ -414,6 +492,12 @@ type DistributedLockStatus struct {
 	// +optional
 	ExpireTime *metav1.Time `json:"expireTime,omitempty"`
 
+	// lanes summarises a lock with keyFrom: how many derived keys its
+	// workloads use, how many hold and wait, and the busiest keys. The
+	// holder fields above stay empty for such a lock.
+	// +optional
+	Lanes *LanesStatus `json:"lanes,omitempty"`
+
 	// waiting is the head of the FIFO queue, oldest first (at most 10).
 	// +optional
 	// +kubebuilder:validation:MaxItems=10
@@ -440,6 +524,7 @@ type DistributedLockStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=dlock;dlocks,categories=lockwarden
 // +kubebuilder:printcolumn:name="Keys",type=string,JSONPath=`.spec.keys`
+// +kubebuilder:printcolumn:name="Lanes",type=integer,JSONPath=`.status.lanes.keys`,description="Derived keys in use (spec.keyFrom)",priority=1
 // +kubebuilder:printcolumn:name="Holder",type=string,JSONPath=`.status.holder.identity`
 // +kubebuilder:printcolumn:name="Fence",type=integer,JSONPath=`.status.fencingToken`
 // +kubebuilder:printcolumn:name="Held",type=string,JSONPath=`.status.conditions[?(@.type=="Held")].reason`

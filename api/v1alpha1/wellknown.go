@@ -13,6 +13,10 @@ const (
 	// AnnotationContention overrides the lock's spec.contention for one Job
 	// or CronJob: Queue, QueueLatest or Skip. Users set it.
 	AnnotationContention = "lockwarden.io/contention"
+	// AnnotationKey is the key a workload of a lock with spec.keyFrom was
+	// given at admission (as the expression gave it, before the scope
+	// prefix). Only the operator's webhook writes it.
+	AnnotationKey = "lockwarden.io/key"
 	// LabelLock marks a Job the admission webhook gated, with the name of its
 	// lock; the operator watches only Jobs with this label.
 	LabelLock = "lockwarden.io/lock"
@@ -284,6 +288,10 @@ const (
 	// EventUnsuspendedWithoutLock: a gated Job was unsuspended by someone else
 	// before it held the lock, and was suspended again.
 	EventUnsuspendedWithoutLock = "UnsuspendedWithoutLock"
+	// EventNoKey: a gated Job or Pod of a lock with spec.keyFrom has no
+	// derived key (it was admitted before the lock derived keys) and cannot
+	// take the lock.
+	EventNoKey = "NoKey"
 	// EventWaitTimedOut: a gated Job waited longer than its maximum wait and ended.
 	EventWaitTimedOut = "WaitTimedOut"
 	// EventSuperseded: a waiting Job ended because a newer Job of its CronJob

@@ -122,7 +122,7 @@ func readQueue(ctx context.Context, c client.Client, ns, name string) (*queueVie
 
 func (q *queueView) print(out io.Writer, now time.Time) error {
 	dl := q.lock
-	fmt.Fprintf(out, "Lock %s/%s (keys %s): %s.\n", dl.Namespace, dl.Name, strings.Join(dl.Spec.Keys, ","), printable.String(heldBy(&dl.Status, now)))
+	fmt.Fprintf(out, "Lock %s/%s (keys %s): %s.\n", dl.Namespace, dl.Name, lockKeys(dl), printable.String(heldBy(&dl.Status, now)))
 	if len(q.waiters) == 0 {
 		if dl.Status.ObservedGeneration == 0 && len(dl.Status.Conditions) == 0 {
 			_, err := fmt.Fprintln(out, "The operator has not reported this lock's status yet: is it running?")
@@ -156,8 +156,26 @@ func (q *queueView) print(out io.Writer, now time.Time) error {
 	return err
 }
 
+// lockKeys shows a lock's keys: the fixed ones, or how it derives them.
+func lockKeys(dl *locksv1alpha1.DistributedLock) string {
+	if dl.Spec.KeyFrom != nil {
+		return "derived: " + dl.Spec.KeyFrom.Expression
+	}
+	return strings.Join(dl.Spec.Keys, ",")
+}
+
 // heldBy says who holds a lock and with which fencing token.
 func heldBy(st *locksv1alpha1.DistributedLockStatus, now time.Time) string {
+	if l := st.Lanes; l != nil {
+		s := fmt.Sprintf("using %d derived key(s), with %d holder(s) and %d waiting", l.Keys, l.Holders, l.Waiting)
+		for i, b := range l.Busiest {
+			if i == 0 {
+				s += "; busiest:"
+			}
+			s += fmt.Sprintf(" %s (%d holding, %d waiting)", b.Key, b.Holders, b.Waiting)
+		}
+		return s
+	}
 	if st.Holder == nil || st.Holder.Identity == "" {
 		return "nobody holds it"
 	}

@@ -141,7 +141,7 @@ func printStatusTable(out io.Writer, locks []locksv1alpha1.DistributedLock, with
 		st := &dl.Status
 		row := []string{
 			dl.Name,
-			strings.Join(dl.Spec.Keys, ","),
+			lockKeys(dl),
 			holderCell(st),
 			fenceCell(st.FencingToken),
 			strconv.Itoa(int(queueLength(st))),

@@ -171,7 +171,7 @@ func whyJob(ctx context.Context, c client.Client, job *batchv1.Job, out io.Write
 		say("It has waited %s, since the Job was created.", humanSince(now, job.CreationTimestamp.Time))
 	}
 	if dl != nil {
-		say("Lock %s (keys %s) is %s.", dl.Name, strings.Join(dl.Spec.Keys, ","), heldBy(&dl.Status, now))
+		say("Lock %s (keys %s) is %s.", dl.Name, lockKeys(dl), heldBy(&dl.Status, now))
 		if c := backendProblem(dl); c != "" {
 			say("%s", c)
 		}

@@ -464,6 +464,7 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, toke
 	podGate := &webhook.PodGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check}
 	workloads := &webhook.WorkloadGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader()}
 	audit := &webhook.ForceReleaseAudit{Seal: tokens.ForceReleaseSeal}
+	keyFromCheck := &webhook.KeyFromCheck{}
 	if o.webhookCertMode == certModeExternal {
 		if err := gate.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("set up the Job webhook: %w", err)
@@ -473,6 +474,7 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, toke
 		}
 		workloads.SetupWithManager(mgr)
 		audit.SetupWithManager(mgr)
+		keyFromCheck.SetupWithManager(mgr)
 		return mgr.AddReadyzCheck("webhook", webhookStarted(mgr.GetWebhookServer(), o))
 	}
 	ns, name, _ := strings.Cut(o.webhookService, "/")
@@ -502,6 +504,7 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, toke
 		}
 		workloads.SetupWithManager(mgr)
 		audit.SetupWithManager(mgr)
+		keyFromCheck.SetupWithManager(mgr)
 	}()
 	return mgr.AddReadyzCheck("webhook-certificate", func(*http.Request) error {
 		select {

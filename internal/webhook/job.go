@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/keyfrom"
 )
 
 // JobGate suspends new Jobs that a lock gates, so that the Job controller
@@ -69,9 +70,21 @@ func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 	if len(errs) > 0 {
 		return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, errs)
 	}
-	if err := findLock(ctx, lockLookup{reader: g.Reader, apiReader: g.APIReader, check: g.Check}, schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, job.Namespace, name, path, source); err != nil {
+	lookup := lockLookup{reader: g.Reader, apiReader: g.APIReader, check: g.Check}
+	jobGK := schema.GroupKind{Group: "batch", Kind: "Job"}
+	dl, err := findLock(ctx, lookup, jobGK, job.Name, job.Namespace, name, path, source)
+	if err != nil {
 		return err
 	}
+	w := keyfrom.Workload{Namespace: job.Namespace, Name: job.Name, GenerateName: job.GenerateName, Labels: job.Labels, Annotations: job.Annotations}
+	if ref := ownerCronJob(job); ref != nil {
+		w.OwnerKind, w.OwnerName = "CronJob", ref.Name
+	}
+	key, err := deriveKey(ctx, lookup, jobGK, job.Name, dl, w, path, source)
+	if err != nil {
+		return err
+	}
+	job.Annotations = setKey(job.Annotations, key)
 	if by, ok := ManagedElsewhere(job, g.Kueue); ok {
 		PrepareManaged(job, name, contention)
 		log.V(1).Info("Prepared Job started by another controller", "job", job.Name, "generateName", job.GenerateName, "namespace", job.Namespace, "lock", name, "managedBy", by)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +22,7 @@ import (
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 	"github.com/lockwarden/lockwarden/internal/backend"
+	"github.com/lockwarden/lockwarden/internal/keyfrom"
 )
 
 // PodGate gates new Pods that name a lock (the annotation lockwarden.io/lock,
@@ -85,10 +87,22 @@ func (g *PodGate) Default(ctx context.Context, pod *corev1.Pod) error {
 	if len(errs) > 0 {
 		return apierrors.NewInvalid(podGK, podName(pod), errs)
 	}
-	if err := findLock(ctx, lockLookup{reader: g.Reader, apiReader: g.APIReader, check: g.Check}, podGK, podName(pod), pod.Namespace, name, path, ""); err != nil {
+	lookup := lockLookup{reader: g.Reader, apiReader: g.APIReader, check: g.Check}
+	dl, err := findLock(ctx, lookup, podGK, podName(pod), pod.Namespace, name, path, "")
+	if err != nil {
+		return err
+	}
+	ownerKind, ownerName, _ := strings.Cut(workload, "/")
+	ownerName, _, _ = strings.Cut(ownerName, "/")
+	key, err := deriveKey(ctx, lookup, podGK, podName(pod), dl, keyfrom.Workload{
+		Namespace: pod.Namespace, Name: pod.Name, GenerateName: pod.GenerateName, Labels: pod.Labels, Annotations: pod.Annotations,
+		OwnerKind: ownerKind, OwnerName: ownerName,
+	}, path, "")
+	if err != nil {
 		return err
 	}
 	GatePod(pod, name, mode, workload)
+	pod.Annotations = setKey(pod.Annotations, key)
 	logf.FromContext(ctx).WithName("pod-gate").V(1).Info("Gated Pod", "pod", pod.Name, "generateName", pod.GenerateName, "namespace", pod.Namespace, "lock", name, "mode", mode, "workload", workload)
 	return nil
 }
@@ -228,28 +242,28 @@ type lockLookup struct {
 // findLock returns nil when the DistributedLock namespace/name exists and
 // may be used, else the admission error that refuses the object (invalid
 // for the user's mistakes, internal when the lock cannot be read).
-func findLock(ctx context.Context, l lockLookup, gk schema.GroupKind, objName, namespace, name string, path *field.Path, source string) error {
+func findLock(ctx context.Context, l lockLookup, gk schema.GroupKind, objName, namespace, name string, path *field.Path, source string) (*locksv1alpha1.DistributedLock, error) {
 	dl, err := getLock(ctx, l.reader, l.apiReader, namespace, name)
 	if err != nil {
 		// Not the user's mistake: refuse for now, so the creation is retried.
-		return apierrors.NewInternalError(fmt.Errorf("read DistributedLock %s/%s: %w", namespace, name, err))
+		return nil, apierrors.NewInternalError(fmt.Errorf("read DistributedLock %s/%s: %w", namespace, name, err))
 	}
 	if dl == nil {
-		return apierrors.NewInvalid(gk, objName, field.ErrorList{
+		return nil, apierrors.NewInvalid(gk, objName, field.ErrorList{
 			field.Invalid(path.Key(locksv1alpha1.AnnotationLock), name, fmt.Sprintf("%sno DistributedLock %q in namespace %q: create it, or name an existing lock", source, name, namespace)),
 		})
 	}
 	if l.check == nil {
-		return nil
+		return dl, nil
 	}
 	var pe *backend.PolicyError
 	switch err := l.check(ctx, dl); {
 	case errors.As(err, &pe):
-		return apierrors.NewInvalid(gk, objName, field.ErrorList{
+		return nil, apierrors.NewInvalid(gk, objName, field.ErrorList{
 			field.Invalid(path.Key(locksv1alpha1.AnnotationLock), name, fmt.Sprintf("%sDistributedLock %q cannot be used: %s", source, name, pe.Error())),
 		})
 	case err != nil:
-		return apierrors.NewInternalError(fmt.Errorf("check the backend of DistributedLock %s/%s: %w", namespace, name, err))
+		return nil, apierrors.NewInternalError(fmt.Errorf("check the backend of DistributedLock %s/%s: %w", namespace, name, err))
 	}
-	return nil
+	return dl, nil
 }
