@@ -175,7 +175,12 @@ func (p *Program) Key(lock string, w Workload) (string, error) {
 			return "", fmt.Errorf("lock %s: spec.keyFrom.matches `%s` failed: %w", lock, p.matches, err)
 		}
 		if ok, isBool := out.Value().(bool); !isBool || !ok {
-			return "", fmt.Errorf("lock %s admits only workloads for which spec.keyFrom.matches `%s` is true; this one does not match: set the labels it asks for", lock, p.matches)
+			msg := fmt.Sprintf("lock %s admits only workloads for which spec.keyFrom.matches `%s` is true, and this one does not match it (labels: %s)", lock, p.matches, labelList(w.Labels))
+			if _, _, err := p.key.Eval(vars); err != nil {
+				// Say what the key lacks, too: usually a missing label.
+				msg += fmt.Sprintf("; its key `%s` fails: %v", p.expression, err)
+			}
+			return "", errors.New(msg + "; set the labels it asks for")
 		}
 	}
 	out, _, err := p.key.Eval(vars)
