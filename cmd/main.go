@@ -7,6 +7,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	// The time zones of spec.holds[].timeZone, also in an image without
+	// /usr/share/zoneinfo (distroless static).
+	_ "time/tzdata"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
