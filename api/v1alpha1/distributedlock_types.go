@@ -538,6 +538,8 @@ type DistributedLockStatus struct {
 // +kubebuilder:printcolumn:name="Queue",type=integer,JSONPath=`.status.queueLength`,description="Waiters in the FIFO queue (exact)"
 // +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.status.expireTime`,description="When another holder's lease ends unless renewed (RFC 3339); empty while this lock's holder holds it and the operator renews it"
 // +kubebuilder:printcolumn:name="Backend",type=string,JSONPath=`.status.conditions[?(@.type=="BackendReady")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Window",type=string,JSONPath=`.status.activeHold.name`,priority=1,description="The window of spec.holds open now"
+// +kubebuilder:printcolumn:name="Window-Ends",type=string,JSONPath=`.status.activeHold.end`,priority=1,description="When the open window closes (RFC 3339)"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
 // DistributedLock is a lease on one or more keys held in a backend (Redis,
