@@ -104,6 +104,11 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 	}
 	st.Slots = fmt.Sprintf("%d/%d", ptr.Deref(st.HolderCount, 0), maxHolders(dl))
 	setManual(dl, obs, &st, set, "", "", "")
+	if !obs.cooldownUntil.IsZero() {
+		// Of a semaphore, the slot that comes free last.
+		until := apiTime(obs.cooldownUntil)
+		st.CooldownUntil = &until
+	}
 
 	switch {
 	case ours != nil && (held == nil || !holder.Decode(held.Holder).Of(cluster, dl.Namespace, dl.Name)):
@@ -115,7 +120,7 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 				ours.Identity, ours.FencingToken, st.Slots, ttl/3, ttl))
 	case held != nil && !obs.cooldownUntil.IsZero() && held.Holder == obs.cooldownHolder:
 		until := apiTime(obs.cooldownUntil)
-		st.CooldownUntil, st.ExpireTime = &until, &until
+		st.ExpireTime = &until
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonCooldown,
 			fmt.Sprintf("%s released the keys (fencing token %d); they stay held for spec.cooldownSeconds (%ds), until %s, and the next holder starts then",
 				st.Holder.Identity, st.FencingToken, dl.Spec.CooldownSeconds, until.UTC().Format(time.RFC3339)))

@@ -204,3 +204,45 @@ func TestUnitCooldownKeepsTheNextJobWaitingForCooldownSeconds(t *testing.T) {
 		t.Fatalf("cooldownUntil %v still shown while the next Job holds", got.Status.CooldownUntil)
 	}
 }
+
+// TestUnitCooldownAfterTheManualHolderIsRemovedSurvivesTheLockReconciles:
+// removing spec.holder from a lock with cooldownSeconds 120 leaves the
+// manual holder's lease in the store, cooling down; the lock's own
+// reconciles (which release leases of holders no longer wanted) leave it
+// alone, and the waiting Job starts 120 s after the release, not before.
+func TestUnitCooldownAfterTheManualHolderIsRemovedSurvivesTheLockReconciles(t *testing.T) {
+	t.Parallel()
+	e := newUnitEnv(t)
+	dl := unitLock(unitLockName)
+	dl.Spec.CooldownSeconds = 120
+	dl.Spec.Holder = &locksv1alpha1.ManualHolder{Identity: "maintenance"}
+	e.createLock(dl)
+	if c := findCondition(e.lock(unitLockName), locksv1alpha1.ConditionManualHolderHeld); c == nil || c.Status != metav1.ConditionTrue {
+		t.Fatalf("ManualHolderHeld = %+v, want True", c)
+	}
+	fManual := e.lock(unitLockName).Status.FencingToken
+	e.submitJob("next", unitLockName)
+	e.reconcileJob("next")
+
+	e.updateLock(unitLockName, func(dl *locksv1alpha1.DistributedLock) { dl.Spec.Holder = nil })
+	e.reconcileLock(unitLockName)
+	released := e.clock.Now()
+	if s := e.storeState(unitLockName); !s.Held || s.Fence != fManual {
+		t.Fatalf("after spec.holder was removed the store shows held %v with token %d, want the manual lease (token %d) cooling down", s.Held, s.Fence, fManual)
+	}
+	for e.clock.Now().Sub(released) < 5*time.Minute {
+		e.clock.Step(time.Second)
+		e.dog.RenewDue(e.ctx)
+		e.reconcileLock(unitLockName)
+		e.reconcileJob("next")
+		if !suspended(e.job("next")) {
+			break
+		}
+	}
+	if waited := e.clock.Now().Sub(released); suspended(e.job("next")) || waited < 120*time.Second || waited > 122*time.Second {
+		t.Fatalf("the Job started %v after the manual holder was removed (suspended %v), want 120s", waited, suspended(e.job("next")))
+	}
+	if f := e.jobFence(e.job("next")); f <= fManual {
+		t.Fatalf("the Job got fencing token %d, not larger than the manual holder's %d", f, fManual)
+	}
+}
