@@ -94,7 +94,7 @@ func holdWindowEvents(dl *locksv1alpha1.DistributedLock, obs *observation) {
 		obs.event(locksv1alpha1.EventHoldWindowClosed, "Release", "The window of hold %s closed; its hold does not hold or wait any more", old.Name)
 	}
 	if open != nil && !same {
-		obs.event(locksv1alpha1.EventHoldWindowOpened, "Acquire", "The window of hold %s opened; it holds the keys until %s",
+		obs.event(locksv1alpha1.EventHoldWindowOpened, "Acquire", "The window of hold %s opened; its hold takes the keys in its turn and keeps them until %s",
 			open.name, open.End.UTC().Format(time.RFC3339))
 	}
 }
@@ -135,7 +135,9 @@ func (obs *observation) holdWake() time.Time {
 // cluster sharing the keys: a holder that releases does not delete its
 // lease but renews it once, with the cooldown as its TTL, stops renewing it
 // and lets it expire. The lease keeps its holder and fencing token; nobody
-// can take the keys meanwhile, and nothing has to be added to any store.
+// can take the keys meanwhile, and nothing has to be added to any store:
+// every store already extends a lease renewed with a longer TTL (the
+// conformance suite's renewExtends checks it of each).
 // (Refusing acquisitions for a while after a release would need a
 // timestamp every store keeps and every acquisition checks: new code in
 // each of the five stores.)
