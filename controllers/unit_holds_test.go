@@ -246,3 +246,31 @@ func TestUnitCooldownAfterTheManualHolderIsRemovedSurvivesTheLockReconciles(t *t
 		t.Fatalf("the Job got fencing token %d, not larger than the manual holder's %d", f, fManual)
 	}
 }
+
+// TestUnitClosingHoldWindowDoesNotStartACooldown: on a lock with
+// cooldownSeconds 600, the end of a hold window is the documented end of
+// the freeze: the Job that waited for it starts as the window closes, not
+// ten minutes later.
+func TestUnitClosingHoldWindowDoesNotStartACooldown(t *testing.T) {
+	t.Parallel()
+	e := newUnitEnv(t)
+	dl := unitLock(unitLockName)
+	dl.Spec.CooldownSeconds = 600
+	dl.Spec.Holds = []locksv1alpha1.RecurringHold{{Name: "nightly", Schedule: "1 3 * * *", DurationSeconds: 5 * 60, TimeZone: "Europe/Berlin"}}
+	e.createLock(dl)
+	closes := unitStart.Add(6 * time.Minute)
+	e.advance(time.Minute)
+	e.reconcileLock(unitLockName)
+	if h := e.lock(unitLockName).Status.Holder; h == nil || h.Identity != "hold/nightly" {
+		t.Fatalf("in the window the lock is held by %+v, want hold/nightly", h)
+	}
+	e.submitJob("deploy", unitLockName)
+	e.reconcileJob("deploy")
+	e.advance(closes.Sub(e.clock.Now()), func() { e.reconcileJob("deploy") })
+	e.reconcileLock(unitLockName)
+	e.reconcileJob("deploy")
+	if suspended(e.job("deploy")) {
+		t.Fatalf("the Job still waits after the window closed; the lock shows %+v, cooldownUntil %v",
+			e.lock(unitLockName).Status.Holder, e.lock(unitLockName).Status.CooldownUntil)
+	}
+}
