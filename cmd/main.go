@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	_ "time/tzdata" // the time zones of spec.holds[].timeZone, also in an image without /usr/share/zoneinfo
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"

@@ -166,6 +166,8 @@ func (r *DistributedLockReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if err := r.forceRelease(ctx, &dl, obs); err != nil {
 		return ctrl.Result{}, err
 	}
+	obs.holds = observeHolds(&dl, obs.now)
+	holdWindowEvents(&dl, obs)
 	if obs.ready() {
 		// Bring the backend in line with spec.holder; what happened is
 		// recorded in obs.
@@ -232,6 +234,18 @@ func (r *DistributedLockReconciler) track(nn types.NamespacedName, obs *observat
 // another cluster) are found by the status resync, releases announced by
 // the backend, health changes by OnHealth.
 func (r *DistributedLockReconciler) requeueAfter(obs *observation) time.Duration {
+	after := r.requeueFor(obs)
+	if at := obs.holdWake(); !at.IsZero() && obs.scopeDenied == "" {
+		// A hold window opens or closes, a cooldown ends: be there.
+		if d := max(at.Sub(obs.now), time.Millisecond); after == 0 || d < after {
+			after = d
+		}
+	}
+	return after
+}
+
+// requeueFor is requeueAfter without the holds and the cooldown.
+func (r *DistributedLockReconciler) requeueFor(obs *observation) time.Duration {
 	switch {
 	case obs.scopeDenied != "":
 		return 0 // a namespace label or backend change brings it back

@@ -68,6 +68,12 @@ type observation struct {
 	events []pendingEvent
 	// deleting: the lock is being deleted; no status is written from states.
 	deleting bool
+	// holds is what spec.holds say now (distributedlock_holds.go).
+	holds holdsView
+	// cooldownUntil is when the lease cooling down after its holder's
+	// release (cooldownHolder) expires; zero when none cools down.
+	cooldownUntil  time.Time
+	cooldownHolder string
 }
 
 type pendingEvent struct{ reason, action, note string }
@@ -161,6 +167,7 @@ func (r *DistributedLockReconciler) gather(ctx context.Context, dl *locksv1alpha
 	if l, _, ok := r.Watchdog.Holding(r.ref(dl)); ok {
 		obs.mine = l
 	}
+	r.observeCooldown(dl, obs)
 	return obs
 }
 
@@ -259,6 +266,15 @@ func (r *DistributedLockReconciler) reconcileHolder(ctx context.Context, dl *loc
 			obs.holdEnds = end
 		}
 	}
+	if w := obs.holds.open; w != nil {
+		if want != nil {
+			// One operator-held holder at a time: the manual one.
+			obs.holds.manualFirst = true
+		} else {
+			h := r.holdHolder(dl, w.name)
+			want = &h
+		}
+	}
 	// Release what this lock holds for anyone other than the wanted holder
 	// (the holder was removed or renamed), including leases held before a restart.
 	r.releaseStale(ctx, dl, obs, want)
@@ -278,6 +294,9 @@ func (r *DistributedLockReconciler) reconcileHolder(ctx context.Context, dl *loc
 		r.reportLost(dl, obs, fmt.Errorf("%w: the backend no longer holds the keys for this owner", lock.ErrLost))
 	}
 	r.acquire(ctx, dl, obs, *want)
+	if isHold(want.Encode()) {
+		return
+	}
 	if end, _, ok := r.holdEnd(dl, obs, *want); ok && obs.mine != nil {
 		obs.holdEnds = end // known now that it holds
 	}
@@ -334,12 +353,16 @@ func (r *DistributedLockReconciler) releaseUnwanted(ctx context.Context, dl *loc
 	if !ok || (dl.Spec.Holder != nil && l.Holder == r.manualHolder(dl, dl.Spec.Holder.Identity).Encode()) {
 		return
 	}
+	if w := obs.holds.open; w != nil && dl.Spec.Holder == nil && l.Holder == r.holdHolder(dl, w.name).Encode() {
+		return // the open window's hold
+	}
 	r.Watchdog.Drop(r.ref(dl))
-	switch err := locker.Release(ctx, l); {
+	until, err := releaseOrCool(ctx, locker, l, r.cooldownFor(dl, obs, l), obs.now)
+	switch {
 	case err == nil:
 		metrics.HoldSeconds.WithLabelValues(lockKind).Observe(obs.now.Sub(l.Acquired).Seconds())
 		obs.event(locksv1alpha1.EventReleased, "Release",
-			"Released the keys held by %s (fencing token %d)", holder.Decode(l.Holder).Shown().Identity, l.Fence)
+			"Released the keys held by %s (fencing token %d)%s", holder.Decode(l.Holder).Shown().Identity, l.Fence, cooldownNote(until))
 	case errors.Is(err, lock.ErrNotHeld):
 	default:
 		logf.FromContext(ctx).Error(err, "Releasing lease failed; it expires with its TTL", "holder", holder.Decode(l.Holder).Identity)
@@ -450,6 +473,11 @@ func (r *DistributedLockReconciler) releaseStale(ctx context.Context, dl *locksv
 			if h.Kind != lockKind || h.UID != string(dl.UID) || !h.Of(r.ClusterName, dl.Namespace, dl.Name) {
 				continue
 			}
+			if !obs.deleting && cooldownOf(dl) > 0 && !isHold(hs.Holder) {
+				// Perhaps cooling down after spec.holder released it: it
+				// runs out (distributedlock_holds.go, Cooldown).
+				continue
+			}
 			r.release(ctx, dl, obs, &lock.Lease{Keys: obs.keys, Owner: r.Tokens.Owner(h), Holder: hs.Holder, Fence: hs.Fence, Limit: maxHolders(dl)})
 			break
 		}
@@ -474,13 +502,13 @@ func (r *DistributedLockReconciler) releaseStale(ctx context.Context, dl *locksv
 func (r *DistributedLockReconciler) release(ctx context.Context, dl *locksv1alpha1.DistributedLock, obs *observation, l *lock.Lease) {
 	log := logf.FromContext(ctx)
 	r.Watchdog.Drop(r.ref(dl))
-	err := obs.handle.Locker.Release(ctx, l)
+	until, err := releaseOrCool(ctx, obs.handle.Locker, l, r.cooldownFor(dl, obs, l), obs.now)
 	switch {
 	case err == nil:
 		metrics.HoldSeconds.WithLabelValues(lockKind).Observe(obs.now.Sub(l.Acquired).Seconds())
 		obs.event(locksv1alpha1.EventReleased, "Release",
-			"Released the keys held by %s (fencing token %d)", holder.Decode(l.Holder).Shown().Identity, l.Fence)
-		log.Info("Released lease", "holder", holder.Decode(l.Holder).Identity, "fence", l.Fence)
+			"Released the keys held by %s (fencing token %d)%s", holder.Decode(l.Holder).Shown().Identity, l.Fence, cooldownNote(until))
+		log.Info("Released lease", "holder", holder.Decode(l.Holder).Identity, "fence", l.Fence, "cooldownUntil", until)
 	case errors.Is(err, lock.ErrNotHeld):
 		log.V(1).Info("Lease was no longer held", "holder", holder.Decode(l.Holder).Identity)
 	default:
@@ -493,7 +521,18 @@ func (r *DistributedLockReconciler) release(ctx context.Context, dl *locksv1alph
 	}
 	if refreshed, err := obs.handle.Locker.Inspect(ctx, obs.keys); err == nil {
 		obs.states = refreshed
+		r.observeCooldown(dl, obs)
 	}
+}
+
+// cooldownFor is the cooldown that follows the release of the lease l of
+// this lock's manual holder: spec.cooldownSeconds, but none when a hold
+// window closes (its end is the documented end) or the lock is deleted.
+func (r *DistributedLockReconciler) cooldownFor(dl *locksv1alpha1.DistributedLock, obs *observation, l *lock.Lease) time.Duration {
+	if obs.deleting || isHold(l.Holder) {
+		return 0
+	}
+	return cooldownOf(dl)
 }
 
 // acquire takes the keys for the manual holder: it first tries to recover a

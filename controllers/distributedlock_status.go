@@ -42,6 +42,8 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 	set := func(t string, s metav1.ConditionStatus, reason, msg string) {
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: dl.Generation})
 	}
+	holdStatus(obs, &st)
+	setHoldActive(dl, obs, set, &st)
 
 	switch {
 	case obs.rolloutBlocked != "":
@@ -115,6 +117,11 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 	}
 	st.Slots = fmt.Sprintf("%d/%d", ptr.Deref(st.HolderCount, 0), maxHolders(dl))
 	setManual(dl, obs, &st, set, "", "", "")
+	if !obs.cooldownUntil.IsZero() {
+		// Of a semaphore, the slot that comes free last.
+		until := apiTime(obs.cooldownUntil)
+		st.CooldownUntil = &until
+	}
 
 	switch {
 	case ours != nil && (held == nil || !holder.Decode(held.Holder).Of(cluster, dl.Namespace, dl.Name)):
@@ -124,6 +131,12 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired,
 			fmt.Sprintf("Held by %s with fencing token %d (%s slots taken); renewed every %v, the keys are freed at most %v after the holder stops",
 				ours.Identity, ours.FencingToken, st.Slots, ttl/3, ttl))
+	case held != nil && !obs.cooldownUntil.IsZero() && held.Holder == obs.cooldownHolder:
+		until := apiTime(obs.cooldownUntil)
+		st.ExpireTime = &until
+		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonCooldown,
+			fmt.Sprintf("%s released the keys (fencing token %d); they stay held for spec.cooldownSeconds (%ds), until %s, and the next holder starts then",
+				st.Holder.Identity, st.FencingToken, dl.Spec.CooldownSeconds, until.UTC().Format(time.RFC3339)))
 	case held != nil && holder.Decode(held.Holder).Of(cluster, dl.Namespace, dl.Name):
 		// This operator renews the lease: it has no fixed expiry, and a time
 		// written here would be out of date after the first renewal.
@@ -296,5 +309,48 @@ func lanesStatus(dl *locksv1alpha1.DistributedLock, obs *observation, st *locksv
 			fmt.Sprintf("The %d derived key(s) in use are held, not through this lock; %d waiting", lanes.Keys, lanes.Waiting))
 	default:
 		set(locksv1alpha1.ConditionHeld, metav1.ConditionFalse, locksv1alpha1.ReasonFree, fmt.Sprintf("No holder holds the %d derived key(s) in use", lanes.Keys))
+	}
+}
+
+// setHoldActive sets the HoldActive condition of a lock with spec.holds
+// (removes it from one without): True only while a window is open and its
+// hold holds the keys.
+func setHoldActive(dl *locksv1alpha1.DistributedLock, obs *observation,
+	set func(t string, s metav1.ConditionStatus, reason, msg string), st *locksv1alpha1.DistributedLockStatus) {
+	const t = locksv1alpha1.ConditionHoldActive
+	if len(dl.Spec.Holds) == 0 {
+		meta.RemoveStatusCondition(&st.Conditions, t)
+		return
+	}
+	open := obs.holds.open
+	until := ""
+	if open != nil {
+		until = open.End.UTC().Format(time.RFC3339)
+	}
+	switch {
+	case obs.holds.invalid != "" && open == nil:
+		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonInvalidHold, obs.holds.invalid)
+	case open == nil && obs.holds.next != nil:
+		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonNoWindowOpen,
+			fmt.Sprintf("No window is open; the next, of hold %s, opens at %s", obs.holds.next.name, obs.holds.next.Start.UTC().Format(time.RFC3339)))
+	case open == nil:
+		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonNoWindowOpen, "No window is open, and none opens again")
+	case obs.holds.manualFirst:
+		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonManualHolderFirst,
+			fmt.Sprintf("The window of hold %s is open until %s, but spec.holder is set and holds instead", open.name, until))
+	case obs.scopeDenied != "":
+		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonScopeNotAllowed, obs.scopeDenied)
+	case obs.mine != nil && isHold(obs.mine.Holder):
+		set(t, metav1.ConditionTrue, locksv1alpha1.ReasonAcquired,
+			fmt.Sprintf("The window of hold %s is open until %s; hold/%s holds the keys with fencing token %d", open.name, until, open.name, obs.mine.Fence))
+	case obs.backendErr != nil:
+		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonBackendUnavailable,
+			fmt.Sprintf("The window of hold %s is open until %s, but the backend cannot be used (see BackendReady)", open.name, until))
+	case obs.waiting && obs.busy != nil:
+		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonWaiting,
+			fmt.Sprintf("The window of hold %s is open until %s; its hold waits at %s", open.name, until, waitingFor(obs.busy, st)))
+	default:
+		set(t, metav1.ConditionFalse, locksv1alpha1.ReasonWaiting,
+			fmt.Sprintf("The window of hold %s is open until %s; its hold does not hold the keys yet", open.name, until))
 	}
 }

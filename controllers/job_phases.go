@@ -649,16 +649,18 @@ func (r *JobReconciler) release(ctx context.Context, g *gatedJob, annotations ma
 	}
 	if locker != nil {
 		r.Watchdog.Drop(g.ref)
-		err := locker.Release(ctx, lease)
+		// With spec.cooldownSeconds the lease stays in the store until the
+		// cooldown ends (distributedlock_holds.go).
+		until, err := releaseOrCool(ctx, locker, lease, cooldownOf(g.dl), r.Clock.Now())
 		switch {
 		case err == nil:
 			if !lease.Acquired.IsZero() {
 				metrics.HoldSeconds.WithLabelValues(jobKind).Observe(r.Clock.Since(lease.Acquired).Seconds())
 			}
 			r.notifyLock(job)
-			r.eventf(job, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released lock %s (fencing token %d)", job.Labels[locksv1alpha1.LabelLock], lease.Fence)
+			r.eventf(job, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released lock %s (fencing token %d)%s", job.Labels[locksv1alpha1.LabelLock], lease.Fence, cooldownNote(until))
 			if g.dl != nil {
-				r.Recorder.Eventf(g.dl, job, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released by Job %s (fencing token %d)", job.Name, lease.Fence)
+				r.Recorder.Eventf(g.dl, job, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released by Job %s (fencing token %d)%s", job.Name, lease.Fence, cooldownNote(until))
 			}
 			log.Info("Released lock of Job", "fence", lease.Fence)
 		case errors.Is(err, lock.ErrNotHeld):

@@ -432,12 +432,12 @@ func (r *WorkloadReconciler) releaseWorkload(ctx context.Context, g *workloadLoc
 	}
 	if locker != nil && (held || ready || r.isWaiting(client.ObjectKeyFromObject(g.wl))) {
 		r.Watchdog.Drop(g.ref)
-		err := locker.Release(ctx, lease)
+		until, err := releaseOrCool(ctx, locker, lease, cooldownOf(g.dl), r.Clock.Now())
 		switch {
 		case err == nil:
-			r.Recorder.Eventf(g.wl, nil, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released lock %s (fencing token %d)", g.lockName, lease.Fence)
+			r.Recorder.Eventf(g.wl, nil, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released lock %s (fencing token %d)%s", g.lockName, lease.Fence, cooldownNote(until))
 			if g.dl != nil {
-				r.Recorder.Eventf(g.dl, g.wl, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released by Workload %s (fencing token %d)", g.wl.Name, lease.Fence)
+				r.Recorder.Eventf(g.dl, g.wl, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released by Workload %s (fencing token %d)%s", g.wl.Name, lease.Fence, cooldownNote(until))
 			}
 			log.Info("Released lock of Workload", "fence", lease.Fence)
 		case errors.Is(err, lock.ErrNotHeld):

@@ -201,7 +201,17 @@ func releaseOrphan(ctx context.Context, d Deps, ref holder.Ref, obj client.Objec
 	d.Watchdog.Drop(ref)
 	ctx, cancel := context.WithTimeout(ctx, orphanTimeout)
 	defer cancel()
-	err := locker.Release(ctx, lease)
+	// A workload that vanished released the lock too: with a cooldown its
+	// lease cools down (distributedlock_holds.go). A lock that is gone
+	// has none.
+	var cooldown time.Duration
+	if ref.Kind != lockKind {
+		var dl locksv1alpha1.DistributedLock
+		if h := holder.Decode(lease.Holder); d.Client.Get(ctx, types.NamespacedName{Namespace: h.Namespace, Name: h.Lock}, &dl) == nil {
+			cooldown = cooldownOf(&dl)
+		}
+	}
+	_, err := releaseOrCool(ctx, locker, lease, cooldown, d.Clock.Now())
 	if err := locker.Dequeue(ctx, lease.Keys, lease.Owner); err != nil {
 		d.Log.V(1).Info("Leaving the queue failed; the entry expires without heartbeats", "holder", ref, "error", err.Error())
 	}

@@ -625,15 +625,15 @@ func (r *PodReconciler) releaseLease(ctx context.Context, g *gatedPod) error {
 	}
 	r.Watchdog.Drop(g.ref)
 	if lease != nil {
-		err := locker.Release(ctx, lease)
+		until, err := releaseOrCool(ctx, locker, lease, cooldownOf(g.dl), r.Clock.Now())
 		switch {
 		case err == nil:
 			if !lease.Acquired.IsZero() {
 				metrics.HoldSeconds.WithLabelValues(podKind).Observe(r.Clock.Since(lease.Acquired).Seconds())
 			}
-			r.eventf(pod, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released lock %s (fencing token %d)", pod.Labels[locksv1alpha1.LabelLock], lease.Fence)
+			r.eventf(pod, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released lock %s (fencing token %d)%s", pod.Labels[locksv1alpha1.LabelLock], lease.Fence, cooldownNote(until))
 			if g.dl != nil {
-				r.Recorder.Eventf(g.dl, pod, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released by %s %s (fencing token %d)", g.ref.Kind, g.ref.Name, lease.Fence)
+				r.Recorder.Eventf(g.dl, pod, corev1.EventTypeNormal, locksv1alpha1.EventReleased, "Release", "Released by %s %s (fencing token %d)%s", g.ref.Kind, g.ref.Name, lease.Fence, cooldownNote(until))
 			}
 			logf.FromContext(ctx).Info("Released lock of Pod", "fence", lease.Fence, "holder", g.ref)
 		case errors.Is(err, lock.ErrNotHeld):

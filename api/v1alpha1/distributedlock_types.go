@@ -56,6 +56,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="has(self.keys) == has(oldSelf.keys) && (!has(self.keys) || self.keys == oldSelf.keys)",message="spec.keys is immutable: create a new DistributedLock to lock other keys"
 // +kubebuilder:validation:XValidation:rule="has(self.keyFrom) == has(oldSelf.keyFrom) && (!has(self.keyFrom) || self.keyFrom == oldSelf.keyFrom)",message="spec.keyFrom is immutable: create a new DistributedLock to derive other keys"
 // +kubebuilder:validation:XValidation:rule="!has(self.keyFrom) || !has(self.holder)",message="spec.holder needs spec.keys: a lock with keyFrom has no fixed key for a manual holder to hold"
+// +kubebuilder:validation:XValidation:rule="!has(self.keyFrom) || !has(self.holds) || size(self.holds) == 0",message="spec.holds needs spec.keys: a lock with keyFrom has no fixed key for a hold to hold"
 // +kubebuilder:validation:XValidation:rule="!has(self.maxKeys) || has(self.keyFrom)",message="spec.maxKeys applies only with spec.keyFrom"
 // +kubebuilder:validation:XValidation:rule="self.scope == oldSelf.scope",message="spec.scope is immutable: create a new DistributedLock to change the scope"
 type DistributedLockSpec struct {
@@ -157,6 +158,34 @@ type DistributedLockSpec struct {
 	// +optional
 	Holder *ManualHolder `json:"holder,omitempty"`
 
+	// holds are recurring windows during which the operator holds the lock
+	// itself, as it does for spec.holder: "no deploys 01:00-03:00
+	// Europe/Berlin, every day". While a window is open the hold, holder
+	// identity hold/<name>, acquires the keys (waiting its turn in the queue
+	// behind a holder that holds already), renews them and releases them
+	// when the window closes; gated Jobs wait (Queue) or skip (Skip) as for
+	// a manual holder. While spec.holder is set it holds instead: a lock has
+	// one operator-held holder at a time, and the manual one comes first.
+	// At most 8, unique by name.
+	// +optional
+	// +kubebuilder:validation:MaxItems=8
+	// +listType=map
+	// +listMapKey=name
+	Holds []RecurringHold `json:"holds,omitempty"`
+
+	// cooldownSeconds keeps the keys held this long after each release by a
+	// workload holder (Job, Pod, Kueue Workload) or by spec.holder, so that
+	// the next holder starts no sooner ("must not run twice within an
+	// hour"). The released lease is renewed once with this TTL and left to
+	// expire, with its fencing token, in the store: it holds for every
+	// operator and cluster that shares the keys. status.cooldownUntil shows
+	// it. A force release ends a cooldown; the end of a hold window and the
+	// deletion of the lock do not start one. Default 0 (none); 0 to 86400.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=86400
+	CooldownSeconds int32 `json:"cooldownSeconds,omitempty"`
+
 	// backend is where the lock lives: inline Redis endpoints, a LockBackend
 	// of the lock's namespace, or a ClusterLockBackend, by name (PostgreSQL,
 	// ZooKeeper and etcd only through those two).
@@ -220,6 +249,55 @@ type ManualHolder struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=2678400
 	MaxHoldSeconds int32 `json:"maxHoldSeconds,omitempty"`
+}
+
+// RecurringHold is a window, opened on a cron schedule, during which the
+// operator holds the lock.
+type RecurringHold struct {
+	// name identifies the hold; the holder shows as hold/<name>. 1 to 63
+	// lower-case letters, digits and '-'.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// schedule opens a window at each of its times: 5 cron fields (minute
+	// hour day-of-month month day-of-week, for example "0 1 * * *" for
+	// 01:00 every day) or @hourly, @daily, @weekly, @monthly, @yearly, read
+	// in timeZone.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	Schedule string `json:"schedule"`
+
+	// durationSeconds is how long each window stays open: 1 to 2678400 (31
+	// days), and shorter than the shortest time between two of the
+	// schedule's starts, so that windows never overlap.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2678400
+	DurationSeconds int32 `json:"durationSeconds"`
+
+	// timeZone is the IANA time zone the schedule is read in, for example
+	// Europe/Berlin (daylight saving time included). Default UTC.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	TimeZone string `json:"timeZone,omitempty"`
+}
+
+// HoldWindowStatus is one window of a recurring hold.
+type HoldWindowStatus struct {
+	// name of the hold (spec.holds[].name).
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name,omitempty"`
+	// start is when the window opens (opened).
+	// +optional
+	Start *metav1.Time `json:"start,omitempty"`
+	// end is when the window closes.
+	// +optional
+	End *metav1.Time `json:"end,omitempty"`
 }
 
 // Backend selects where a lock lives. Exactly one member is set.
@@ -504,14 +582,28 @@ type DistributedLockStatus struct {
 	// +listType=atomic
 	Waiting []WaiterStatus `json:"waiting,omitempty"`
 
+	// activeHold is the window of spec.holds open now, and when it closes.
+	// +optional
+	ActiveHold *HoldWindowStatus `json:"activeHold,omitempty"`
+
+	// nextHold is the next window of spec.holds to open.
+	// +optional
+	NextHold *HoldWindowStatus `json:"nextHold,omitempty"`
+
+	// cooldownUntil is when the keys, released by their last holder, come
+	// free: they stay held until then for spec.cooldownSeconds.
+	// +optional
+	CooldownUntil *metav1.Time `json:"cooldownUntil,omitempty"`
+
 	// observedGeneration is the spec generation this status reflects.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// conditions: Held (True while a holder of this lock, its manual holder or
 	// one of its Jobs, holds the keys), ManualHolderHeld (True only while
-	// spec.holder itself holds: the one to kubectl wait for) and BackendReady
-	// (the backend answers). See the Reason constants for their reasons.
+	// spec.holder itself holds: the one to kubectl wait for), HoldActive
+	// (with spec.holds: True while a window is open and its hold holds the
+	// keys) and BackendReady (the backend answers). See the Reason constants for their reasons.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -532,6 +624,8 @@ type DistributedLockStatus struct {
 // +kubebuilder:printcolumn:name="Queue",type=integer,JSONPath=`.status.queueLength`,description="Waiters in the FIFO queue (exact)"
 // +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.status.expireTime`,description="When another holder's lease ends unless renewed (RFC 3339); empty while this lock's holder holds it and the operator renews it"
 // +kubebuilder:printcolumn:name="Backend",type=string,JSONPath=`.status.conditions[?(@.type=="BackendReady")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Window",type=string,JSONPath=`.status.activeHold.name`,priority=1,description="The window of spec.holds open now"
+// +kubebuilder:printcolumn:name="Window-Ends",type=string,JSONPath=`.status.activeHold.end`,priority=1,description="When the open window closes (RFC 3339)"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
 // DistributedLock is a lease on one or more keys held in a backend (Redis,

@@ -166,6 +166,29 @@ const (
 	ReasonHoldEnded = "HoldEnded"
 )
 
+// ConditionHoldActive is a lock's condition while it has spec.holds: True
+// while a window is open and its hold holds the keys. It is a condition of
+// its own, not ManualHolderHeld, because kubectl wait
+// --for=condition=ManualHolderHeld waits for spec.holder, which a recurring
+// window must not satisfy.
+const ConditionHoldActive = "HoldActive"
+
+// Reasons of the HoldActive condition (besides ReasonAcquired, ReasonWaiting
+// and the backend reasons of Held).
+const (
+	// ReasonNoWindowOpen: no window of spec.holds is open now.
+	ReasonNoWindowOpen = "NoWindowOpen"
+	// ReasonManualHolderFirst: a window is open, but spec.holder is set and
+	// holds instead.
+	ReasonManualHolderFirst = "ManualHolderFirst"
+	// ReasonInvalidHold: a hold cannot be read (admitted where the
+	// admission webhook did not check it).
+	ReasonInvalidHold = "InvalidHold"
+	// ReasonCooldown: the Held condition's reason while the keys stay held
+	// for spec.cooldownSeconds after a release.
+	ReasonCooldown = "Cooldown"
+)
+
 // Reasons a gated Job ends Failed (its FailureTarget and Failed conditions):
 // without running, or deleted while it ran.
 const (
@@ -300,6 +323,15 @@ const (
 	// EventHoldEnded: a manual holder's until or maxHoldSeconds passed and
 	// its lease was released.
 	EventHoldEnded = "HoldEnded"
+	// EventHoldWindowOpened: a window of spec.holds opened; its hold
+	// acquires the keys.
+	EventHoldWindowOpened = "HoldWindowOpened"
+	// EventHoldWindowClosed: a window of spec.holds closed; its hold
+	// released the keys.
+	EventHoldWindowClosed = "HoldWindowClosed"
+	// EventCooldown: a holder released the lock and the keys stay held for
+	// spec.cooldownSeconds.
+	EventCooldown = "Cooldown"
 	// EventForceReleased: a holder's lease was taken away on request
 	// (AnnotationForceRelease): on the lock and on the holding Job.
 	EventForceReleased = "ForceReleased"

@@ -11,6 +11,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/duration"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -172,11 +173,45 @@ func whyJob(ctx context.Context, c client.Client, job *batchv1.Job, out io.Write
 	}
 	if dl != nil {
 		say("Lock %s (keys %s) is %s.", dl.Name, lockKeys(dl), heldBy(&dl.Status, now))
+		if waits := suspended && !finished && a[locksv1alpha1.AnnotationSkipped] == "" && a[locksv1alpha1.AnnotationFencingToken] == ""; waits {
+			for _, l := range holdOrCooldown(dl, now) {
+				say("%s", l)
+			}
+		}
 		if c := backendProblem(dl); c != "" {
 			say("%s", c)
 		}
 	}
 	return writeLines(out, lines)
+}
+
+// holdOrCooldown says why a lock stays held for a while without a
+// workload: a window of spec.holds is open (status.activeHold), or the keys
+// cool down after a release (status.cooldownUntil).
+func holdOrCooldown(dl *locksv1alpha1.DistributedLock, now time.Time) []string {
+	var lines []string
+	st := &dl.Status
+	if h := st.ActiveHold; h != nil && h.End != nil {
+		l := fmt.Sprintf("A freeze window is open: hold %s of spec.holds holds the lock until %s (in %s)",
+			h.Name, h.End.UTC().Format(time.RFC3339), humanUntil(now, h.End.Time))
+		if st.Holder != nil && st.Holder.Identity != "hold/"+h.Name {
+			l += fmt.Sprintf(", as soon as %s releases it", st.Holder.Identity)
+		}
+		lines = append(lines, l+"; the Job waits until the window closes.")
+	}
+	if st.CooldownUntil != nil && st.CooldownUntil.After(now) {
+		lines = append(lines, fmt.Sprintf("The lock cools down: its last holder released it, and the keys stay held for spec.cooldownSeconds (%ds), until %s (in %s).",
+			dl.Spec.CooldownSeconds, st.CooldownUntil.UTC().Format(time.RFC3339), humanUntil(now, st.CooldownUntil.Time)))
+	}
+	return lines
+}
+
+// humanUntil is how long until t, as kubectl shows durations.
+func humanUntil(now, t time.Time) string {
+	if !t.After(now) {
+		return "0s"
+	}
+	return duration.HumanDuration(t.Sub(now))
 }
 
 // finishedCondition reports whether the Job has finished, with the reason

@@ -456,8 +456,8 @@ func withRateLimit(cfg *rest.Config, o *Options) *rest.Config {
 	return cfg
 }
 
-// setupWebhook serves the admission webhooks (the Job gate and the
-// force-release audit); with self-signed
+// setupWebhook serves the admission webhooks (the Job gate, the
+// force-release audit and the check of a lock's recurring holds); with self-signed
 // certificates it first waits for the rotator to write them.
 func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, tokens *holder.Tokens) error {
 	gate := &webhook.JobGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check, Kueue: o.kueue}
@@ -465,6 +465,7 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, toke
 	workloads := &webhook.WorkloadGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader()}
 	audit := &webhook.ForceReleaseAudit{Seal: tokens.ForceReleaseSeal}
 	keyFromCheck := &webhook.KeyFromCheck{}
+	holds := &webhook.HoldsValidator{}
 	if o.webhookCertMode == certModeExternal {
 		if err := gate.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("set up the Job webhook: %w", err)
@@ -475,6 +476,7 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, toke
 		workloads.SetupWithManager(mgr)
 		audit.SetupWithManager(mgr)
 		keyFromCheck.SetupWithManager(mgr)
+		holds.SetupWithManager(mgr)
 		return mgr.AddReadyzCheck("webhook", webhookStarted(mgr.GetWebhookServer(), o))
 	}
 	ns, name, _ := strings.Cut(o.webhookService, "/")
@@ -505,6 +507,7 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, toke
 		workloads.SetupWithManager(mgr)
 		audit.SetupWithManager(mgr)
 		keyFromCheck.SetupWithManager(mgr)
+		holds.SetupWithManager(mgr)
 	}()
 	return mgr.AddReadyzCheck("webhook-certificate", func(*http.Request) error {
 		select {

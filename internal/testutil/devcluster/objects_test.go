@@ -29,6 +29,7 @@ func TestWebhookConfiguration(t *testing.T) {
 		"gate.pods.lockwarden.io":           "/mutate--v1-pod",
 		"workloads.lockwarden.io":           webhook.WorkloadPath,
 		"keyfrom.locks.lockwarden.io":       webhook.KeyFromPath,
+		"holds.locks.lockwarden.io":         webhook.HoldsPath,
 	}
 	names := map[string]bool{}
 	for _, w := range wh.Webhooks {
