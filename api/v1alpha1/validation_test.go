@@ -65,7 +65,14 @@ func TestInvalidSpecsAreRefusedNamingTheField(t *testing.T) {
 		mutate func(*locksv1alpha1.DistributedLockSpec)
 		want   []string // substrings of the error message
 	}{
-		"no keys":                  {func(s *locksv1alpha1.DistributedLockSpec) { s.Keys = []string{} }, []string{"spec.keys", "at least 1"}},
+		"no keys": {func(s *locksv1alpha1.DistributedLockSpec) { s.Keys = []string{} }, []string{"set exactly one of keys", "or keyFrom"}},
+		"keys and keyFrom": {func(s *locksv1alpha1.DistributedLockSpec) {
+			s.KeyFrom = &locksv1alpha1.KeyFrom{Expression: `"k"`}
+		}, []string{"set exactly one of keys", "or keyFrom"}},
+		"maxKeys without keyFrom": {func(s *locksv1alpha1.DistributedLockSpec) { s.MaxKeys = 3 }, []string{"spec.maxKeys applies only with spec.keyFrom"}},
+		"keyFrom with a manual holder": {func(s *locksv1alpha1.DistributedLockSpec) {
+			s.Keys, s.KeyFrom, s.Holder = nil, &locksv1alpha1.KeyFrom{Expression: `"k"`}, &locksv1alpha1.ManualHolder{Identity: "ops"}
+		}, []string{"spec.holder needs spec.keys"}},
 		"too many keys":            {func(s *locksv1alpha1.DistributedLockSpec) { s.Keys = many }, []string{"spec.keys", "at most 16"}},
 		"duplicate keys":           {func(s *locksv1alpha1.DistributedLockSpec) { s.Keys = []string{"a", "a"} }, []string{"spec.keys[1]", "Duplicate value"}},
 		"key with a space":         {func(s *locksv1alpha1.DistributedLockSpec) { s.Keys = []string{"bad key"} }, []string{"spec.keys[0]", "should match"}},
