@@ -20,7 +20,8 @@ import (
 )
 
 func newQueueCommand(o *options) *cobra.Command {
-	return &cobra.Command{
+	var key string
+	cmd := &cobra.Command{
 		Use:   "queue LOCK",
 		Short: "Show who waits for a lock, in order, and for how long",
 		Long: `queue shows the FIFO queue of a lock: each waiter's position (1 is next), who
@@ -38,20 +39,23 @@ The data comes from two places, and the SOURCE column says which:
              it shows waiters past the first 10. Their waiting time counts
              from the Job's creation (a Job joins the queue moments later).`,
 		Example: `  kubectl lockwarden queue billing
-  kubectl lockwarden queue billing -n team-a`,
+  kubectl lockwarden queue billing -n team-a
+  kubectl lockwarden queue deploys --key deploy/prod`,
 		Args: exactArgs("LOCK", "the DistributedLock's name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, ns, err := o.client()
 			if err != nil {
 				return err
 			}
-			q, err := readQueue(cmd.Context(), c, ns, args[0])
+			q, err := readQueue(cmd.Context(), c, ns, args[0], key)
 			if err != nil {
 				return err
 			}
 			return q.print(o.Out, time.Now())
 		},
 	}
+	cmd.Flags().StringVar(&key, "key", "", "For a lock with spec.keyFrom: show the queue of this derived key only (a Job's lockwarden.io/key annotation, for example deploy/prod).")
+	return cmd
 }
 
 // exactArgs accepts exactly one argument and names it when it is missing.
@@ -78,23 +82,28 @@ type waiter struct {
 
 // queueView is what queue shows for one lock.
 type queueView struct {
-	lock    *locksv1alpha1.DistributedLock
+	lock *locksv1alpha1.DistributedLock
+	// key is the derived key asked for with --key ("" for all).
+	key     string
 	length  int32
 	waiters []waiter
 }
 
 // readQueue reads the lock's status.waiting and the queue-position
 // annotations of its waiting Jobs in the namespace.
-func readQueue(ctx context.Context, c client.Client, ns, name string) (*queueView, error) {
+func readQueue(ctx context.Context, c client.Client, ns, name, key string) (*queueView, error) {
 	dl, err := getLock(ctx, c, ns, name)
 	if err != nil {
 		return nil, err
+	}
+	if key != "" && dl.Spec.KeyFrom == nil {
+		return nil, fmt.Errorf("--key %q: lock %q has fixed keys (%s); --key selects one derived key of a lock with spec.keyFrom", key, name, lockKeys(dl))
 	}
 	var jobs batchv1.JobList
 	if err := c.List(ctx, &jobs, client.InNamespace(ns), client.MatchingLabels{locksv1alpha1.LabelLock: name}); err != nil {
 		return nil, fmt.Errorf("list the Jobs of lock %q in namespace %q: %w", name, ns, err)
 	}
-	q := &queueView{lock: dl, length: queueLength(&dl.Status)}
+	q := &queueView{lock: dl, key: key, length: queueLength(&dl.Status)}
 	byName := map[string]bool{}
 	for i, w := range dl.Status.Waiting {
 		row := waiter{position: i + 1, identity: w.Identity, source: "status"}
@@ -109,6 +118,9 @@ func readQueue(ctx context.Context, c client.Client, ns, name string) (*queueVie
 	}
 	for i := range jobs.Items {
 		job := &jobs.Items[i]
+		if key != "" && job.Annotations[locksv1alpha1.AnnotationKey] != key {
+			continue
+		}
 		pos, length, ok := parsePosition(job.Annotations[locksv1alpha1.AnnotationQueuePosition])
 		if !ok || byName[job.Name] || pos <= len(dl.Status.Waiting) {
 			continue
@@ -123,6 +135,9 @@ func readQueue(ctx context.Context, c client.Client, ns, name string) (*queueVie
 func (q *queueView) print(out io.Writer, now time.Time) error {
 	dl := q.lock
 	fmt.Fprintf(out, "Lock %s/%s (keys %s): %s.\n", dl.Namespace, dl.Name, lockKeys(dl), printable.String(heldBy(&dl.Status, now)))
+	if q.key != "" {
+		fmt.Fprintf(out, "Key %s: %s.\n", printable.String(q.key), laneSummary(&dl.Status, q.key))
+	}
 	if len(q.waiters) == 0 {
 		if dl.Status.ObservedGeneration == 0 && len(dl.Status.Conditions) == 0 {
 			_, err := fmt.Fprintln(out, "The operator has not reported this lock's status yet: is it running?")
@@ -223,4 +238,18 @@ func capitalize(s string) string {
 		return s
 	}
 	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+// laneSummary says what the lock's status shows of one derived key: its
+// holders and waiters when it is among the busiest, else that the Jobs'
+// queue positions below are all there is.
+func laneSummary(st *locksv1alpha1.DistributedLockStatus, key string) string {
+	if st.Lanes != nil {
+		for _, l := range st.Lanes.Busiest {
+			if l.Key == key {
+				return fmt.Sprintf("%d holding (newest fencing token %d), %d waiting", l.Holders, l.FencingToken, l.Waiting)
+			}
+		}
+	}
+	return "not among the busiest keys of status.lanes; the waiting Jobs below carry their places"
 }

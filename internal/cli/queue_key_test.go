@@ -1,0 +1,55 @@
+package cli
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+)
+
+// TestQueueKeyShowsOneLane: queue --key of a lock with keyFrom lists the
+// waiting Jobs of that derived key only, with the lane's counts; on a lock
+// with fixed keys --key is refused, saying why.
+func TestQueueKeyShowsOneLane(t *testing.T) {
+	now := time.Date(2027, 3, 1, 2, 10, 0, 0, time.UTC)
+	lanes := testLock("deploys", func(dl *locksv1alpha1.DistributedLock) {
+		dl.Spec.Keys, dl.Spec.KeyFrom = nil, &locksv1alpha1.KeyFrom{Expression: `"deploy/" + object.metadata.labels["env"]`}
+		dl.Status.Holder = nil
+		dl.Status.Lanes = &locksv1alpha1.LanesStatus{Keys: 2, Holders: 2, Waiting: 3, Busiest: []locksv1alpha1.LaneStatus{
+			{Key: "deploy/prod", Holders: 1, Waiting: 2, FencingToken: 41}, {Key: "deploy/dev", Holders: 1, Waiting: 1, FencingToken: 40}}}
+	})
+	fixed := testLock("billing", func(*locksv1alpha1.DistributedLock) {})
+	waiting := func(name, key, pos string) *batchv1.Job {
+		return &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, CreationTimestamp: metav1.NewTime(now.Add(-time.Minute)),
+			Labels: map[string]string{locksv1alpha1.LabelLock: "deploys"},
+			Annotations: map[string]string{locksv1alpha1.AnnotationLock: "deploys", locksv1alpha1.AnnotationKey: key,
+				locksv1alpha1.AnnotationQueuePosition: pos}}}
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(lanes, fixed,
+		waiting("prod-2", "deploy/prod", "1/2"), waiting("prod-3", "deploy/prod", "2/2"), waiting("dev-2", "deploy/dev", "1/1")).Build()
+	q, err := readQueue(context.Background(), c, ns, "deploys", "deploy/prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := q.print(&out, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Key deploy/prod: 1 holding (newest fencing token 41), 2 waiting.", "prod-2", "prod-3", "using 2 derived key(s)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("queue deploys --key deploy/prod does not show %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "dev-2") {
+		t.Errorf("queue --key deploy/prod lists a Job of deploy/dev:\n%s", out.String())
+	}
+	if _, err := readQueue(context.Background(), c, ns, "billing", "x"); err == nil || !strings.Contains(err.Error(), "has fixed keys") {
+		t.Errorf("--key on a lock with fixed keys: %v", err)
+	}
+}
