@@ -85,9 +85,14 @@ func TestManualHolderHoldsAndKubectlShowsIt(t *testing.T) {
 	if fmt.Sprint(cols) != fmt.Sprint(wantCols) {
 		t.Fatalf("kubectl get dlock columns = %v, want %v", cols, wantCols)
 	}
+	// The row has a cell per column, -o wide's included: read them by name.
+	cells := map[string]any{}
+	for i, c := range table.ColumnDefinitions {
+		cells[c.Name] = table.Rows[0].Cells[i]
+	}
 	row := table.Rows[0].Cells
-	if row[2] != "maintenance" || fmt.Sprint(row[3]) != fmt.Sprint(st.FencingToken) || row[4] != locksv1alpha1.ReasonAcquired ||
-		row[5] != "1/1" || fmt.Sprint(row[6]) != "0" || row[7] != nil {
+	if cells["Holder"] != "maintenance" || fmt.Sprint(cells["Fence"]) != fmt.Sprint(st.FencingToken) || cells["Held"] != locksv1alpha1.ReasonAcquired ||
+		cells["Slots"] != "1/1" || fmt.Sprint(cells["Queue"]) != "0" || cells["Expires"] != nil {
 		t.Fatalf("kubectl get dlock row = %v, want holder maintenance, fence %d, held Acquired, slots 1/1, queue 0 and no fixed expiry", row, st.FencingToken)
 	}
 	if c := meta.FindStatusCondition(st.Conditions, locksv1alpha1.ConditionManualHolderHeld); c == nil || c.Status != metav1.ConditionTrue {

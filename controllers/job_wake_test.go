@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/holder"
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
@@ -65,7 +66,7 @@ func TestPlanWakeGivesTheFreeSlotsToTheHeadOfTheQueue(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			p := planWake(cluster, []lockJobs{{dl: tc.dl, jobs: jobs}}, tc.state)
+			p := planWake(cluster, []lockJobs{{dl: tc.dl, keys: backend.EngineKeys(tc.dl), jobs: jobs}}, tc.state)
 			got := want{wake: p.wake, all: p.all}
 			for n, b := range p.places {
 				got.places = append(got.places, fmt.Sprintf("%s %d/%d %s", n.Name, b.Position, b.Waiters, b.Holder))
