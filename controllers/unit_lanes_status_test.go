@@ -21,7 +21,7 @@ import (
 func TestLanesStatusStaysSmall(t *testing.T) {
 	dl := &locksv1alpha1.DistributedLock{
 		ObjectMeta: metav1.ObjectMeta{Namespace: unitNS, Name: "deploys", UID: "u1", Generation: 1},
-		Spec: locksv1alpha1.DistributedLockSpec{KeyFrom: &locksv1alpha1.KeyFrom{Expression: `"env/" + object.metadata.labels["env"]`}, MaxHolders: 1, TTLSeconds: 30},
+		Spec:       locksv1alpha1.DistributedLockSpec{KeyFrom: &locksv1alpha1.KeyFrom{Expression: `"env/" + object.metadata.labels["env"]`}, MaxHolders: 1, TTLSeconds: 30},
 	}
 	now := time.Date(2027, 3, 1, 2, 0, 0, 0, time.UTC)
 	ours := holder.Holder{Cluster: unitCluster, Namespace: unitNS, Lock: "deploys", Kind: jobKind, Name: "j", UID: "x",

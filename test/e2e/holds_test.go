@@ -73,7 +73,7 @@ func TestFreezeWindowHoldsJobsUntilItCloses(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "deploy", Annotations: map[string]string{locksv1alpha1.AnnotationLock: "window"}},
 		Spec: batchv1.JobSpec{BackoffLimit: ptr.To[int32](0), Template: corev1.PodTemplateSpec{
 			ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{kwokCompleteDelay: "1s", kwokCompleteJitter: "1s"}},
-			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "deploy", Image: "busybox:1.37", Command: []string{"true"}}}},
+			Spec:       corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "deploy", Image: "busybox:1.37", Command: []string{"true"}}}},
 		}},
 	}
 	if err := cluster.Client.Create(t.Context(), job); err != nil {
