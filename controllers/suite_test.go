@@ -227,8 +227,7 @@ func startManager(t testing.TB, o managerOptions) *testManager {
 	}
 	(&webhook.WorkloadGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr)
 	(&webhook.ForceReleaseAudit{Seal: tokens.ForceReleaseSeal}).SetupWithManager(mgr)
-	(&webhook.KeyFromCheck{}).SetupWithManager(mgr)
-	(&webhook.HoldsValidator{}).SetupWithManager(mgr)
+	(&webhook.LockSpecCheck{}).SetupWithManager(mgr)
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
 	var stopped atomic.Bool

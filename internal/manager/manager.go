@@ -464,8 +464,7 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, toke
 	podGate := &webhook.PodGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Check: registry.Check}
 	workloads := &webhook.WorkloadGate{Reader: mgr.GetClient(), APIReader: mgr.GetAPIReader()}
 	audit := &webhook.ForceReleaseAudit{Seal: tokens.ForceReleaseSeal}
-	keyFromCheck := &webhook.KeyFromCheck{}
-	holds := &webhook.HoldsValidator{}
+	lockSpec := &webhook.LockSpecCheck{}
 	if o.webhookCertMode == certModeExternal {
 		if err := gate.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("set up the Job webhook: %w", err)
@@ -475,8 +474,7 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, toke
 		}
 		workloads.SetupWithManager(mgr)
 		audit.SetupWithManager(mgr)
-		keyFromCheck.SetupWithManager(mgr)
-		holds.SetupWithManager(mgr)
+		lockSpec.SetupWithManager(mgr)
 		return mgr.AddReadyzCheck("webhook", webhookStarted(mgr.GetWebhookServer(), o))
 	}
 	ns, name, _ := strings.Cut(o.webhookService, "/")
@@ -506,8 +504,7 @@ func setupWebhook(mgr ctrl.Manager, o *Options, registry *backend.Registry, toke
 		}
 		workloads.SetupWithManager(mgr)
 		audit.SetupWithManager(mgr)
-		keyFromCheck.SetupWithManager(mgr)
-		holds.SetupWithManager(mgr)
+		lockSpec.SetupWithManager(mgr)
 	}()
 	return mgr.AddReadyzCheck("webhook-certificate", func(*http.Request) error {
 		select {

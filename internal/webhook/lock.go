@@ -13,7 +13,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
-	"github.com/lockwarden/lockwarden/internal/keyfrom"
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
@@ -110,37 +109,4 @@ func patchAnnotations(req admission.Request, ann map[string]string, set map[stri
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	return admission.PatchResponseFromRaw(req.Object.Raw, patched)
-}
-
-// KeyFromPath is where KeyFromCheck is served.
-const KeyFromPath = "/validate-locks-lockwarden-io-v1alpha1-distributedlock-keyfrom"
-
-// KeyFromCheck refuses a DistributedLock whose spec.keyFrom does not
-// compile, gives no string (or its guard no bool), or may cost more than
-// keyfrom.CostLimit: the lock's author learns it when applying the lock. It
-// changes nothing; the webhook configuration sends it only locks with
-// keyFrom.
-type KeyFromCheck struct{}
-
-// SetupWithManager registers the webhook at KeyFromPath.
-func (c *KeyFromCheck) SetupWithManager(mgr ctrl.Manager) {
-	mgr.GetWebhookServer().Register(KeyFromPath, &admission.Webhook{Handler: c})
-}
-
-// Handle implements admission.Handler.
-func (c *KeyFromCheck) Handle(_ context.Context, req admission.Request) admission.Response {
-	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
-		return admission.Allowed("")
-	}
-	var dl locksv1alpha1.DistributedLock
-	if err := json.Unmarshal(req.Object.Raw, &dl); err != nil {
-		return admission.Errored(http.StatusBadRequest, err)
-	}
-	if dl.Spec.KeyFrom == nil {
-		return admission.Allowed("")
-	}
-	if _, err := keyfrom.Compile(dl.Spec.KeyFrom); err != nil {
-		return admission.Denied(err.Error())
-	}
-	return admission.Allowed("")
 }

@@ -14,30 +14,36 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/keyfrom"
 	"github.com/lockwarden/lockwarden/internal/schedule"
 )
 
-// HoldsPath is where HoldsValidator is served.
-const HoldsPath = "/validate-locks-lockwarden-io-v1alpha1-distributedlock-holds"
+// LockSpecPath is where LockSpecCheck is served.
+const LockSpecPath = "/validate-locks-lockwarden-io-v1alpha1-distributedlock"
 
-// HoldsValidator refuses a DistributedLock whose spec.holds cannot be run:
-// a schedule that is not a 5-field cron schedule, an unknown time zone, or
-// windows as long as the schedule's period. The CRD checks what it can
-// (names, lengths, ranges); reading a cron schedule or a time zone needs
-// code. The webhook configuration sends it only locks that have holds; it
-// only allows or denies, it changes nothing.
-type HoldsValidator struct {
+// LockSpecCheck refuses a DistributedLock whose spec the CRD cannot judge:
+//   - spec.keyFrom that does not compile, gives no string (its guard no
+//     bool), or may cost more than keyfrom.CostLimit;
+//   - spec.holds that cannot be run: a schedule that is not a 5-field cron
+//     schedule, an unknown time zone, or windows as long as the schedule's
+//     period.
+//
+// The CRD checks what it can (names, lengths, ranges); compiling CEL or
+// reading a cron schedule or a time zone needs code. The webhook
+// configuration sends it only locks with keyFrom or holds; it only allows
+// or denies, it changes nothing.
+type LockSpecCheck struct {
 	// Clock places the schedule's periods (default: the real clock).
 	Clock clock.PassiveClock
 }
 
-// SetupWithManager registers the webhook at HoldsPath.
-func (v *HoldsValidator) SetupWithManager(mgr ctrl.Manager) {
-	mgr.GetWebhookServer().Register(HoldsPath, &admission.Webhook{Handler: v})
+// SetupWithManager registers the webhook at LockSpecPath.
+func (v *LockSpecCheck) SetupWithManager(mgr ctrl.Manager) {
+	mgr.GetWebhookServer().Register(LockSpecPath, &admission.Webhook{Handler: v})
 }
 
 // Handle implements admission.Handler.
-func (v *HoldsValidator) Handle(_ context.Context, req admission.Request) admission.Response {
+func (v *LockSpecCheck) Handle(_ context.Context, req admission.Request) admission.Response {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return admission.Allowed("")
 	}
@@ -48,6 +54,11 @@ func (v *HoldsValidator) Handle(_ context.Context, req admission.Request) admiss
 	now := time.Now()
 	if v.Clock != nil {
 		now = v.Clock.Now()
+	}
+	if dl.Spec.KeyFrom != nil {
+		if _, err := keyfrom.Compile(dl.Spec.KeyFrom); err != nil {
+			return admission.Denied(err.Error())
+		}
 	}
 	if errs := ValidateHolds(dl.Spec.Holds, now); len(errs) > 0 {
 		return admission.Denied(errs.ToAggregate().Error())

@@ -16,13 +16,13 @@ import (
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
 
-// TestHoldsValidatorRefusesBadHoldsNamingTheField: a lock with a schedule
+// TestLockSpecCheckRefusesBadHoldsNamingTheField: a lock with a schedule
 // that does not parse, an unknown time zone, or windows as long as their
 // period is refused, and the message names the field (spec.holds[i].x) and
 // says what would be valid; a good hold, Europe/Berlin at 01:00 for two
 // hours, is admitted.
-func TestHoldsValidatorRefusesBadHoldsNamingTheField(t *testing.T) {
-	v := &HoldsValidator{Clock: testingclock.NewFakePassiveClock(time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC))}
+func TestLockSpecCheckRefusesBadHoldsNamingTheField(t *testing.T) {
+	v := &LockSpecCheck{Clock: testingclock.NewFakePassiveClock(time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC))}
 	handle := func(holds ...locksv1alpha1.RecurringHold) admission.Response {
 		dl := locksv1alpha1.DistributedLock{
 			ObjectMeta: metav1.ObjectMeta{Name: "deploys", Namespace: "team-a"},
@@ -63,6 +63,33 @@ func TestHoldsValidatorRefusesBadHoldsNamingTheField(t *testing.T) {
 		}
 		if msg := r.Result.Message; !strings.Contains(msg, tc.field+":") || !strings.Contains(msg, tc.hint) {
 			t.Errorf("%s: refused with %q, want it to name %s and say %q", tc.name, msg, tc.field, tc.hint)
+		}
+	}
+}
+
+// TestLockSpecCheckRefusesAKeyFromThatCannotGiveAKey: a lock whose
+// expression does not compile or gives no string is refused when applied,
+// naming spec.keyFrom.expression; a good one is admitted.
+func TestLockSpecCheckRefusesAKeyFromThatCannotGiveAKey(t *testing.T) {
+	handle := func(expr string) admission.Response {
+		dl := locksv1alpha1.DistributedLock{
+			ObjectMeta: metav1.ObjectMeta{Name: "deploys", Namespace: "team-a"},
+			Spec:       locksv1alpha1.DistributedLockSpec{KeyFrom: &locksv1alpha1.KeyFrom{Expression: expr}},
+		}
+		raw, err := json.Marshal(dl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return (&LockSpecCheck{}).Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+			Operation: admissionv1.Create, Namespace: "team-a", Name: "deploys", Object: runtime.RawExtension{Raw: raw},
+		}})
+	}
+	if r := handle(`"deploy/" + object.metadata.labels["env"]`); !r.Allowed {
+		t.Fatalf("a good expression was refused: %v", r.Result)
+	}
+	for _, expr := range []string{`object.metadata.labels["env"] + 1`, `"deploy/" +`, `size(object.metadata.labels)`} {
+		if r := handle(expr); r.Allowed || r.Result == nil || !strings.Contains(r.Result.Message, "spec.keyFrom.expression") {
+			t.Errorf("keyFrom %s: allowed %v, %v; want a refusal naming spec.keyFrom.expression", expr, r.Allowed, r.Result)
 		}
 	}
 }

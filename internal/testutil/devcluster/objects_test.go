@@ -28,8 +28,7 @@ func TestWebhookConfiguration(t *testing.T) {
 		"force-release.locks.lockwarden.io": webhook.ForceReleasePath,
 		"gate.pods.lockwarden.io":           "/mutate--v1-pod",
 		"workloads.lockwarden.io":           webhook.WorkloadPath,
-		"keyfrom.locks.lockwarden.io":       webhook.KeyFromPath,
-		"holds.locks.lockwarden.io":         webhook.HoldsPath,
+		"spec.locks.lockwarden.io":          webhook.LockSpecPath,
 	}
 	names := map[string]bool{}
 	for _, w := range wh.Webhooks {
