@@ -73,14 +73,27 @@ func (r *DistributedLockReconciler) forceRelease(ctx context.Context, dl *locksv
 func (r *DistributedLockReconciler) releaseByToken(ctx context.Context, dl *locksv1alpha1.DistributedLock, obs *observation, fence int64, by string, refuse func(string, ...any)) {
 	var found *lock.HolderState
 	var others []string
-	if len(obs.states) > 0 {
-		for _, hs := range holdersOf(obs.states[0]) {
+	// A lease of fixed keys holds every key: the first key's holders are
+	// all of them. A lock that derives keys has a lease per key: the
+	// token is looked for on each key in use, and released on its key.
+	states, keys := obs.states, obs.keys
+	if dl.Spec.KeyFrom == nil && len(states) > 1 {
+		states = states[:1]
+	}
+search:
+	for _, s := range states {
+		for _, hs := range holdersOf(s) {
 			h := holder.Decode(hs.Holder)
 			if hs.Fence == fence && h.Of(r.ClusterName, dl.Namespace, dl.Name) {
 				found = &hs
-				break
+				if dl.Spec.KeyFrom != nil {
+					keys = []string{s.Key}
+				}
+				break search
 			}
-			others = append(others, fmt.Sprintf("%s (%d)", h.Shown().Identity, hs.Fence))
+			if len(others) < maxHoldersInStatus {
+				others = append(others, fmt.Sprintf("%s (%d)", h.Shown().Identity, hs.Fence))
+			}
 		}
 	}
 	if found == nil {
@@ -92,7 +105,7 @@ func (r *DistributedLockReconciler) releaseByToken(ctx context.Context, dl *lock
 		return
 	}
 	h := holder.Decode(found.Holder)
-	l := &lock.Lease{Keys: obs.keys, Owner: r.Tokens.Owner(h), Holder: found.Holder, Fence: fence, Limit: maxHolders(dl)}
+	l := &lock.Lease{Keys: keys, Owner: r.Tokens.Owner(h), Holder: found.Holder, Fence: fence, Limit: maxHolders(dl)}
 	err := obs.handle.Locker.Release(ctx, l)
 	switch {
 	case err == nil:

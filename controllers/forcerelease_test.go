@@ -189,3 +189,41 @@ func TestForceReleaseRecordWrittenPastTheWebhookIsRefused(t *testing.T) {
 		t.Fatalf("alice lost her lease to a forged request: %+v", dl.Status)
 	}
 }
+
+// TestForceReleaseFindsTheTokenOnItsDerivedKey: on a lock that derives a
+// key per Job (spec.keyFrom), two Jobs of two keys run at once; a force
+// release of the second one's token finds it on its own key, releases it
+// there, and leaves the other key's Job running.
+func TestForceReleaseFindsTheTokenOnItsDerivedKey(t *testing.T) {
+	rdb := redistest.Start(t)
+	startManager(t, managerOptions{})
+	ns := newNamespace(t, nil)
+	c := env.Client
+	lanes := makeLock("deploys", ns, rdb.Addr).ttl(6).obj()
+	lanes.Spec.Keys, lanes.Spec.KeyFrom = nil, &locksv1alpha1.KeyFrom{Expression: `"deploy/" + object.metadata.labels["env"]`}
+	create(t, lanes)
+	for _, env := range []string{"a", "b"} {
+		j := makeJob("deploy-"+env, ns).annotate(locksv1alpha1.AnnotationLock, "deploys").obj()
+		j.Labels = map[string]string{"env": env}
+		create(t, j)
+	}
+	a := waitRunning(t, c, 20*time.Second, ns, "deploy-a")
+	b := waitRunning(t, c, 20*time.Second, ns, "deploy-b")
+	if got := b.Annotations[locksv1alpha1.AnnotationKey]; got != "deploy/b" {
+		t.Fatalf("Job deploy-b has key %q, want deploy/b", got)
+	}
+	token := fence(t, b)
+	if err := annotateLock(t, userClient(t, "oncall@example.com"), ns, "deploys", map[string]string{
+		locksv1alpha1.AnnotationForceRelease: strconv.FormatInt(token, 10),
+	}); err != nil {
+		t.Fatalf("force-release request: %v", err)
+	}
+	eventually(t, 20*time.Second, "a ForceReleased event naming deploy-b", eventWith(t, ns, "deploys", locksv1alpha1.EventForceReleased, strconv.FormatInt(token, 10), "deploy-b"))
+	eventually(t, 20*time.Second, "deploy-b to find its lease lost", func() (bool, string) {
+		j := getJob(t, c, ns, "deploy-b")
+		return j.Annotations[locksv1alpha1.AnnotationLost] != "", fmt.Sprintf("%v", j.Annotations)
+	})
+	if j := getJob(t, c, ns, "deploy-a"); j.Annotations[locksv1alpha1.AnnotationLost] != "" || fence(t, j) != fence(t, a) {
+		t.Fatalf("deploy-a, on the other key, lost its lease or changed token: %v", j.Annotations)
+	}
+}

@@ -53,3 +53,19 @@ func TestQueueKeyShowsOneLane(t *testing.T) {
 		t.Errorf("--key on a lock with fixed keys: %v", err)
 	}
 }
+
+// TestReleaseOfALanesLockNeedsAToken: a lock that derives keys has no
+// single holder to default to; with --token the request goes to the
+// operator, which finds the token on its key.
+func TestReleaseOfALanesLockNeedsAToken(t *testing.T) {
+	dl := testLock("deploys", func(dl *locksv1alpha1.DistributedLock) {
+		dl.Spec.Keys, dl.Spec.KeyFrom = nil, &locksv1alpha1.KeyFrom{Expression: `"k"`}
+		dl.Status.Holder, dl.Status.Holders = nil, nil
+	})
+	if _, err := releaseTarget(dl, 0); err == nil || !strings.Contains(err.Error(), "name the one to release with --token") {
+		t.Errorf("release without --token: %v", err)
+	}
+	if h, err := releaseTarget(dl, 42); err != nil || h.FencingToken != 42 {
+		t.Errorf("release --token 42 = %+v, %v", h, err)
+	}
+}

@@ -95,6 +95,15 @@ See the outcome with: kubectl describe dlock %s -n %s
 // only holder. It refuses what the operator would refuse.
 func releaseTarget(dl *locksv1alpha1.DistributedLock, token int64) (locksv1alpha1.HolderStatus, error) {
 	st := &dl.Status
+	if dl.Spec.KeyFrom != nil {
+		// A lease per derived key, and no holder list in status: the
+		// operator looks for the token on every key in use.
+		if token == 0 {
+			return locksv1alpha1.HolderStatus{}, fmt.Errorf("lock %q derives a key per workload (spec.keyFrom) and has no single holder: name the one to release with --token (a Job's or Pod's %s annotation, or status.lanes.busiest[].fencingToken)",
+				dl.Name, locksv1alpha1.AnnotationFencingToken)
+		}
+		return locksv1alpha1.HolderStatus{Identity: fmt.Sprintf("the holder with fencing token %d", token), FencingToken: token}, nil
+	}
 	holders := st.Holders
 	if len(holders) == 0 && st.Holder != nil && st.Holder.Identity != "" {
 		h := *st.Holder
