@@ -208,7 +208,10 @@ func TestPodsOfAOneHolderLockRunOneAtATime(t *testing.T) {
 				}
 				return true, ""
 			})
-			eventually(t, 10*time.Second, "the lock's status to name the holding Pod", func() (bool, string) {
+			// 30 s: on a loaded machine (make test runs the packages side by
+			// side) a waiter's first attempt can time out writing to Redis
+			// and join the queue at its retry.
+			eventually(t, 30*time.Second, "the lock's status to name the holding Pod", func() (bool, string) {
 				dl := getLock(t, ns, "billing")
 				return dl.Status.Holder != nil && dl.Status.Holder.Kind == "Pod" && dl.Status.Holder.Name == holder && len(dl.Status.Waiting) == len(names)-1-round,
 					fmt.Sprintf("holder %+v, waiting %+v", dl.Status.Holder, dl.Status.Waiting)
