@@ -233,7 +233,15 @@ func (l *Locker) inspectPipeline(ctx context.Context, n *node, keys [][]string, 
 
 // keyState merges the nodes' views of key i.
 func (l *Locker) keyState(k string, now time.Time, views [][]keyView, i int) lock.KeyState {
-	st := lock.KeyState{Key: k, Waiters: views[0][i].waiters, Queued: views[0][i].queued}
+	// The queue as a quorum of the nodes that answered holds it: a waiter
+	// whose write missed one node (a timeout on a loaded machine) is still
+	// in line on the others, so no single node's queue is the one to show.
+	// The view whose length is the quorum-th longest is the queue that at
+	// least a quorum of the answering nodes reaches (one node: its own).
+	q := slices.Clone(views)
+	slices.SortStableFunc(q, func(a, b []keyView) int { return cmp.Compare(b[i].queued, a[i].queued) })
+	qv := q[min(l.quorum, len(q))-1][i]
+	st := lock.KeyState{Key: k, Waiters: qv.waiters, Queued: qv.queued}
 	var free int64
 	counts := map[string]int{}
 	slotCounts := map[string]int{}
