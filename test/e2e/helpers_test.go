@@ -215,6 +215,23 @@ func recordPods(t *testing.T, ns string) *podRecorder {
 // recordPodsLimit records the Pods of ns, of which up to limit may run at once.
 func recordPodsLimit(t *testing.T, ns string, limit int) *podRecorder {
 	t.Helper()
+	r := &podRecorder{limit: limit, runs: map[types.UID]*run{}, running: map[types.UID]*run{}}
+	n := watchPods(t, ns, r.observe, func(err error) {
+		r.mu.Lock()
+		r.err = err
+		r.mu.Unlock()
+	})
+	if n > 0 {
+		t.Fatalf("namespace %s already has %d pods", ns, n)
+	}
+	return r
+}
+
+// watchPods calls observe with every event of a watch on the Pods of ns,
+// from now until the test ends (watch errors go to onErr), and returns how
+// many Pods ns had when it started.
+func watchPods(t *testing.T, ns string, observe func(context.Context, watch.EventType, *corev1.Pod), onErr func(error)) int {
+	t.Helper()
 	cs, err := kubernetes.NewForConfig(cluster.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -225,10 +242,6 @@ func recordPodsLimit(t *testing.T, ns string, limit int) *podRecorder {
 		cancel()
 		t.Fatal(err)
 	}
-	if len(list.Items) > 0 {
-		cancel()
-		t.Fatalf("namespace %s already has %d pods", ns, len(list.Items))
-	}
 	rw, err := watchtools.NewRetryWatcherWithContext(ctx, list.ResourceVersion, &cache.ListWatch{
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			return cs.CoreV1().Pods(ns).Watch(ctx, o)
@@ -238,22 +251,17 @@ func recordPodsLimit(t *testing.T, ns string, limit int) *podRecorder {
 		cancel()
 		t.Fatal(err)
 	}
-	r := &podRecorder{limit: limit, runs: map[types.UID]*run{}, running: map[types.UID]*run{}}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for ev := range rw.ResultChan() {
 			if ev.Type == watch.Error {
-				r.mu.Lock()
-				r.err = fmt.Errorf("pod watch: %v", ev.Object)
-				r.mu.Unlock()
+				onErr(fmt.Errorf("pod watch: %v", ev.Object))
 				continue
 			}
-			pod, ok := ev.Object.(*corev1.Pod)
-			if !ok {
-				continue
+			if pod, ok := ev.Object.(*corev1.Pod); ok {
+				observe(ctx, ev.Type, pod)
 			}
-			r.observe(ctx, ev.Type, pod)
 		}
 	}()
 	t.Cleanup(func() {
@@ -261,7 +269,7 @@ func recordPodsLimit(t *testing.T, ns string, limit int) *podRecorder {
 		cancel()
 		<-done
 	})
-	return r
+	return len(list.Items)
 }
 
 func (r *podRecorder) observe(ctx context.Context, typ watch.EventType, pod *corev1.Pod) {

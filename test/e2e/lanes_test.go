@@ -18,9 +18,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
-	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -179,40 +176,9 @@ type laneRecorder struct {
 
 func recordLanes(t *testing.T, ns string) *laneRecorder {
 	t.Helper()
-	cs, err := kubernetes.NewForConfig(cluster.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	list, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	rw, err := watchtools.NewRetryWatcherWithContext(ctx, list.ResourceVersion, &cache.ListWatch{
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return cs.CoreV1().Pods(ns).Watch(ctx, o)
-		},
-	})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
 	r := &laneRecorder{running: map[string]map[string]bool{}, started: map[string]bool{}, tokens: map[string][]int64{}}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for ev := range rw.ResultChan() {
-			if pod, ok := ev.Object.(*corev1.Pod); ok {
-				r.observe(ev.Type, pod)
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		rw.Stop()
-		cancel()
-		<-done
-	})
+	watchPods(t, ns, func(_ context.Context, typ watch.EventType, pod *corev1.Pod) { r.observe(typ, pod) },
+		func(err error) { t.Errorf("%v", err) })
 	return r
 }
 
