@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -48,7 +49,8 @@ const maxImmediate = 3
 // third of the waiter TTL (so that its place in the queues stays live). A
 // wake-up resets the backoff. With req.Queue it leaves the queues when ctx
 // ends. When ctx ends the error wraps both ctx.Err() and the last whole
-// attempt's error.
+// attempt's error. A request dropped by a newer one (ErrReplaced) ends at
+// once with that error.
 func BlockingAcquire[E any](ctx context.Context, o *Options, req Request, s Steps[E]) (*Lease, error) {
 	log := o.Log.WithValues("keys", req.Keys, "holder", req.Holder)
 	var (
@@ -62,6 +64,11 @@ func BlockingAcquire[E any](ctx context.Context, o *Options, req Request, s Step
 		lease, w, err := s.Attempt(ctx)
 		if err == nil {
 			return lease, nil
+		}
+		if errors.Is(err, ErrReplaced) {
+			// A newer request took the place (Request.Replace): waiting on
+			// would queue this one again behind it.
+			return nil, err
 		}
 		if ctx.Err() != nil && lastErr != nil {
 			// Cut short by ctx: the attempt before says more about the keys.

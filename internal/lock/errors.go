@@ -20,6 +20,15 @@ var (
 	ErrQuorum = errors.New("no quorum of lock nodes")
 	// ErrInvalidRequest: the arguments are wrong; nothing was sent to the backend.
 	ErrInvalidRequest = errors.New("invalid lock request")
+	// ErrReplaced: a queued request was dropped from the queue by a newer
+	// request with Replace (contention ReplaceQueued); it did not acquire and
+	// is no longer queued.
+	ErrReplaced = errors.New("queued request replaced by a newer one")
+	// ErrPreempted: a newer request with Preempt (contention
+	// CancelInProgress) asked the lease's holder to stop: the lease was not
+	// renewed and stays valid only until its Expires; release it once the
+	// work has stopped.
+	ErrPreempted = errors.New("lease preempted by a newer request")
 	// ErrReplyTooLarge: the backend announced a reply larger than the engine
 	// accepts; the connection was dropped without reading or allocating it.
 	ErrReplyTooLarge = errors.New("backend reply too large")

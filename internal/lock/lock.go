@@ -62,6 +62,30 @@ type Request struct {
 	// are admitted in FIFO order: the first free slots go to the oldest
 	// waiters. At most MaxLimit. Every store has semaphores.
 	Limit int
+	// Replace, with Queue, makes the request the newest-only waiter of its
+	// keys (contention ReplaceQueued): when it is refused and joins the
+	// queues, or finds its keys free while others wait, every waiter that
+	// was queued on any of its keys before it is dropped from that key's
+	// queue, and that waiter's TryAcquire calls fail with an error matching
+	// ErrReplaced, for at least the waiter TTL after the drop, instead of
+	// queueing it again (Acquire returns that error at once). The dropped waiters no longer count as
+	// waiting; a request that joins after it queues behind it as usual. A
+	// request that finds its keys free once the older waiters are dropped
+	// takes them at once.
+	Replace bool
+	// Preempt, with Queue and Replace, also stops the holders of its keys
+	// (contention CancelInProgress): every lease that holds one of the keys
+	// when the request is refused is preempted. A preempted lease can no
+	// longer be renewed: Renew (and RenewAll) fail with an error matching
+	// ErrPreempted and leave it as it was, valid until its Expires (it is
+	// never shortened, so its holder's view stays safe); its holder should
+	// stop its work and Release it, and the request takes the keys then,
+	// or when the lease's TTL ends, with a larger fencing token. Leases
+	// acquired after the preemption are not affected, and the owner of a
+	// preempted lease does not take the key again by acquiring it anew
+	// while others wait: it is refused like anyone else. Exclusive
+	// requests only (Limit 0 or 1).
+	Preempt bool
 }
 
 // MaxLimit is the largest Request.Limit.

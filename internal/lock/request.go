@@ -35,6 +35,17 @@ func ValidateRequest(req Request) error {
 	if req.Limit < 0 || req.Limit > MaxLimit {
 		return &InvalidRequestError{Field: "limit", Reason: fmt.Sprintf("%d is outside 0 to %d (0 or 1: one holder; N: N holders at once)", req.Limit, MaxLimit)}
 	}
+	if req.Replace && !req.Queue {
+		return &InvalidRequestError{Field: "replace", Reason: "needs queue: only a request that waits in the queue replaces the older waiters"}
+	}
+	if req.Preempt {
+		switch {
+		case !req.Replace || !req.Queue:
+			return &InvalidRequestError{Field: "preempt", Reason: "needs queue and replace: a request that stops the holders also replaces the older waiters, and waits for the keys"}
+		case req.Limit > 1:
+			return &InvalidRequestError{Field: "preempt", Reason: fmt.Sprintf("only for an exclusive request (limit 0 or 1), got limit %d: the holders of a semaphore's slots are not stopped by a newcomer", req.Limit)}
+		}
+	}
 	return nil
 }
 

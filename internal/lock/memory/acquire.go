@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -114,6 +115,23 @@ func (s *Store) acquire(now time.Time, req lock.Request, waiterTTL time.Duration
 	for _, k := range req.Keys {
 		if e := s.keys[k]; e != nil {
 			s.prune(e, now)
+			if _, ok := e.replaced[req.Owner]; ok {
+				return outcome{err: fmt.Errorf("%w: a newer request took its place in the queue of key %q", lock.ErrReplaced, k)}
+			}
+		}
+	}
+	if req.Replace {
+		s.replaceOlder(now, req, waiterTTL)
+	}
+	if req.Preempt {
+		for _, k := range req.Keys {
+			if e := s.keys[k]; e != nil {
+				for _, h := range e.holders {
+					if h.owner != req.Owner {
+						e.preempted = max(e.preempted, h.fence)
+					}
+				}
+			}
 		}
 	}
 	for i, k := range req.Keys {
@@ -176,8 +194,9 @@ func (e *entry) busyFor(owner string, limit int) bool {
 		case len(e.holders) == 1:
 			h := e.holders[0]
 			// Only the owner's own mutex lease leaves the key to it, queue
-			// or not.
-			return !h.mutex() || h.owner != owner
+			// or not; unless it was preempted and others wait.
+			return !h.mutex() || h.owner != owner ||
+				(e.preempts(h) && slices.ContainsFunc(e.queue, func(w *waiter) bool { return w.owner != owner }))
 		default:
 			return len(e.queue) > 0 && e.queue[0].owner != owner
 		}
@@ -227,5 +246,41 @@ func (s *Store) join(now time.Time, req lock.Request, waiterTTL time.Duration) {
 			e.queue = append(e.queue, &waiter{owner: req.Owner, holder: req.Holder, ticket: ticket, since: now, deadline: deadline})
 		}
 		slices.SortStableFunc(e.queue, func(a, b *waiter) int { return cmp.Compare(a.ticket, b.ticket) })
+	}
+}
+
+// replaceOlder applies req.Replace: the waiters queued on req's keys before
+// it (a smaller ticket; everyone queued when req is not) leave the queues,
+// marked replaced for two waiter TTLs, and their Acquires wake to learn it.
+func (s *Store) replaceOlder(now time.Time, req lock.Request, waiterTTL time.Duration) {
+	mine := int64(math.MaxInt64)
+	for _, k := range req.Keys {
+		if e := s.keys[k]; e != nil {
+			if i := e.position(req.Owner); i >= 0 {
+				mine = e.queue[i].ticket
+			}
+		}
+	}
+	for _, k := range req.Keys {
+		e := s.keys[k]
+		if e == nil {
+			continue
+		}
+		dropped := false
+		e.queue = slices.DeleteFunc(e.queue, func(w *waiter) bool {
+			if w.owner == req.Owner || w.ticket >= mine {
+				return false
+			}
+			if e.replaced == nil {
+				e.replaced = map[string]time.Time{}
+			}
+			e.replaced[w.owner] = now.Add(2 * waiterTTL)
+			dropped = true
+			return true
+		})
+		if dropped && e.wake != nil {
+			close(e.wake)
+			e.wake = nil
+		}
 	}
 }

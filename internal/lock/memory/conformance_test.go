@@ -47,6 +47,11 @@ func TestConformanceSemaphore(t *testing.T) {
 	locktest.RunSemaphore(t, lockerFactory(s, WithWaiterTTL(time.Second)), locktest.WithWaiterTTL(time.Second))
 }
 
+func TestConformancePolicies(t *testing.T) {
+	s := newTestStore(t)
+	locktest.RunPolicies(t, lockerFactory(s, WithWaiterTTL(time.Second)), locktest.WithWaiterTTL(time.Second))
+}
+
 // TestQueueVisibility: CheckQueueVisibility runs for several seconds and
 // needs waiters that keep their places meanwhile (a waiter TTL of at least
 // 10s).

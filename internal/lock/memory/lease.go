@@ -25,11 +25,11 @@ func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 	}
 	start := l.opts.Clock.Now()
 	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
-	lost := -1
-	if err := l.call(ctx, op, func(now time.Time) { lost = l.store.renew(now, lease, ttl) }); err != nil {
+	var out renewal
+	if err := l.call(ctx, op, func(now time.Time) { out = l.store.renew(now, lease, ttl) }); err != nil {
 		return nil, err
 	}
-	return l.renewed(op, lease, ttl, start, lost)
+	return l.renewed(op, lease, ttl, start, out)
 }
 
 // RenewAll renews many leases in one call to the store (see lock.Locker),
@@ -37,7 +37,7 @@ func (l *Locker) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Duration) ([]*lock.Lease, []error) {
 	out := make([]*lock.Lease, len(leases))
 	errs := make([]error, len(leases))
-	lost := make([]int, len(leases))
+	lost := make([]renewal, len(leases))
 	var valid []int
 	for i, le := range leases {
 		if err := validateRenew(le, ttl); err != nil {
@@ -66,13 +66,25 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 	return out, errs
 }
 
+// renewal is the store's answer to one renewal.
+type renewal struct {
+	// lost is the index of the first key the acquisition no longer held,
+	// or -1.
+	lost int
+	// preempted is the index of the first key whose holding a request
+	// with Preempt stopped (not renewed), or -1.
+	preempted int
+}
+
 // renewed turns the store's answer to the renewal of lease that started at
-// start (lost: the index of the first key it no longer held, or -1) into
-// the renewed lease or an error.
-func (l *Locker) renewed(op string, lease *lock.Lease, ttl time.Duration, start time.Time, lost int) (*lock.Lease, error) {
-	if lost >= 0 {
+// start into the renewed lease or an error.
+func (l *Locker) renewed(op string, lease *lock.Lease, ttl time.Duration, start time.Time, out renewal) (*lock.Lease, error) {
+	if out.lost >= 0 {
 		l.opts.Log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
-		return nil, fmt.Errorf("%s: %w: key %q is no longer held by this acquisition (it expired, or another acquisition took it)", op, lock.ErrLost, lease.Keys[lost])
+		return nil, fmt.Errorf("%s: %w: key %q is no longer held by this acquisition (it expired, or another acquisition took it)", op, lock.ErrLost, lease.Keys[out.lost])
+	}
+	if out.preempted >= 0 {
+		return nil, fmt.Errorf("%s: %w: a newer request waits for key %q and stopped this lease; it stays valid until %s, release it once the work has stopped", op, lock.ErrPreempted, lease.Keys[out.preempted], lease.Expires.Format(time.RFC3339Nano))
 	}
 	next := *lease
 	next.TTL = ttl
@@ -88,11 +100,13 @@ func (l *Locker) renewed(op string, lease *lock.Lease, ttl time.Duration, start 
 	return &next, nil
 }
 
-// renew extends every key of lease's acquisition to now + ttl (under s.mu)
-// and returns -1, or, when the acquisition no longer holds one of them,
-// releases the keys it still holds and returns that key's index.
-func (s *Store) renew(now time.Time, lease *lock.Lease, ttl time.Duration) int {
+// renew extends every key of lease's acquisition to now + ttl (under s.mu).
+// When the acquisition no longer holds one of them, it releases the keys it
+// still holds and says which was lost; when a request with Preempt stopped
+// it, it extends none and says on which key.
+func (s *Store) renew(now time.Time, lease *lock.Lease, ttl time.Duration) renewal {
 	held := make([]*holding, len(lease.Keys))
+	preempted := -1
 	for i, k := range lease.Keys {
 		e := s.keys[k]
 		j := -1
@@ -102,14 +116,20 @@ func (s *Store) renew(now time.Time, lease *lock.Lease, ttl time.Duration) int {
 		if j < 0 || !s.live(e.holders[j], now) {
 			// Lost: never taken again behind the caller's back.
 			s.release(now, lease)
-			return i
+			return renewal{lost: i, preempted: -1}
+		}
+		if preempted < 0 && e.preempts(e.holders[j]) {
+			preempted = i
 		}
 		held[i] = e.holders[j]
+	}
+	if preempted >= 0 {
+		return renewal{lost: -1, preempted: preempted}
 	}
 	for _, h := range held {
 		h.expires = now.Add(ttl)
 	}
-	return -1
+	return renewal{lost: -1, preempted: -1}
 }
 
 // Release deletes the keys that the lease's acquisition (the owner token

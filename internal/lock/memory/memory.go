@@ -25,12 +25,18 @@
 //   - A key's queue is FIFO by ticket. A waiter keeps its place by calling
 //     again within the waiter TTL of its Locker; one that does not is pruned
 //     and joins at the back when it calls again.
+//   - A request with Replace drops the waiters with a smaller ticket from
+//     its keys' queues and marks their owners replaced for two waiter TTLs;
+//     one with Preempt also raises its busy keys' preemption mark to their
+//     holders' largest token, and a holding at or below the mark is not
+//     renewed.
 package memory
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -284,6 +290,12 @@ type entry struct {
 	// wake, when some Acquire waits for the key, is closed when the key is
 	// released (or its queue's head leaves) and then replaced.
 	wake chan struct{}
+	// replaced are the owners a request with Replace dropped from the
+	// queue, each until when its calls are told so (lock.ErrReplaced).
+	replaced map[string]time.Time
+	// preempted is the largest fencing token a request with Preempt
+	// stopped: a holding with a token up to it is no longer renewed.
+	preempted int64
 }
 
 // holding is one lease on one key.
@@ -314,11 +326,16 @@ func (s *Store) live(h *holding, now time.Time) bool {
 // waiting tells whether w keeps its place at now: until its deadline, inclusive.
 func waiting(w *waiter, now time.Time) bool { return !w.deadline.Before(now) }
 
-// prune drops e's expired holders and the waiters past their deadline.
+// prune drops e's expired holders, the waiters past their deadline and the
+// replacement marks past theirs.
 func (s *Store) prune(e *entry, now time.Time) {
 	e.holders = slices.DeleteFunc(e.holders, func(h *holding) bool { return !s.live(h, now) })
 	e.queue = slices.DeleteFunc(e.queue, func(w *waiter) bool { return !waiting(w, now) })
+	maps.DeleteFunc(e.replaced, func(_ string, until time.Time) bool { return until.Before(now) })
 }
+
+// preempts tells whether h is a holding a request with Preempt stopped.
+func (e *entry) preempts(h *holding) bool { return h.fence <= e.preempted }
 
 // entryOf returns key's entry, created when missing.
 func (s *Store) entryOf(key string) *entry {
