@@ -21,7 +21,7 @@ const (
 )
 
 // Contention says what a gated workload does when the lock is held.
-// +kubebuilder:validation:Enum=Queue;QueueLatest;Skip
+// +kubebuilder:validation:Enum=Queue;QueueLatest;ReplaceQueued;CancelInProgress;Skip
 type Contention string
 
 const (
@@ -33,6 +33,23 @@ const (
 	// slow holder cannot build a backlog. A Job without a CronJob waits as
 	// with Queue.
 	ContentionQueueLatest Contention = "QueueLatest"
+	// ContentionReplaceQueued makes the workload wait its turn, newest only:
+	// when it joins its key's queue, every workload queued there before it
+	// (of any CronJob, lock or cluster sharing the key) leaves the queue and
+	// ends (a Job Failed, reason Replaced). It is a rule of the store's
+	// queue, so it holds across operators and clusters.
+	ContentionReplaceQueued Contention = "ReplaceQueued"
+	// ContentionCancelInProgress is ReplaceQueued that also stops the
+	// running holder, GitHub Actions' cancel-in-progress: when the
+	// workload finds its key held by a Job of the same lock, that Job's
+	// lease is no longer renewed, the Job ends (Failed, reason Cancelled;
+	// its pods stop within their termination grace period) and its lease
+	// is released once they have, or expires with the lock's TTL; the
+	// newcomer then starts with a larger fencing token. Holders that are
+	// not Jobs of the same lock (a manual holder, a hold window, another
+	// lock's workload sharing a Global key) are waited for, never
+	// stopped. Locks with maxHolders 1 only.
+	ContentionCancelInProgress Contention = "CancelInProgress"
 	// ContentionSkip makes the workload give up without running: a plain
 	// Job ends Failed with reason Skipped; a CronJob's Job is deleted (its
 	// run is skipped; Events on the CronJob say why).
@@ -58,6 +75,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.keyFrom) || !has(self.holder)",message="spec.holder needs spec.keys: a lock with keyFrom has no fixed key for a manual holder to hold"
 // +kubebuilder:validation:XValidation:rule="!has(self.keyFrom) || !has(self.holds) || size(self.holds) == 0",message="spec.holds needs spec.keys: a lock with keyFrom has no fixed key for a hold to hold"
 // +kubebuilder:validation:XValidation:rule="!has(self.maxKeys) || has(self.keyFrom)",message="spec.maxKeys applies only with spec.keyFrom"
+// +kubebuilder:validation:XValidation:rule="!has(self.contention) || self.contention != 'CancelInProgress' || !has(self.maxHolders) || self.maxHolders == 1",message="spec.contention CancelInProgress needs maxHolders 1: it stops the one running holder of a key; with several slots use ReplaceQueued"
 // +kubebuilder:validation:XValidation:rule="self.scope == oldSelf.scope",message="spec.scope is immutable: create a new DistributedLock to change the scope"
 type DistributedLockSpec struct {
 	// keys are the lock keys, held all-or-nothing. 1 to 16 unique keys of up
@@ -125,10 +143,13 @@ type DistributedLockSpec struct {
 
 	// contention is what a gated Job does when the lock is held: Queue (default:
 	// wait in FIFO order), QueueLatest (wait, but a CronJob keeps only its
-	// newest waiting Job; older ones end with reason Superseded) or Skip (do
-	// not run: a plain Job ends with reason Skipped, a CronJob's Job is
-	// deleted). A Job's
-	// lockwarden.io/contention annotation overrides it.
+	// newest waiting Job; older ones end with reason Superseded),
+	// ReplaceQueued (wait, newest only: a newer Job of the same key replaces
+	// the waiting ones, which end with reason Replaced), CancelInProgress
+	// (ReplaceQueued that also stops the running Job of the same lock, which
+	// ends with reason Cancelled; maxHolders 1 only) or Skip (do not run: a
+	// plain Job ends with reason Skipped, a CronJob's Job is deleted). A
+	// Job's lockwarden.io/contention annotation overrides it.
 	// +optional
 	// +kubebuilder:default=Queue
 	Contention Contention `json:"contention,omitempty"`

@@ -11,7 +11,8 @@ const (
 	// gates a Job, a CronJob or a CronJob's job template. Users set it.
 	AnnotationLock = "lockwarden.io/lock"
 	// AnnotationContention overrides the lock's spec.contention for one Job
-	// or CronJob: Queue, QueueLatest or Skip. Users set it.
+	// or CronJob: Queue, QueueLatest, ReplaceQueued, CancelInProgress or
+	// Skip. Users set it.
 	AnnotationContention = "lockwarden.io/contention"
 	// AnnotationKey is the key a workload of a lock with spec.keyFrom was
 	// given at admission (as the expression gave it, before the scope
@@ -199,6 +200,14 @@ const (
 	// JobReasonSuperseded: a newer Job of the same CronJob joined the queue
 	// and the contention is QueueLatest.
 	JobReasonSuperseded = "Superseded"
+	// JobReasonReplaced: a newer workload joined the queue of the Job's key
+	// and the contention is ReplaceQueued or CancelInProgress.
+	JobReasonReplaced = "Replaced"
+	// JobReasonCancelled: the Job held its key when a newer Job of the same
+	// lock with contention CancelInProgress asked for it; its pods are
+	// stopped (the Job controller turns the condition into Failed), and the
+	// lock is released once they have.
+	JobReasonCancelled = "Cancelled"
 	// JobReasonDeleted: the Job was deleted while it held its lock; its pods
 	// are stopped (the Job controller turns the condition into Failed), and
 	// the lock is released once they have.
@@ -320,6 +329,15 @@ const (
 	// EventSuperseded: a waiting Job ended because a newer Job of its CronJob
 	// joined the queue (contention QueueLatest).
 	EventSuperseded = "Superseded"
+	// EventReplaced: a waiting Job ended because a newer workload joined the
+	// queue of its key (contention ReplaceQueued or CancelInProgress).
+	EventReplaced = "Replaced"
+	// EventCancelling: a waiting Job with contention CancelInProgress asked
+	// the running Job of its key to stop.
+	EventCancelling = "Cancelling"
+	// EventCancelled: a running Job was stopped because a newer Job of its
+	// lock with contention CancelInProgress asked for its key.
+	EventCancelled = "Cancelled"
 	// EventHoldEnded: a manual holder's until or maxHoldSeconds passed and
 	// its lease was released.
 	EventHoldEnded = "HoldEnded"

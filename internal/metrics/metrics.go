@@ -16,6 +16,9 @@ const (
 	ResultError    = "error"
 	ResultOK       = "ok"
 	ResultLost     = "lost"
+	// ResultPreempted: a renewal refused because a newer request with
+	// contention CancelInProgress stopped the lease.
+	ResultPreempted = "preempted"
 )
 
 var (
@@ -43,7 +46,7 @@ var (
 	// Renewals counts lease renewals by result (ok, lost, error).
 	Renewals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lockwarden_renewals_total",
-		Help: "Lease renewals by result (ok, lost, error: the backend did not answer and the renewal will be retried).",
+		Help: "Lease renewals by result (ok, lost, preempted: stopped by a newer Job with contention CancelInProgress, error: the backend did not answer and the renewal will be retried).",
 	}, []string{"result"})
 
 	// ShowsDeferred counts queue-position updates of waiting Jobs deferred

@@ -44,13 +44,18 @@ const DefaultMaxBatches = 16
 // holds no more of the DefaultMaxBatches places than this.
 const DefaultMaxBatchesPerBackend = 4
 
-// Lost reports a lease that is no longer held.
+// Lost reports a lease that is no longer held, or no longer renewed: one
+// that a newer request preempted (lock.ErrPreempted) still holds its keys
+// until its Expires, and its holder should stop and release it.
 type Lost struct {
 	Ref   holder.Ref
 	Lease *lock.Lease
-	// Err matches lock.ErrLost, wrapping the cause.
+	// Err matches lock.ErrLost, wrapping the cause, or lock.ErrPreempted.
 	Err error
 }
+
+// Preempted tells whether l is a preempted lease rather than a lost one.
+func (l Lost) Preempted() bool { return errors.Is(l.Err, lock.ErrPreempted) }
 
 // Watchdog renews leases. Create it with New; it is safe for concurrent use.
 type Watchdog struct {
@@ -398,6 +403,12 @@ func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
 			h.failed = nil
 			h.renewAt = renewAt(renewed[i], renewed[i].Expires.Sub(now))
 			w.dueBy(h.renewAt)
+		case err != nil && errors.Is(err, lock.ErrPreempted):
+			// Renewing again would fail again: the holder is told to stop,
+			// and releases the lease (valid until its Expires) when it has.
+			metrics.Renewals.WithLabelValues(metrics.ResultPreempted).Inc()
+			delete(w.leases, ref)
+			lost = append(lost, Lost{Ref: ref, Lease: h.lease, Err: err})
 		case err != nil && errors.Is(err, lock.ErrLost):
 			metrics.Renewals.WithLabelValues(metrics.ResultLost).Inc()
 			delete(w.leases, ref)
@@ -432,8 +443,12 @@ func (w *Watchdog) renewBatch(ctx context.Context, k batchKey, b *batch) {
 // without w.mu held.
 func (w *Watchdog) report(lost []Lost, callbacks []func(Lost)) {
 	for _, l := range lost {
-		metrics.LeasesLost.WithLabelValues(l.Ref.Kind).Inc()
-		w.log.Info("Lost lease", "kind", l.Ref.Kind, "namespace", l.Ref.Namespace, "name", l.Ref.Name, "fence", l.Lease.Fence, "error", l.Err.Error())
+		if l.Preempted() {
+			w.log.Info("Lease preempted", "kind", l.Ref.Kind, "namespace", l.Ref.Namespace, "name", l.Ref.Name, "fence", l.Lease.Fence, "validUntil", l.Lease.Expires, "error", l.Err.Error())
+		} else {
+			metrics.LeasesLost.WithLabelValues(l.Ref.Kind).Inc()
+			w.log.Info("Lost lease", "kind", l.Ref.Kind, "namespace", l.Ref.Namespace, "name", l.Ref.Name, "fence", l.Lease.Fence, "error", l.Err.Error())
+		}
 		for _, f := range callbacks {
 			f(l)
 		}

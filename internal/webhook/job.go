@@ -76,6 +76,10 @@ func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 	if err != nil {
 		return err
 	}
+	if dl != nil && locksv1alpha1.Contention(contention) == locksv1alpha1.ContentionCancelInProgress && dl.Spec.MaxHolders > 1 {
+		return apierrors.NewInvalid(jobGK, job.Name, field.ErrorList{field.Invalid(path.Key(locksv1alpha1.AnnotationContention), contention,
+			fmt.Sprintf(`%s"CancelInProgress" needs a lock with maxHolders 1, and lock %s has maxHolders %d: it stops the one running holder of a key; use "ReplaceQueued" on a lock with several slots`, source, dl.Name, dl.Spec.MaxHolders))})
+	}
 	w := keyfrom.Workload{Namespace: job.Namespace, Name: job.Name, GenerateName: job.GenerateName, Labels: job.Labels, Annotations: job.Annotations}
 	if ref := ownerCronJob(job); ref != nil {
 		w.OwnerKind, w.OwnerName = "CronJob", ref.Name
@@ -227,10 +231,11 @@ func validateAnnotations(lock, contention string, path *field.Path, source strin
 			fmt.Sprintf("%sa lock that gates Jobs or Pods must have a name of at most %d characters (it is stored as a label value); rename the DistributedLock", source, validation.LabelValueMaxLength)))
 	}
 	switch locksv1alpha1.Contention(contention) {
-	case "", locksv1alpha1.ContentionQueue, locksv1alpha1.ContentionQueueLatest, locksv1alpha1.ContentionSkip:
+	case "", locksv1alpha1.ContentionQueue, locksv1alpha1.ContentionQueueLatest, locksv1alpha1.ContentionReplaceQueued,
+		locksv1alpha1.ContentionCancelInProgress, locksv1alpha1.ContentionSkip:
 	default:
 		errs = append(errs, field.Invalid(path.Key(locksv1alpha1.AnnotationContention), contention,
-			source+`must be "Queue" (wait in FIFO order), "QueueLatest" (wait, but a CronJob keeps only its newest waiting Job) or "Skip" (do not run while the lock is held), or be left out to use the lock's spec.contention`))
+			source+`must be "Queue" (wait in FIFO order), "QueueLatest" (wait, but a CronJob keeps only its newest waiting Job), "ReplaceQueued" (wait, but a newer Job of the same key replaces the waiting ones), "CancelInProgress" (like ReplaceQueued, and also stop the running Job of the same lock) or "Skip" (do not run while the lock is held), or be left out to use the lock's spec.contention`))
 	}
 	return errs
 }

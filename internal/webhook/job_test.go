@@ -183,22 +183,24 @@ func TestValidateAnnotations(t *testing.T) {
 		wantFields               []string
 		wantText                 []string // substrings of the error messages
 	}{
-		"lock only":                 {lock: "billing"},
-		"lock with dots":            {lock: "billing.ledger-2"},
-		"contention Queue":          {lock: "billing", contention: "Queue"},
-		"contention Skip":           {lock: "billing", contention: "Skip"},
-		"contention QueueLatest":    {lock: "billing", contention: "QueueLatest"},
-		"empty lock name":           {lock: "", wantFields: []string{lockField}, wantText: []string{"must name a DistributedLock"}},
-		"upper case lock name":      {lock: "Billing", wantFields: []string{lockField}, wantText: []string{`"Billing"`, "lowercase"}},
-		"lock name with a slash":    {lock: "team/billing", wantFields: []string{lockField}},
-		"lock name of 254 letters":  {lock: strings.Repeat("a", 254), wantFields: []string{lockField}},
-		"lock name of 63 letters":   {lock: strings.Repeat("a", 63)},
-		"lock name of 64 letters":   {lock: strings.Repeat("a", 64), wantFields: []string{lockField}, wantText: []string{"at most 63 characters", "label value"}},
-		"lower case contention":     {lock: "billing", contention: "queue", wantFields: []string{contentionField}, wantText: []string{`"queue"`, `"Queue"`, `"Skip"`}},
-		"unknown contention":        {lock: "billing", contention: "Wait", wantFields: []string{contentionField}, wantText: []string{`"Queue" (wait in FIFO order)`, `"QueueLatest"`, `"Skip"`, "spec.contention"}},
-		"both wrong":                {lock: "Billing", contention: "Wait", wantFields: []string{lockField, contentionField}},
-		"the CronJob is named":      {lock: "Billing", source: "on CronJob nightly: ", wantFields: []string{lockField}, wantText: []string{"on CronJob nightly: must name"}},
-		"the CronJob is named, too": {lock: "billing", contention: "Wait", source: "on CronJob nightly: ", wantFields: []string{contentionField}, wantText: []string{"on CronJob nightly: must be"}},
+		"lock only":                   {lock: "billing"},
+		"lock with dots":              {lock: "billing.ledger-2"},
+		"contention Queue":            {lock: "billing", contention: "Queue"},
+		"contention Skip":             {lock: "billing", contention: "Skip"},
+		"contention QueueLatest":      {lock: "billing", contention: "QueueLatest"},
+		"contention ReplaceQueued":    {lock: "billing", contention: "ReplaceQueued"},
+		"contention CancelInProgress": {lock: "billing", contention: "CancelInProgress"},
+		"empty lock name":             {lock: "", wantFields: []string{lockField}, wantText: []string{"must name a DistributedLock"}},
+		"upper case lock name":        {lock: "Billing", wantFields: []string{lockField}, wantText: []string{`"Billing"`, "lowercase"}},
+		"lock name with a slash":      {lock: "team/billing", wantFields: []string{lockField}},
+		"lock name of 254 letters":    {lock: strings.Repeat("a", 254), wantFields: []string{lockField}},
+		"lock name of 63 letters":     {lock: strings.Repeat("a", 63)},
+		"lock name of 64 letters":     {lock: strings.Repeat("a", 64), wantFields: []string{lockField}, wantText: []string{"at most 63 characters", "label value"}},
+		"lower case contention":       {lock: "billing", contention: "queue", wantFields: []string{contentionField}, wantText: []string{`"queue"`, `"Queue"`, `"Skip"`}},
+		"unknown contention":          {lock: "billing", contention: "Wait", wantFields: []string{contentionField}, wantText: []string{`"Queue" (wait in FIFO order)`, `"QueueLatest"`, `"ReplaceQueued"`, `"CancelInProgress"`, `"Skip"`, "spec.contention"}},
+		"both wrong":                  {lock: "Billing", contention: "Wait", wantFields: []string{lockField, contentionField}},
+		"the CronJob is named":        {lock: "Billing", source: "on CronJob nightly: ", wantFields: []string{lockField}, wantText: []string{"on CronJob nightly: must name"}},
+		"the CronJob is named, too":   {lock: "billing", contention: "Wait", source: "on CronJob nightly: ", wantFields: []string{contentionField}, wantText: []string{"on CronJob nightly: must be"}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -235,6 +237,8 @@ func TestDefault(t *testing.T) {
 	maxWaitField := "metadata.annotations[lockwarden.io/max-wait]"
 	patient := cronJob("patient", "uid-patient", map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationMaxWait: "2h"})
 	badWait := cronJob("impatient", "uid-impatient", map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationMaxWait: "soon"})
+	semaphore := dlock("default", "exports")
+	semaphore.Spec.MaxHolders = 3
 
 	cases := map[string]struct {
 		cached   []client.Object // in Reader (the cache) and APIReader
@@ -381,6 +385,17 @@ func TestDefault(t *testing.T) {
 			cached: []client.Object{dlock("default", "billing")},
 			job:    makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Annotation(locksv1alpha1.AnnotationContention, "QueueLatest").Container("main").Obj(),
 			want:   makeJob("j").GatedBy("billing", "QueueLatest").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"contention CancelInProgress on a lock of one holder is accepted": {
+			cached: []client.Object{dlock("default", "billing")},
+			job:    makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Annotation(locksv1alpha1.AnnotationContention, "CancelInProgress").Container("main").Obj(),
+			want:   makeJob("j").GatedBy("billing", "CancelInProgress").Container("main", gateEnv("billing")...).Obj(),
+		},
+		"contention CancelInProgress on a semaphore is refused": {
+			cached:   []client.Object{semaphore},
+			job:      makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "exports").Annotation(locksv1alpha1.AnnotationContention, "CancelInProgress").Container("main").Obj(),
+			wantErr:  []string{contentionField},
+			wantText: []string{`"CancelInProgress" needs a lock with maxHolders 1`, "lock exports has maxHolders 3", `"ReplaceQueued"`},
 		},
 		"a bad lock name is refused naming the annotation": {
 			job:     makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "Billing").Container("main").Obj(),
