@@ -168,6 +168,11 @@ func releaseOrCool(ctx context.Context, locker lock.Locker, l *lock.Lease, coold
 		return time.Time{}, locker.Release(ctx, l)
 	}
 	if _, err := locker.Renew(ctx, l, cooldown); err != nil {
+		if errors.Is(err, lock.ErrPreempted) {
+			// A newer Job asked for the key (CancelInProgress): it gets
+			// it now, without the cooldown.
+			return time.Time{}, locker.Release(ctx, l)
+		}
 		if errors.Is(err, lock.ErrLost) {
 			return time.Time{}, fmt.Errorf("%w: %w", lock.ErrNotHeld, err)
 		}

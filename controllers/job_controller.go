@@ -160,14 +160,15 @@ const (
 	// phaseLostReported: its lease was lost and that was recorded on it.
 	phaseLostReported jobPhase = "LostReported"
 	// phaseDone: finished, ended without running (Skipped, WaitTimedOut,
-	// Superseded) or being deleted; its lease is released.
+	// Superseded, Replaced), cancelled or being deleted; its lease is
+	// released once its pods stopped.
 	phaseDone jobPhase = "Done"
 )
 
 // phaseOf decides a gated Job's phase from the Job alone.
 func phaseOf(job *batchv1.Job) jobPhase {
 	switch {
-	case !job.DeletionTimestamp.IsZero() || jobFinished(job) || endedWithoutRunning(job):
+	case !job.DeletionTimestamp.IsZero() || jobFinished(job) || endedWithoutRunning(job) || jobCancelled(job):
 		return phaseDone
 	case job.Annotations[locksv1alpha1.AnnotationLost] != "":
 		return phaseLostReported
@@ -238,7 +239,7 @@ func endedWithoutRunning(job *batchv1.Job) bool {
 	for _, c := range job.Status.Conditions {
 		if c.Type == batchv1.JobFailureTarget && c.Status == corev1.ConditionTrue {
 			switch c.Reason {
-			case locksv1alpha1.JobReasonSkipped, locksv1alpha1.JobReasonWaitTimedOut, locksv1alpha1.JobReasonSuperseded:
+			case locksv1alpha1.JobReasonSkipped, locksv1alpha1.JobReasonWaitTimedOut, locksv1alpha1.JobReasonSuperseded, locksv1alpha1.JobReasonReplaced:
 				return true
 			}
 		}

@@ -90,13 +90,29 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 	if !ok {
 		return untilDeadline(res, limit, deadline, r.Clock.Now()), nil
 	}
-	lease, err := h.Locker.TryAcquire(ctx, lock.Request{Keys: g.keys, TTL: lockTTL(g.dl), Owner: g.owner, Holder: g.holder.Encode(),
-		Queue: contention != locksv1alpha1.ContentionSkip, Limit: int(g.dl.Spec.MaxHolders)})
+	req := lock.Request{Keys: g.keys, TTL: lockTTL(g.dl), Owner: g.owner, Holder: g.holder.Encode(),
+		Queue: contention != locksv1alpha1.ContentionSkip, Limit: int(g.dl.Spec.MaxHolders),
+		Replace: contention == locksv1alpha1.ContentionReplaceQueued || contention == locksv1alpha1.ContentionCancelInProgress}
+	lease, err := h.Locker.TryAcquire(ctx, req)
 	var busy *lock.HeldError
+	if errors.As(err, &busy) && contention == locksv1alpha1.ContentionCancelInProgress && cancellable(g, busy) {
+		// The running Job of its lane is stopped: its lease is no longer
+		// renewed, and it is released once its pods stop (handleCancelled).
+		req.Preempt = true
+		if lease, err = h.Locker.TryAcquire(ctx, req); errors.As(err, &busy) {
+			r.eventf(job, corev1.EventTypeNormal, locksv1alpha1.EventCancelling, "Acquire",
+				"Asked %s, the running Job of lock %s, to stop (contention CancelInProgress); this Job starts once it has released the lock",
+				describeHolder(holder.Decode(busy.Holder).Identity, busy.Fence), g.dl.Name)
+		}
+	}
 	var invalid *lock.InvalidRequestError
 	switch {
 	case err == nil:
 		return r.start(ctx, g, h, lease)
+	case errors.Is(err, lock.ErrReplaced):
+		metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultBusy).Inc()
+		return r.end(ctx, g, ending{reason: locksv1alpha1.JobReasonReplaced, eventType: corev1.EventTypeNormal,
+			note: fmt.Sprintf("Replaced in the queue of lock %s by a newer workload of the same key (contention ReplaceQueued or CancelInProgress); the Job ends without running", g.dl.Name)})
 	case errors.As(err, &busy) && contention == locksv1alpha1.ContentionSkip:
 		metrics.Acquisitions.WithLabelValues(jobKind, metrics.ResultBusy).Inc()
 		return r.skip(ctx, g, busy)
@@ -120,6 +136,21 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 		r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventBackendUnavailable, "Acquire", "Lock %s: %s", g.dl.Name, backend.Describe(err))
 		return untilDeadline(ctrl.Result{RequeueAfter: backendRetry}, limit, deadline, r.Clock.Now()), nil
 	}
+}
+
+// cancellable tells whether a Job with contention CancelInProgress may stop
+// the holder that keeps it waiting: only a running Job of the same lock
+// (in any cluster sharing the store) on a lock of one key per workload.
+// A manual holder, a hold window, a Pod or another lock's workload sharing
+// a Global key is waited for, never stopped; with several fixed keys the
+// store would stop the holders of every busy key, not only the one named,
+// so such a lock waits as with ReplaceQueued.
+func cancellable(g *gatedJob, busy *lock.HeldError) bool {
+	if busy.Holder == "" || len(g.keys) != 1 || g.dl.Spec.MaxHolders > 1 {
+		return false
+	}
+	hd := holder.Decode(busy.Holder)
+	return hd.Kind == jobKind && hd.Namespace == g.job.Namespace && hd.Lock == g.dl.Name && hd.UID != string(g.job.UID)
 }
 
 // contentionOf is the Job's contention: its annotation, else its lock's.
@@ -472,6 +503,8 @@ func (r *JobReconciler) reconcileHeld(ctx context.Context, g *gatedJob) (ctrl.Re
 	switch {
 	case err == nil:
 		return ctrl.Result{}, nil
+	case errors.Is(err, lock.ErrPreempted):
+		return r.cancel(ctx, g, err)
 	case errors.Is(err, lock.ErrLost), errors.Is(err, lock.ErrNotHeld):
 		metrics.LeasesLost.WithLabelValues(jobKind).Inc()
 		return r.handleLost(ctx, g, err)
@@ -605,8 +638,12 @@ func lostCause(l watchdog.Lost) error {
 }
 
 // handleLost records a running Job's lost lease on the Job, then reports it
-// and applies the lock's onLost. Who detected the loss counts it.
+// and applies the lock's onLost. Who detected the loss counts it. A lease
+// that a newer Job preempted is not lost: the Job is cancelled.
 func (r *JobReconciler) handleLost(ctx context.Context, g *gatedJob, cause error) (ctrl.Result, error) {
+	if errors.Is(cause, lock.ErrPreempted) {
+		return r.cancel(ctx, g, cause)
+	}
 	job := g.job
 	r.Watchdog.Drop(g.ref)
 	fence := job.Annotations[locksv1alpha1.AnnotationFencingToken]
@@ -626,6 +663,57 @@ func (r *JobReconciler) handleLost(ctx context.Context, g *gatedJob, cause error
 	}
 	logf.FromContext(ctx).Info("Job lost its lease", "fence", fence, "terminate", terminate, "cause", cause.Error())
 	return ctrl.Result{}, nil
+}
+
+// cancel stops a running Job whose lease a newer Job of its lock preempted
+// (contention CancelInProgress): its lease is no longer renewed but still
+// holds the key until its Expires. A FailureTarget condition (reason
+// Cancelled) makes kube-controller-manager's Job controller stop its pods
+// within their termination grace period and mark it Failed; the Job is then
+// done with (phaseDone), and its lease is released once its pods have
+// stopped (holdWhilePodsRun), so that the newer Job never runs beside
+// them while the lease lasts. Past the lease's TTL the key is the newer
+// Job's anyway, and the fencing token tells the old writer apart.
+func (r *JobReconciler) cancel(ctx context.Context, g *gatedJob, cause error) (ctrl.Result, error) {
+	job := g.job
+	r.Watchdog.Drop(g.ref)
+	if jobCancelled(job) || jobFinished(job) {
+		return ctrl.Result{}, nil
+	}
+	lockName := job.Labels[locksv1alpha1.LabelLock]
+	fence := job.Annotations[locksv1alpha1.AnnotationFencingToken]
+	note := fmt.Sprintf("A newer Job of lock %s asked for its key (contention CancelInProgress): the Job's pods are stopped, then the lock (fencing token %s) is released", lockName, fence)
+	before := job.DeepCopy()
+	now := metav1.NewTime(r.Clock.Now())
+	job.Status.Conditions = append(job.Status.Conditions, batchv1.JobCondition{
+		Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: locksv1alpha1.JobReasonCancelled,
+		Message: note, LastProbeTime: now, LastTransitionTime: now,
+	})
+	if err := r.Client.Status().Patch(ctx, job, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		return ctrl.Result{}, fmt.Errorf("mark the cancelled Job failed to stop its pods: %w", err)
+	}
+	r.eventf(job, corev1.EventTypeWarning, locksv1alpha1.EventCancelled, "Cancel", "%s", note)
+	if cj := cronJobOf(job); cj != nil {
+		r.eventf(cj, corev1.EventTypeWarning, locksv1alpha1.EventCancelled, "Cancel", "Job %s: %s", job.Name, note)
+	}
+	if g.dl != nil {
+		r.Recorder.Eventf(g.dl, job, corev1.EventTypeNormal, locksv1alpha1.EventCancelled, "Cancel",
+			"Job %s (fencing token %s) is stopped: a newer Job asked for its key (contention CancelInProgress)", job.Name, fence)
+	}
+	logf.FromContext(ctx).Info("Cancelled running Job: its lease was preempted", "fence", fence, "cause", cause.Error())
+	return ctrl.Result{}, nil
+}
+
+// jobCancelled tells whether the Job was cancelled by a newer Job of its
+// lock (contention CancelInProgress): its FailureTarget condition has
+// reason Cancelled. Its lease is no longer renewed.
+func jobCancelled(job *batchv1.Job) bool {
+	for _, c := range job.Status.Conditions {
+		if c.Type == batchv1.JobFailureTarget && c.Status == corev1.ConditionTrue && c.Reason == locksv1alpha1.JobReasonCancelled {
+			return true
+		}
+	}
+	return false
 }
 
 // reconcileRelease releases the lease of a finished, ended or deleted Job,

@@ -134,7 +134,9 @@ func (r *JobReconciler) holdWhilePodsRun(ctx context.Context, g *gatedJob) (ctrl
 	// The lease must stay renewed; after a restart of the operator the
 	// watchdog does not hold it yet.
 	res := ctrl.Result{}
-	if _, _, held := r.Watchdog.Holding(g.ref); !held {
+	if _, _, held := r.Watchdog.Holding(g.ref); !held && !jobCancelled(job) {
+		// (A cancelled Job's lease is no longer renewed: it holds the key
+		// until its pods stop or it expires.)
 		var err error
 		if res, err = r.reconcileHeld(ctx, g); err != nil || job.Annotations[locksv1alpha1.AnnotationLost] != "" {
 			return res, true, err // lost: the next reconcile releases what is left

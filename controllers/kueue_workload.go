@@ -377,7 +377,7 @@ func (r *WorkloadReconciler) takeOver(ctx context.Context, g *workloadLock, h ba
 	switch {
 	case err == nil:
 		return r.setReady(ctx, g, renewed)
-	case errors.Is(err, lock.ErrLost), errors.Is(err, lock.ErrNotHeld):
+	case errors.Is(err, lock.ErrLost), errors.Is(err, lock.ErrNotHeld), errors.Is(err, lock.ErrPreempted):
 		metrics.LeasesLost.WithLabelValues(workloadKind).Inc()
 		return r.reportLost(ctx, g, err)
 	default:

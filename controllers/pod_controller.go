@@ -304,7 +304,7 @@ func (r *PodReconciler) reconcileWaiting(ctx context.Context, g *gatedPod) (ctrl
 				return res, nil
 			case err == nil:
 				return r.ungate(ctx, g, lease)
-			case !errors.Is(err, lock.ErrLost) && !errors.Is(err, lock.ErrNotHeld):
+			case !errors.Is(err, lock.ErrLost) && !errors.Is(err, lock.ErrNotHeld) && !errors.Is(err, lock.ErrPreempted):
 				logf.FromContext(ctx).Error(err, "Taking over the lease of the workload failed; retrying", "lock", g.dl.Name)
 				return ctrl.Result{RequeueAfter: backendRetry}, nil
 			}
@@ -441,7 +441,9 @@ func (r *PodReconciler) reconcileRunning(ctx context.Context, g *gatedPod) (ctrl
 	switch {
 	case err == nil:
 		return res, nil
-	case errors.Is(err, lock.ErrLost), errors.Is(err, lock.ErrNotHeld):
+	case errors.Is(err, lock.ErrLost), errors.Is(err, lock.ErrNotHeld), errors.Is(err, lock.ErrPreempted):
+		// (Only Jobs are preempted, by CancelInProgress: a Pod's lease that
+		// a store says is preempted is as good as lost.)
 		metrics.LeasesLost.WithLabelValues(podKind).Inc()
 		return r.handleLost(ctx, g, err)
 	default:
