@@ -30,6 +30,22 @@
 //     its own clock, and its owner): the same ticket on every key of a
 //     request, so that queues never order two waiters differently. A waiter
 //     keeps its place by calling again within the waiter TTL.
+//   - The queue rules (Request.Replace and Request.Preempt) live in the same
+//     state and are written by the same compare-and-swap as the join or the
+//     acquisition that applies them, so they hold between operators. A
+//     request with Replace drops from each key's queue the waiters ordered
+//     before it (everyone queued when it is not) and lists their owners as
+//     replaced for two waiter TTLs of its clock; a listed owner's calls fail
+//     with lock.ErrReplaced. A request with Preempt raises each busy key's
+//     preemption mark to the largest token of its other owners' holdings; a
+//     holding at or below the mark is not renewed (lock.ErrPreempted), and
+//     its owner is refused the key while others wait. A renewal that finds
+//     its lease preempted moves the lease's holdings to a session of their
+//     own that nobody renews, so that renewing the other leases of the
+//     session no longer keeps them (see Locker.freeze). The API server is
+//     the one copy of the state: a mark is lost only with the Lease, or if
+//     a Locker that predates the rules rewrites the state (it drops the
+//     fields it does not know).
 //
 // Owner tokens are stored as SHA-256 digests, never as they are: reading the
 // namespace does not let anyone renew or release a lease.
@@ -351,7 +367,32 @@ type state struct {
 	Holders []holding `json:"holders,omitempty"`
 	// Queue is its FIFO queue, by ticket.
 	Queue []waiter `json:"queue,omitempty"`
+	// Replaced are the owners a request with Replace dropped from the
+	// queue: their calls are told so (lock.ErrReplaced) until the mark's
+	// Until. Absent from states written before Request.Replace.
+	Replaced []mark `json:"replaced,omitempty"`
+	// Preempted is the largest fencing token a request with Preempt
+	// stopped: a holding with a token up to it is no longer renewed.
+	// Tokens only grow, so leases taken later are not affected. Absent
+	// (0: none) from states written before Request.Preempt.
+	Preempted int64 `json:"preempted,omitempty"`
 }
+
+// mark is an owner dropped from a key's queue by a newer request.
+type mark struct {
+	Owner string `json:"owner"` // digest
+	// Until is when the mark lapses (Unix ms, the replacing request's
+	// clock, like a waiter's Until).
+	Until int64 `json:"until"`
+}
+
+// replacedMark tells whether st marks owner replaced.
+func (st *state) replacedMark(owner string) bool {
+	return slices.ContainsFunc(st.Replaced, func(m mark) bool { return m.Owner == owner })
+}
+
+// preempts tells whether h is a holding a request with Preempt stopped.
+func (st *state) preempts(h holding) bool { return h.Fence <= st.Preempted }
 
 // holding is one lease on a key.
 type holding struct {
