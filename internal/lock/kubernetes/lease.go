@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -83,9 +84,13 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 	sess := make([]string, len(leases))
 	for _, i := range valid {
 		le := leases[i]
-		name, missing := holdingSession(states, le)
+		name, missing, preempted := holdingSession(states, le)
 		if missing != "" {
 			errs[i] = l.lost(ctx, le, fmt.Sprintf("key %q is no longer held by this acquisition (it expired, or another acquisition took it)", missing))
+			continue
+		}
+		if preempted != "" {
+			errs[i] = l.preempted(ctx, le, name, preempted)
 			continue
 		}
 		sess[i] = name
@@ -135,8 +140,9 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 }
 
 // holdingSession is the session the holdings of lease's acquisition point
-// at in states, or the first key it does not hold.
-func holdingSession(states map[string]*keyLease, lease *lock.Lease) (session, missing string) {
+// at in states, or the first key it does not hold; and the first key whose
+// holding a request with Preempt stopped ("" when none).
+func holdingSession(states map[string]*keyLease, lease *lock.Lease) (session, missing, preempted string) {
 	owner := digest(lease.Owner)
 	for _, k := range lease.Keys {
 		kl := states[k]
@@ -147,13 +153,62 @@ func holdingSession(states map[string]*keyLease, lease *lock.Lease) (session, mi
 			})
 		}
 		if i < 0 {
-			return "", k
+			return "", k, ""
 		}
 		if session == "" {
 			session = kl.st.Holders[i].Session
 		}
+		if preempted == "" && kl.st.preempts(kl.st.Holders[i]) {
+			preempted = k
+		}
 	}
-	return session, ""
+	return session, "", preempted
+}
+
+// preempted reports lease preempted (on key) without renewing it, after
+// moving its holdings from session name to a session nobody renews (see
+// freeze).
+func (l *Locker) preempted(ctx context.Context, lease *lock.Lease, name, key string) error {
+	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
+	if err := l.freeze(ctx, op, lease, name); err != nil {
+		return err
+	}
+	l.opts.Log.V(1).Info("Lease preempted", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence, "key", key)
+	return fmt.Errorf("%s: %w: a newer request waits for key %q and stopped this lease; it stays valid until %s, release it once the work has stopped", op, lock.ErrPreempted, key, lease.Expires.Format(time.RFC3339Nano))
+}
+
+// frozenPrefix starts the names of the sessions freeze creates.
+const frozenPrefix = "lw-f-"
+
+// freeze points the holdings of a preempted lease, on session from, at a
+// new session that nobody renews, so that renewals of the other leases of
+// from no longer extend them: they then last until a contender finds the
+// new session unchanged for its whole TTL, which is what from had left
+// (this Locker's own session; otherwise the lease's TTL) plus the drift
+// allowance, so never less than the lease's own validity. Only the first
+// renewal of a preempted lease freezes it (one session write and one write
+// per key); later ones find it frozen and write nothing.
+func (l *Locker) freeze(ctx context.Context, op string, lease *lock.Lease, from string) error {
+	if strings.HasPrefix(from, frozenPrefix) {
+		return nil
+	}
+	ttl := lease.TTL
+	if s, valid, ok := l.ownSession(from); ok {
+		left := valid.Sub(l.opts.Now())
+		if left <= 0 {
+			// Not valid any more: contenders take it as they would.
+			return nil
+		}
+		ttl = (left + drift(s.ttl)).Truncate(time.Millisecond) + time.Millisecond
+	}
+	to := &session{name: frozenPrefix + strings.TrimPrefix(newName(), "lw-s-"), ttl: ttl}
+	cctx, cancel := l.callCtx(ctx)
+	_, err := l.leases.Create(cctx, l.sessionObject(to, l.opts.Now()), metav1.CreateOptions{})
+	cancel()
+	if err != nil {
+		return apiError(op+": create the session of a preempted lease", err)
+	}
+	return l.repoint(ctx, op, lease, from, to.name)
 }
 
 // lost reports lease lost, releasing the keys it still holds (best effort):
@@ -226,6 +281,15 @@ func (l *Locker) move(ctx context.Context, op string, lease *lock.Lease, from st
 	if err != nil {
 		return nil, err
 	}
+	if err := l.repoint(ctx, op, lease, from, to.name); err != nil {
+		return nil, err
+	}
+	return to, nil
+}
+
+// repoint points the holdings of lease on session from at session to (one
+// write per key); the error matches lock.ErrLost when one is gone.
+func (l *Locker) repoint(ctx context.Context, op string, lease *lock.Lease, from, to string) error {
 	owner := digest(lease.Owner)
 	for _, k := range lease.Keys {
 		found := false
@@ -236,16 +300,16 @@ func (l *Locker) move(ctx context.Context, op string, lease *lock.Lease, from st
 			if found = i >= 0; !found {
 				return false
 			}
-			st.Holders[i].Session = to.name
+			st.Holders[i].Session = to
 			return true
 		}); err != nil {
-			return nil, err
+			return err
 		}
 		if !found {
-			return nil, l.lost(ctx, lease, fmt.Sprintf("key %q is no longer held by this acquisition", k))
+			return l.lost(ctx, lease, fmt.Sprintf("key %q is no longer held by this acquisition", k))
 		}
 	}
-	return to, nil
+	return nil
 }
 
 // readKeys reads the Leases of keys: one read each, or one paged list of
