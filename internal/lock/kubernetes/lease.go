@@ -90,7 +90,7 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 			continue
 		}
 		if preempted != "" {
-			errs[i] = l.preempted(ctx, le, name, preempted)
+			errs[i] = l.preempted(ctx, states, le, preempted)
 			continue
 		}
 		sess[i] = name
@@ -166,11 +166,10 @@ func holdingSession(states map[string]*keyLease, lease *lock.Lease) (session, mi
 }
 
 // preempted reports lease preempted (on key) without renewing it, after
-// moving its holdings from session name to a session nobody renews (see
-// freeze).
-func (l *Locker) preempted(ctx context.Context, lease *lock.Lease, name, key string) error {
+// moving its holdings in states to a session nobody renews (see freeze).
+func (l *Locker) preempted(ctx context.Context, states map[string]*keyLease, lease *lock.Lease, key string) error {
 	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
-	if err := l.freeze(ctx, op, lease, name); err != nil {
+	if err := l.freeze(ctx, op, states, lease); err != nil {
 		return err
 	}
 	l.opts.Log.V(1).Info("Lease preempted", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence, "key", key)
@@ -180,35 +179,51 @@ func (l *Locker) preempted(ctx context.Context, lease *lock.Lease, name, key str
 // frozenPrefix starts the names of the sessions freeze creates.
 const frozenPrefix = "lw-f-"
 
-// freeze points the holdings of a preempted lease, on session from, at a
+// frozen tells whether session name is one freeze created.
+func frozen(name string) bool { return strings.HasPrefix(name, frozenPrefix) }
+
+// freeze points the holdings of a preempted lease (as read in states) at a
 // new session that nobody renews, so that renewals of the other leases of
-// from no longer extend them: they then last until a contender finds the
-// new session unchanged for its whole TTL, which is what from had left
-// (this Locker's own session; otherwise the lease's TTL) plus the drift
-// allowance, so never less than the lease's own validity. Only the first
-// renewal of a preempted lease freezes it (one session write and one write
-// per key); later ones find it frozen and write nothing.
-func (l *Locker) freeze(ctx context.Context, op string, lease *lock.Lease, from string) error {
-	if strings.HasPrefix(from, frozenPrefix) {
+// their session no longer extend them: they then last until a contender
+// finds the new session unchanged for its whole TTL, which is the longest
+// validity their sessions had left (this Locker's own; otherwise the
+// lease's TTL) plus the drift allowance, so never less than the lease's
+// own validity. Only the first renewal of a preempted lease freezes it (a
+// session create and one write per key); later ones find its holdings
+// frozen and write nothing, and a renewal racing with it leaves the
+// holdings another one froze as they are.
+func (l *Locker) freeze(ctx context.Context, op string, states map[string]*keyLease, lease *lock.Lease) error {
+	owner := digest(lease.Owner)
+	now := l.opts.Now()
+	var ttl time.Duration
+	for _, k := range lease.Keys {
+		i := slices.IndexFunc(states[k].st.Holders, func(h holding) bool { return h.Owner == owner && h.Fence == lease.Fence })
+		from := states[k].st.Holders[i].Session
+		if frozen(from) {
+			continue
+		}
+		left := lease.TTL
+		if s, valid, ok := l.ownSession(from); ok {
+			left = 0
+			if now.Before(valid) {
+				left = valid.Sub(now) + drift(s.ttl)
+			}
+		}
+		ttl = max(ttl, left)
+	}
+	if ttl <= 0 {
+		// Frozen already, or its sessions are no longer valid (contenders
+		// take them as they would).
 		return nil
 	}
-	ttl := lease.TTL
-	if s, valid, ok := l.ownSession(from); ok {
-		left := valid.Sub(l.opts.Now())
-		if left <= 0 {
-			// Not valid any more: contenders take it as they would.
-			return nil
-		}
-		ttl = (left + drift(s.ttl)).Truncate(time.Millisecond) + time.Millisecond
-	}
-	to := &session{name: frozenPrefix + strings.TrimPrefix(newName(), "lw-s-"), ttl: ttl}
+	to := &session{name: frozenPrefix + strings.TrimPrefix(newName(), "lw-s-"), ttl: ttl.Truncate(time.Millisecond) + time.Millisecond}
 	cctx, cancel := l.callCtx(ctx)
-	_, err := l.leases.Create(cctx, l.sessionObject(to, l.opts.Now()), metav1.CreateOptions{})
+	_, err := l.leases.Create(cctx, l.sessionObject(to, now), metav1.CreateOptions{})
 	cancel()
 	if err != nil {
 		return apiError(op+": create the session of a preempted lease", err)
 	}
-	return l.repoint(ctx, op, lease, from, to.name)
+	return l.repoint(ctx, op, lease, to.name, func(s string) bool { return !frozen(s) }, frozen)
 }
 
 // lost reports lease lost, releasing the keys it still holds (best effort):
@@ -281,27 +296,33 @@ func (l *Locker) move(ctx context.Context, op string, lease *lock.Lease, from st
 	if err != nil {
 		return nil, err
 	}
-	if err := l.repoint(ctx, op, lease, from, to.name); err != nil {
+	if err := l.repoint(ctx, op, lease, to.name, func(s string) bool { return s == from }, nil); err != nil {
 		return nil, err
 	}
 	return to, nil
 }
 
-// repoint points the holdings of lease on session from at session to (one
-// write per key); the error matches lock.ErrLost when one is gone.
-func (l *Locker) repoint(ctx context.Context, op string, lease *lock.Lease, from, to string) error {
+// repoint points the holdings of lease at session to (one write per key):
+// a holding on a session that from accepts moves, one on a session that
+// stay accepts (nil: none) is left as it is; any other means the lease is
+// lost (the error matches lock.ErrLost).
+func (l *Locker) repoint(ctx context.Context, op string, lease *lock.Lease, to string, from, stay func(session string) bool) error {
 	owner := digest(lease.Owner)
 	for _, k := range lease.Keys {
 		found := false
 		if err := l.update(ctx, op, k, func(st *state) bool {
-			i := slices.IndexFunc(st.Holders, func(h holding) bool {
-				return h.Owner == owner && h.Fence == lease.Fence && h.Session == from
-			})
-			if found = i >= 0; !found {
-				return false
+			i := slices.IndexFunc(st.Holders, func(h holding) bool { return h.Owner == owner && h.Fence == lease.Fence })
+			switch {
+			case i >= 0 && from(st.Holders[i].Session):
+				found = true
+				st.Holders[i].Session = to
+				return true
+			case i >= 0 && stay != nil && stay(st.Holders[i].Session):
+				found = true
+			default:
+				found = false
 			}
-			st.Holders[i].Session = to
-			return true
+			return false
 		}); err != nil {
 			return err
 		}
