@@ -164,9 +164,14 @@ func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, erro
 type shape struct {
 	holders int
 	head    string
-	// replaced counts the replacement marks: a new one wakes the waiters
-	// to learn that they were dropped.
-	replaced int
+	// replaced are the replacement marks: a new one wakes the waiters to
+	// learn that they were dropped (one that lapses wakes nobody).
+	replaced []mark
+}
+
+// newMark tells whether cur has a replacement mark prev had not.
+func (cur shape) newMark(prev shape) bool {
+	return slices.ContainsFunc(cur.replaced, func(m mark) bool { return !slices.Contains(prev.replaced, m) })
 }
 
 func (l *Locker) watchLoop(ctx context.Context, opts metav1.ListOptions, w watch.Interface, names map[string]string, ch chan<- string) {
@@ -250,7 +255,7 @@ func (l *Locker) event(t watch.EventType, obj *coordinationv1.Lease, names map[s
 		return
 	}
 	prev, known := last[obj.Name]
-	cur := shape{holders: len(st.Holders), replaced: len(st.Replaced)}
+	cur := shape{holders: len(st.Holders), replaced: st.Replaced}
 	if len(st.Queue) > 0 {
 		cur.head = st.Queue[0].Owner
 	}
@@ -263,7 +268,7 @@ func (l *Locker) event(t watch.EventType, obj *coordinationv1.Lease, names map[s
 	if t == watch.Added || !known {
 		return
 	}
-	if cur.holders < prev.holders || cur.head != prev.head && cur.holders == 0 || cur.replaced > prev.replaced {
+	if cur.holders < prev.holders || cur.head != prev.head && cur.holders == 0 || cur.newMark(prev) {
 		send(key)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
@@ -239,5 +240,38 @@ func TestPreemptedLeaseRenewedConcurrently(t *testing.T) {
 	}
 	if err := hl.Release(ctx, h); err != nil {
 		t.Fatalf("Release of the preempted lease: %v", err)
+	}
+}
+
+// TestWatchWakesOnANewReplacedMark: a waiter's watch delivers its key
+// when a newer request marks waiters replaced, and not when a mark only
+// lapses (nobody has anything new to learn).
+func TestWatchWakesOnANewReplacedMark(t *testing.T) {
+	l := &Locker{}
+	names := map[string]string{"lw-k": "k"}
+	last := map[string]shape{}
+	var sent []string
+	send := func(k string) { sent = append(sent, k) }
+	version := func(st state) *coordinationv1.Lease {
+		raw, err := json.Marshal(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "lw-k", Annotations: map[string]string{AnnotationState: string(raw)}}}
+	}
+	holder := []holding{{Owner: "h", Fence: 1, Limit: 1, Session: "s"}}
+	old, next := mark{Owner: "a", Until: 10}, mark{Owner: "b", Until: 20}
+	for _, step := range []struct {
+		st   state
+		want int
+	}{
+		{state{Key: "k", Holders: holder, Replaced: []mark{old}}, 0},
+		{state{Key: "k", Holders: holder, Replaced: []mark{next}}, 1},
+		{state{Key: "k", Holders: holder}, 1},
+	} {
+		l.event(watch.Modified, version(step.st), names, last, send)
+		if len(sent) != step.want {
+			t.Fatalf("after %+v: delivered %q, want %d deliveries", step.st.Replaced, sent, step.want)
+		}
 	}
 }
