@@ -35,17 +35,29 @@
 //     acquisition that applies them, so they hold between operators. A
 //     request with Replace drops from each key's queue the waiters ordered
 //     before it (everyone queued when it is not) and lists their owners as
-//     replaced for two waiter TTLs of its clock; a listed owner's calls fail
-//     with lock.ErrReplaced. A request with Preempt raises each busy key's
-//     preemption mark to the largest token of its other owners' holdings; a
-//     holding at or below the mark is not renewed (lock.ErrPreempted), and
-//     its owner is refused the key while others wait. A renewal that finds
-//     its lease preempted moves the lease's holdings to a session of their
-//     own that nobody renews, so that renewing the other leases of the
-//     session no longer keeps them (see Locker.freeze). The API server is
-//     the one copy of the state: a mark is lost only with the Lease, or if
-//     a Locker that predates the rules rewrites the state (it drops the
-//     fields it does not know).
+//     replaced until two waiter TTLs of its clock later; a listed owner's
+//     calls fail with lock.ErrReplaced. A request with Preempt raises each
+//     busy key's preemption mark to the largest token of its other owners'
+//     holdings; a holding at or below the mark is not renewed
+//     (lock.ErrPreempted), and its owner is refused the key while others
+//     wait. The first renewal that finds its lease preempted points the
+//     lease's holdings at a session of their own (lw-f-…) that nobody
+//     renews, with what their session had left plus the drift allowance as
+//     TTL, so that renewing the other leases of the session no longer keeps
+//     them and contenders take them once that TTL has passed unchanged
+//     (see Locker.freeze). A preempted lease that its holder never renews
+//     again stays on its session, and lasts as long as the holder renews
+//     that session for other leases, as any lease of the store does.
+//   - The marks have one copy, in the Lease, behind the API server's etcd
+//     quorum: an operator cut off from it can neither read nor write them,
+//     a write from an older version of the state fails its compare-and-swap
+//     (so no Locker drops a mark it did not see), and a failover of an API
+//     server or etcd member keeps them. They are lost only with the Lease,
+//     when etcd is restored from a backup older than them, or when a Locker
+//     that predates the rules rewrites the state (it drops the fields it
+//     does not know). A replacement mark lapses by the clock of the Locker that
+//     prunes it: a clock running up to a waiter TTL ahead of the
+//     replacer's still keeps it for the waiter TTL the rule promises.
 //
 // Owner tokens are stored as SHA-256 digests, never as they are: reading the
 // namespace does not let anyone renew or release a lease.
