@@ -223,7 +223,22 @@ func (l *Locker) freeze(ctx context.Context, op string, states map[string]*keyLe
 	if err != nil {
 		return apiError(op+": create the session of a preempted lease", err)
 	}
-	return l.repoint(ctx, op, lease, to.name, func(s string) bool { return !frozen(s) }, frozen)
+	moved, err := l.repoint(ctx, op, lease, to.name, func(s string) bool { return !frozen(s) }, frozen)
+	if err == nil && moved == 0 {
+		// A racing renewal froze every holding first.
+		l.dropFrozen(ctx, to.name)
+	}
+	return err
+}
+
+// dropFrozen deletes session name, one freeze created, once no holding
+// points at it (best effort: sessions nobody renews are collected anyway).
+func (l *Locker) dropFrozen(ctx context.Context, name string) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.CleanupTimeout)
+	defer cancel()
+	if err := l.leases.Delete(cctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		l.opts.Log.V(2).Info("Deleting the session of a preempted lease failed; it is collected later", "session", name, "err", err.Error())
+	}
 }
 
 // lost reports lease lost, releasing the keys it still holds (best effort):
@@ -296,41 +311,40 @@ func (l *Locker) move(ctx context.Context, op string, lease *lock.Lease, from st
 	if err != nil {
 		return nil, err
 	}
-	if err := l.repoint(ctx, op, lease, to.name, func(s string) bool { return s == from }, nil); err != nil {
+	if _, err := l.repoint(ctx, op, lease, to.name, func(s string) bool { return s == from }, nil); err != nil {
 		return nil, err
 	}
 	return to, nil
 }
 
-// repoint points the holdings of lease at session to (one write per key):
-// a holding on a session that from accepts moves, one on a session that
-// stay accepts (nil: none) is left as it is; any other means the lease is
-// lost (the error matches lock.ErrLost).
-func (l *Locker) repoint(ctx context.Context, op string, lease *lock.Lease, to string, from, stay func(session string) bool) error {
+// repoint points the holdings of lease at session to (one write per key)
+// and says how many moved: a holding on a session that from accepts moves,
+// one on a session that stay accepts (nil: none) is left as it is; any
+// other means the lease is lost (the error matches lock.ErrLost).
+func (l *Locker) repoint(ctx context.Context, op string, lease *lock.Lease, to string, from, stay func(session string) bool) (int, error) {
 	owner := digest(lease.Owner)
+	moved := 0
 	for _, k := range lease.Keys {
-		found := false
+		found, move := false, false
 		if err := l.update(ctx, op, k, func(st *state) bool {
 			i := slices.IndexFunc(st.Holders, func(h holding) bool { return h.Owner == owner && h.Fence == lease.Fence })
-			switch {
-			case i >= 0 && from(st.Holders[i].Session):
-				found = true
+			move = i >= 0 && from(st.Holders[i].Session)
+			found = move || i >= 0 && stay != nil && stay(st.Holders[i].Session)
+			if move {
 				st.Holders[i].Session = to
-				return true
-			case i >= 0 && stay != nil && stay(st.Holders[i].Session):
-				found = true
-			default:
-				found = false
 			}
-			return false
+			return move
 		}); err != nil {
-			return err
+			return moved, err
+		}
+		if move {
+			moved++
 		}
 		if !found {
-			return l.lost(ctx, lease, fmt.Sprintf("key %q is no longer held by this acquisition", k))
+			return moved, l.lost(ctx, lease, fmt.Sprintf("key %q is no longer held by this acquisition", k))
 		}
 	}
-	return nil
+	return moved, nil
 }
 
 // readKeys reads the Leases of keys: one read each, or one paged list of
@@ -400,6 +414,9 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	owner := digest(lease.Owner)
 	cache := map[string]judgment{}
 	released := 0
+	// frozen are the sessions of the lease's preempted holdings (its own
+	// alone, see freeze): nothing points at them once it is released.
+	var frozenSessions []string
 	for _, k := range lease.Keys {
 		var held *holding
 		if err := l.update(ctx, op, k, func(st *state) bool {
@@ -423,6 +440,12 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 		if j, err := l.judge(ctx, op, held.Session, false, cache); err == nil && j.v == alive {
 			released++
 		}
+		if frozen(held.Session) && !slices.Contains(frozenSessions, held.Session) {
+			frozenSessions = append(frozenSessions, held.Session)
+		}
+	}
+	for _, name := range frozenSessions {
+		l.dropFrozen(ctx, name)
 	}
 	if released == 0 {
 		return fmt.Errorf("%s: %w: the lease expired or another acquisition replaced it", op, lock.ErrNotHeld)

@@ -201,7 +201,8 @@ func TestPreemptedLeaseOnARenewedSession(t *testing.T) {
 // TestPreemptedLeaseRenewedConcurrently: renewals of one preempted lease
 // that race (two renewal loops of its holder) each report it preempted;
 // none takes the other's move of its holdings for a loss, and the lease
-// still holds its key.
+// still holds its key. Its release leaves none of the sessions the
+// renewals created.
 func TestPreemptedLeaseRenewedConcurrently(t *testing.T) {
 	needEnv(t)
 	cfg := Config{Prefix: "policies-race"}
@@ -240,6 +241,15 @@ func TestPreemptedLeaseRenewedConcurrently(t *testing.T) {
 	}
 	if err := hl.Release(ctx, h); err != nil {
 		t.Fatalf("Release of the preempted lease: %v", err)
+	}
+	sessions, err := hl.leases.List(ctx, metav1.ListOptions{LabelSelector: hl.selector(roleSession)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sessions.Items {
+		if frozen(s.Name) {
+			t.Errorf("session %s of the preempted lease is left after its release (or a racing renewal's is left unused)", s.Name)
+		}
 	}
 }
 
