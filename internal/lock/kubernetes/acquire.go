@@ -71,6 +71,17 @@ func (l *Locker) try(ctx context.Context, op string, req lock.Request, start tim
 			return nil, 0, err
 		}
 	}
+	for _, kl := range kls {
+		if kl.st.replacedMark(owner) {
+			return nil, 0, fmt.Errorf("%s: %w: a newer request took its place in the queue of key %q", op, lock.ErrReplaced, kl.key)
+		}
+	}
+	if req.Replace {
+		l.replaceOlder(kls, owner, now)
+	}
+	if req.Preempt {
+		preempt(kls, owner)
+	}
 	limit := req.Holders()
 	for _, kl := range kls {
 		if !busyFor(&kl.st, owner, limit) {
@@ -155,7 +166,8 @@ func (l *Locker) byName(kls []*keyLease) []*keyLease {
 }
 
 // prune drops from kl the holdings whose sessions are gone (deleting the
-// ones found expired) and the waiters past their deadline.
+// ones found expired), the waiters past their deadline and the replacement
+// marks past theirs.
 func (l *Locker) prune(ctx context.Context, op string, kl *keyLease, now time.Time, cache map[string]judgment) error {
 	var dead []string
 	for _, h := range kl.st.Holders {
@@ -170,7 +182,49 @@ func (l *Locker) prune(ctx context.Context, op string, kl *keyLease, now time.Ti
 	kl.st.Holders = slices.DeleteFunc(kl.st.Holders, func(h holding) bool { return slices.Contains(dead, h.Session) })
 	ms := now.UnixMilli()
 	kl.st.Queue = slices.DeleteFunc(kl.st.Queue, func(w waiter) bool { return w.Until < ms })
+	kl.st.Replaced = slices.DeleteFunc(kl.st.Replaced, func(m mark) bool { return m.Until < ms })
 	return nil
+}
+
+// replaceOlder applies Request.Replace to the pruned states kls, which the
+// attempt then writes (its join or its acquisition): the waiters ordered
+// before owner's place (everyone queued when it has none) leave the
+// queues, and their owners are marked replaced for two waiter TTLs.
+func (l *Locker) replaceOlder(kls []*keyLease, owner string, now time.Time) {
+	// owner's place: its ticket is the same on every key it joined (the
+	// largest when a join was cut short, as join takes it).
+	var mine *waiter
+	for _, kl := range kls {
+		if i := position(&kl.st, owner); i >= 0 && (mine == nil || waiterOrder(kl.st.Queue[i], *mine) > 0) {
+			w := kl.st.Queue[i]
+			mine = &w
+		}
+	}
+	until := now.Add(2 * l.opts.WaiterTTL).UnixMilli()
+	for _, kl := range kls {
+		st := &kl.st
+		st.Queue = slices.DeleteFunc(st.Queue, func(w waiter) bool {
+			if w.Owner == owner || mine != nil && waiterOrder(w, *mine) >= 0 {
+				return false
+			}
+			st.Replaced = slices.DeleteFunc(st.Replaced, func(m mark) bool { return m.Owner == w.Owner })
+			st.Replaced = append(st.Replaced, mark{Owner: w.Owner, Until: until})
+			return true
+		})
+	}
+}
+
+// preempt applies Request.Preempt to the pruned states kls: every holding
+// of another owner is stopped (the key's preemption mark rises to its
+// token). A key held by others refuses the request, whose join writes it.
+func preempt(kls []*keyLease, owner string) {
+	for _, kl := range kls {
+		for _, h := range kl.st.Holders {
+			if h.Owner != owner {
+				kl.st.Preempted = max(kl.st.Preempted, h.Fence)
+			}
+		}
+	}
 }
 
 // busyFor tells whether st (pruned) refuses a request of owner for limit
@@ -182,7 +236,10 @@ func busyFor(st *state, owner string, limit int) bool {
 			return true
 		case len(st.Holders) == 1:
 			h := st.Holders[0]
-			return !h.mutex() || h.Owner != owner
+			// Only the owner's own mutex lease leaves the key to it, queue
+			// or not; unless it was preempted and others wait.
+			return !h.mutex() || h.Owner != owner ||
+				(st.preempts(h) && slices.ContainsFunc(st.Queue, func(w waiter) bool { return w.Owner != owner }))
 		default:
 			return len(st.Queue) > 0 && st.Queue[0].Owner != owner
 		}
@@ -313,7 +370,11 @@ func (l *Locker) update(ctx context.Context, op, key string, change func(*state)
 
 // sortQueue orders a queue by ticket, and owner among equal tickets.
 func sortQueue(q []waiter) {
-	slices.SortStableFunc(q, func(a, b waiter) int {
-		return cmp.Or(cmp.Compare(a.Ticket, b.Ticket), cmp.Compare(a.Owner, b.Owner))
-	})
+	slices.SortStableFunc(q, waiterOrder)
+}
+
+// waiterOrder is the queues' order: by ticket, and owner among equal
+// tickets.
+func waiterOrder(a, b waiter) int {
+	return cmp.Or(cmp.Compare(a.Ticket, b.Ticket), cmp.Compare(a.Owner, b.Owner))
 }

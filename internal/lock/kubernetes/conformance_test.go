@@ -32,3 +32,9 @@ func TestQueueVisibility(t *testing.T) {
 	needEnv(t)
 	locktest.CheckQueueVisibility(t, lockerFactory(Config{Prefix: "visibility"}, WithWaiterTTL(30*time.Second)))
 }
+
+func TestConformancePolicies(t *testing.T) {
+	needEnv(t)
+	cfg := Config{Prefix: "policies"}
+	locktest.RunPolicies(t, lockerFactory(cfg, WithWaiterTTL(conformanceWaiterTTL)), locktest.WithWaiterTTL(conformanceWaiterTTL))
+}

@@ -164,6 +164,14 @@ func (l *Locker) Watch(ctx context.Context, keys ...string) (<-chan string, erro
 type shape struct {
 	holders int
 	head    string
+	// replaced are the replacement marks: a new one wakes the waiters to
+	// learn that they were dropped (one that lapses wakes nobody).
+	replaced []mark
+}
+
+// newMark tells whether cur has a replacement mark prev had not.
+func (cur shape) newMark(prev shape) bool {
+	return slices.ContainsFunc(cur.replaced, func(m mark) bool { return !slices.Contains(prev.replaced, m) })
 }
 
 func (l *Locker) watchLoop(ctx context.Context, opts metav1.ListOptions, w watch.Interface, names map[string]string, ch chan<- string) {
@@ -231,7 +239,7 @@ func (l *Locker) drain(ctx context.Context, w watch.Interface, names map[string]
 }
 
 // event delivers the key of a changed Lease that lost a holder or its
-// queue head.
+// queue head, or whose waiters a newer request replaced.
 func (l *Locker) event(t watch.EventType, obj *coordinationv1.Lease, names map[string]string, last map[string]shape, send func(string)) {
 	var st state
 	key, watched := names[obj.Name]
@@ -247,7 +255,7 @@ func (l *Locker) event(t watch.EventType, obj *coordinationv1.Lease, names map[s
 		return
 	}
 	prev, known := last[obj.Name]
-	cur := shape{holders: len(st.Holders)}
+	cur := shape{holders: len(st.Holders), replaced: st.Replaced}
 	if len(st.Queue) > 0 {
 		cur.head = st.Queue[0].Owner
 	}
@@ -260,7 +268,7 @@ func (l *Locker) event(t watch.EventType, obj *coordinationv1.Lease, names map[s
 	if t == watch.Added || !known {
 		return
 	}
-	if cur.holders < prev.holders || cur.head != prev.head && cur.holders == 0 {
+	if cur.holders < prev.holders || cur.head != prev.head && cur.holders == 0 || cur.newMark(prev) {
 		send(key)
 	}
 }

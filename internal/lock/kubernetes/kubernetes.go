@@ -30,6 +30,34 @@
 //     its own clock, and its owner): the same ticket on every key of a
 //     request, so that queues never order two waiters differently. A waiter
 //     keeps its place by calling again within the waiter TTL.
+//   - The queue rules (Request.Replace and Request.Preempt) live in the same
+//     state and are written by the same compare-and-swap as the join or the
+//     acquisition that applies them, so they hold between operators. A
+//     request with Replace drops from each key's queue the waiters ordered
+//     before it (everyone queued when it is not) and lists their owners as
+//     replaced until two waiter TTLs of its clock later; a listed owner's
+//     calls fail with lock.ErrReplaced. A request with Preempt raises each
+//     busy key's preemption mark to the largest token of its other owners'
+//     holdings; a holding at or below the mark is not renewed
+//     (lock.ErrPreempted), and its owner is refused the key while others
+//     wait. The first renewal that finds its lease preempted points the
+//     lease's holdings at a session of their own (lw-f-…) that nobody
+//     renews, with what their session had left plus the drift allowance as
+//     TTL, so that renewing the other leases of the session no longer keeps
+//     them and contenders take them once that TTL has passed unchanged
+//     (see Locker.freeze). A preempted lease that its holder never renews
+//     again stays on its session, and lasts as long as the holder renews
+//     that session for other leases, as any lease of the store does.
+//   - The marks have one copy, in the Lease, behind the API server's etcd
+//     quorum: an operator cut off from it can neither read nor write them,
+//     a write from an older version of the state fails its compare-and-swap
+//     (so no Locker drops a mark it did not see), and a failover of an API
+//     server or etcd member keeps them. They are lost only with the Lease,
+//     when etcd is restored from a backup older than them, or when a Locker
+//     that predates the rules rewrites the state (it drops the fields it
+//     does not know). A replacement mark lapses by the clock of the Locker that
+//     prunes it: a clock running up to a waiter TTL ahead of the
+//     replacer's still keeps it for the waiter TTL the rule promises.
 //
 // Owner tokens are stored as SHA-256 digests, never as they are: reading the
 // namespace does not let anyone renew or release a lease.
@@ -351,7 +379,32 @@ type state struct {
 	Holders []holding `json:"holders,omitempty"`
 	// Queue is its FIFO queue, by ticket.
 	Queue []waiter `json:"queue,omitempty"`
+	// Replaced are the owners a request with Replace dropped from the
+	// queue: their calls are told so (lock.ErrReplaced) until the mark's
+	// Until. Absent from states written before Request.Replace.
+	Replaced []mark `json:"replaced,omitempty"`
+	// Preempted is the largest fencing token a request with Preempt
+	// stopped: a holding with a token up to it is no longer renewed.
+	// Tokens only grow, so leases taken later are not affected. Absent
+	// (0: none) from states written before Request.Preempt.
+	Preempted int64 `json:"preempted,omitempty"`
 }
+
+// mark is an owner dropped from a key's queue by a newer request.
+type mark struct {
+	Owner string `json:"owner"` // digest
+	// Until is when the mark lapses (Unix ms, the replacing request's
+	// clock, like a waiter's Until).
+	Until int64 `json:"until"`
+}
+
+// replacedMark tells whether st marks owner replaced.
+func (st *state) replacedMark(owner string) bool {
+	return slices.ContainsFunc(st.Replaced, func(m mark) bool { return m.Owner == owner })
+}
+
+// preempts tells whether h is a holding a request with Preempt stopped.
+func (st *state) preempts(h holding) bool { return h.Fence <= st.Preempted }
 
 // holding is one lease on a key.
 type holding struct {

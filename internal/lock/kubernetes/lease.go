@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -83,9 +84,13 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 	sess := make([]string, len(leases))
 	for _, i := range valid {
 		le := leases[i]
-		name, missing := holdingSession(states, le)
+		name, missing, preempted := holdingSession(states, le)
 		if missing != "" {
 			errs[i] = l.lost(ctx, le, fmt.Sprintf("key %q is no longer held by this acquisition (it expired, or another acquisition took it)", missing))
+			continue
+		}
+		if preempted != "" {
+			errs[i] = l.preempted(ctx, states, le, preempted)
 			continue
 		}
 		sess[i] = name
@@ -135,8 +140,9 @@ func (l *Locker) RenewAll(ctx context.Context, leases []*lock.Lease, ttl time.Du
 }
 
 // holdingSession is the session the holdings of lease's acquisition point
-// at in states, or the first key it does not hold.
-func holdingSession(states map[string]*keyLease, lease *lock.Lease) (session, missing string) {
+// at in states, or the first key it does not hold; and the first key whose
+// holding a request with Preempt stopped ("" when none).
+func holdingSession(states map[string]*keyLease, lease *lock.Lease) (session, missing, preempted string) {
 	owner := digest(lease.Owner)
 	for _, k := range lease.Keys {
 		kl := states[k]
@@ -147,13 +153,92 @@ func holdingSession(states map[string]*keyLease, lease *lock.Lease) (session, mi
 			})
 		}
 		if i < 0 {
-			return "", k
+			return "", k, ""
 		}
 		if session == "" {
 			session = kl.st.Holders[i].Session
 		}
+		if preempted == "" && kl.st.preempts(kl.st.Holders[i]) {
+			preempted = k
+		}
 	}
-	return session, ""
+	return session, "", preempted
+}
+
+// preempted reports lease preempted (on key) without renewing it, after
+// moving its holdings in states to a session nobody renews (see freeze).
+func (l *Locker) preempted(ctx context.Context, states map[string]*keyLease, lease *lock.Lease, key string) error {
+	op := fmt.Sprintf("renew keys %q (fencing token %d)", lease.Keys, lease.Fence)
+	if err := l.freeze(ctx, op, states, lease); err != nil {
+		return err
+	}
+	l.opts.Log.V(1).Info("Lease preempted", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence, "key", key)
+	return fmt.Errorf("%s: %w: a newer request waits for key %q and stopped this lease; it stays valid until %s, release it once the work has stopped", op, lock.ErrPreempted, key, lease.Expires.Format(time.RFC3339Nano))
+}
+
+// frozenPrefix starts the names of the sessions freeze creates.
+const frozenPrefix = "lw-f-"
+
+// frozen tells whether session name is one freeze created.
+func frozen(name string) bool { return strings.HasPrefix(name, frozenPrefix) }
+
+// freeze points the holdings of a preempted lease (as read in states) at a
+// new session that nobody renews, so that renewals of the other leases of
+// their session no longer extend them: they then last until a contender
+// finds the new session unchanged for its whole TTL, which is the longest
+// validity their sessions had left (this Locker's own; otherwise the
+// lease's TTL) plus the drift allowance, so never less than the lease's
+// own validity. Only the first renewal of a preempted lease freezes it (a
+// session create and one write per key); later ones find its holdings
+// frozen and write nothing, and a renewal racing with it leaves the
+// holdings another one froze as they are.
+func (l *Locker) freeze(ctx context.Context, op string, states map[string]*keyLease, lease *lock.Lease) error {
+	owner := digest(lease.Owner)
+	now := l.opts.Now()
+	var ttl time.Duration
+	for _, k := range lease.Keys {
+		i := slices.IndexFunc(states[k].st.Holders, func(h holding) bool { return h.Owner == owner && h.Fence == lease.Fence })
+		from := states[k].st.Holders[i].Session
+		if frozen(from) {
+			continue
+		}
+		left := lease.TTL
+		if s, valid, ok := l.ownSession(from); ok {
+			left = 0
+			if now.Before(valid) {
+				left = valid.Sub(now) + drift(s.ttl)
+			}
+		}
+		ttl = max(ttl, left)
+	}
+	if ttl <= 0 {
+		// Frozen already, or its sessions are no longer valid (contenders
+		// take them as they would).
+		return nil
+	}
+	to := &session{name: frozenPrefix + strings.TrimPrefix(newName(), "lw-s-"), ttl: ttl.Truncate(time.Millisecond) + time.Millisecond}
+	cctx, cancel := l.callCtx(ctx)
+	_, err := l.leases.Create(cctx, l.sessionObject(to, now), metav1.CreateOptions{})
+	cancel()
+	if err != nil {
+		return apiError(op+": create the session of a preempted lease", err)
+	}
+	moved, err := l.repoint(ctx, op, lease, to.name, func(s string) bool { return !frozen(s) }, frozen)
+	if err == nil && moved == 0 {
+		// A racing renewal froze every holding first.
+		l.dropFrozen(ctx, to.name)
+	}
+	return err
+}
+
+// dropFrozen deletes session name, one freeze created, once no holding
+// points at it (best effort: sessions nobody renews are collected anyway).
+func (l *Locker) dropFrozen(ctx context.Context, name string) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.CleanupTimeout)
+	defer cancel()
+	if err := l.leases.Delete(cctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		l.opts.Log.V(2).Info("Deleting the session of a preempted lease failed; it is collected later", "session", name, "err", err.Error())
+	}
 }
 
 // lost reports lease lost, releasing the keys it still holds (best effort):
@@ -226,26 +311,40 @@ func (l *Locker) move(ctx context.Context, op string, lease *lock.Lease, from st
 	if err != nil {
 		return nil, err
 	}
-	owner := digest(lease.Owner)
-	for _, k := range lease.Keys {
-		found := false
-		if err := l.update(ctx, op, k, func(st *state) bool {
-			i := slices.IndexFunc(st.Holders, func(h holding) bool {
-				return h.Owner == owner && h.Fence == lease.Fence && h.Session == from
-			})
-			if found = i >= 0; !found {
-				return false
-			}
-			st.Holders[i].Session = to.name
-			return true
-		}); err != nil {
-			return nil, err
-		}
-		if !found {
-			return nil, l.lost(ctx, lease, fmt.Sprintf("key %q is no longer held by this acquisition", k))
-		}
+	if _, err := l.repoint(ctx, op, lease, to.name, func(s string) bool { return s == from }, nil); err != nil {
+		return nil, err
 	}
 	return to, nil
+}
+
+// repoint points the holdings of lease at session to (one write per key)
+// and says how many moved: a holding on a session that from accepts moves,
+// one on a session that stay accepts (nil: none) is left as it is; any
+// other means the lease is lost (the error matches lock.ErrLost).
+func (l *Locker) repoint(ctx context.Context, op string, lease *lock.Lease, to string, from, stay func(session string) bool) (int, error) {
+	owner := digest(lease.Owner)
+	moved := 0
+	for _, k := range lease.Keys {
+		found, move := false, false
+		if err := l.update(ctx, op, k, func(st *state) bool {
+			i := slices.IndexFunc(st.Holders, func(h holding) bool { return h.Owner == owner && h.Fence == lease.Fence })
+			move = i >= 0 && from(st.Holders[i].Session)
+			found = move || i >= 0 && stay != nil && stay(st.Holders[i].Session)
+			if move {
+				st.Holders[i].Session = to
+			}
+			return move
+		}); err != nil {
+			return moved, err
+		}
+		if move {
+			moved++
+		}
+		if !found {
+			return moved, l.lost(ctx, lease, fmt.Sprintf("key %q is no longer held by this acquisition", k))
+		}
+	}
+	return moved, nil
 }
 
 // readKeys reads the Leases of keys: one read each, or one paged list of
@@ -315,6 +414,9 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 	owner := digest(lease.Owner)
 	cache := map[string]judgment{}
 	released := 0
+	// frozen are the sessions of the lease's preempted holdings (its own
+	// alone, see freeze): nothing points at them once it is released.
+	var frozenSessions []string
 	for _, k := range lease.Keys {
 		var held *holding
 		if err := l.update(ctx, op, k, func(st *state) bool {
@@ -338,6 +440,12 @@ func (l *Locker) Release(ctx context.Context, lease *lock.Lease) error {
 		if j, err := l.judge(ctx, op, held.Session, false, cache); err == nil && j.v == alive {
 			released++
 		}
+		if frozen(held.Session) && !slices.Contains(frozenSessions, held.Session) {
+			frozenSessions = append(frozenSessions, held.Session)
+		}
+	}
+	for _, name := range frozenSessions {
+		l.dropFrozen(ctx, name)
 	}
 	if released == 0 {
 		return fmt.Errorf("%s: %w: the lease expired or another acquisition replaced it", op, lock.ErrNotHeld)
