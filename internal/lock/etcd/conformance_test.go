@@ -51,6 +51,32 @@ func TestConformanceTLSDial(t *testing.T) {
 	}
 }
 
+// TestConformancePolicies runs the queue policies' cases (Replace and
+// Preempt) on every configuration the conformance suite runs on.
+func TestConformancePolicies(t *testing.T) {
+	t.Run("Single", func(t *testing.T) {
+		m := etcdtest.Start(t)
+		cfg := Config{Endpoints: []string{m.Addr}}
+		locktest.RunPolicies(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second))
+	})
+	t.Run("Cluster3Auth", func(t *testing.T) {
+		c := etcdtest.StartCluster(t, 3, etcdtest.WithRootPassword("s3cret"))
+		cfg := configFor(c)
+		cfg.Prefix = "/conformance/auth/"
+		locktest.RunPolicies(t, lockerFactory(cfg, WithWaiterTTL(3*time.Second)), locktest.WithWaiterTTL(3*time.Second), locktest.WithRounds(3))
+	})
+	t.Run("TLSDial", func(t *testing.T) {
+		m := etcdtest.Start(t, etcdtest.WithTLS())
+		var d countingDialer
+		cfg := configFor(m.Cluster())
+		cfg.Dial = d.dial
+		locktest.RunPolicies(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
+		if d.calls.Load() == 0 {
+			t.Fatal("no connection went through Config.Dial")
+		}
+	})
+}
+
 func TestLockerReadsItsClock(t *testing.T) {
 	m := etcdtest.Start(t)
 	locktest.CheckClock(t, func(t *testing.T, c *testingclock.FakeClock) lock.Locker {
