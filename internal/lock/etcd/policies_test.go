@@ -266,3 +266,45 @@ func TestPolicyMarksSurviveALeaderChange(t *testing.T) {
 		}
 	}
 }
+
+// TestPreemptStopsSemaphoreSlots: an exclusive request with Preempt on a key
+// whose semaphore slots are held stops every slot: the flag goes into the
+// slot values with their tokens (a write changes a slot key's
+// ModRevision, the token until then), so the slots keep their tokens, fail
+// their renewals with ErrPreempted and release as usual.
+func TestPreemptStopsSemaphoreSlots(t *testing.T) {
+	m := etcdtest.Start(t)
+	cfg := Config{Endpoints: []string{m.Addr}, Prefix: "/policies/slots/"}
+	ctx := ctxT(t, time.Minute)
+	l := newTestLocker(t, cfg)
+	slot := func(name string) lock.Request {
+		return lock.Request{Keys: []string{"pool"}, TTL: 30 * time.Second, Owner: ownerToken(t), Holder: name, Limit: 2}
+	}
+	a, b := mustTake(t, l, slot("a")), mustTake(t, l, slot("b"))
+	rl := newTestLocker(t, cfg)
+	r := lock.Request{Keys: []string{"pool"}, TTL: 30 * time.Second, Owner: ownerToken(t), Holder: "r", Queue: true, Replace: true, Preempt: true}
+	mustQueue(t, rl, r)
+	out, errs := l.RenewAll(ctx, []*lock.Lease{a, b}, 30*time.Second)
+	for i, err := range errs {
+		if out[i] != nil || !errors.Is(err, lock.ErrPreempted) || errors.Is(err, lock.ErrLost) {
+			t.Fatalf("renewal of slot %d: %+v, %v; want ErrPreempted", i, out[i], err)
+		}
+	}
+	// Twice: the slots moved off the session keep the flag and the token.
+	if _, err := l.Renew(ctx, a, 30*time.Second); !errors.Is(err, lock.ErrPreempted) {
+		t.Fatalf("second renewal of slot a: %v; want ErrPreempted", err)
+	}
+	mustQueue(t, rl, r)
+	for _, le := range []*lock.Lease{a, b} {
+		if err := l.Release(ctx, le); err != nil {
+			t.Fatalf("Release of slot %s: %v", le.Holder, err)
+		}
+	}
+	got := mustTake(t, rl, r)
+	if got.Fence <= max(a.Fence, b.Fence) {
+		t.Fatalf("token %d, want more than the slots' %d and %d", got.Fence, a.Fence, b.Fence)
+	}
+	if err := rl.Release(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+}
