@@ -158,10 +158,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 		return l.semAttempt(ctx, req, tag, value, s, start, failed)
 	}
 	var myRevs []int64
-	passes := maxPasses
-	if req.Replace {
-		passes++ // one for the policies' transaction
-	}
+	passes := policyPasses(req)
 	for pass := range passes {
 		resp, err := l.acquireTxn(ctx, req, tag, value, s.id, myRevs)
 		if err != nil {
@@ -174,19 +171,14 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 		if err != nil {
 			return nil, waitHint{}, l.unavailable(op, err)
 		}
-		if err := replacedIn(op, req, views); err != nil {
+		reread, err := l.policyStep(ctx, op, req, tag, views, pass == passes-1)
+		if err != nil {
 			return nil, waitHint{}, err
 		}
-		if req.Replace && pass < passes-1 {
-			applied, err := l.applyPolicies(ctx, req, tag, views)
-			if err != nil {
-				return nil, waitHint{}, l.unavailable(op, err)
-			}
-			if applied {
-				// Read again: the keys may be free for it now.
-				myRevs = nil
-				continue
-			}
+		if reread {
+			// The keys may be free for it now.
+			myRevs = nil
+			continue
 		}
 		rev := resp.Header.Revision
 		if fence, ok := ownsAll(views, tag); ok && !preemptedWhileWaited(views, tag) {

@@ -16,6 +16,33 @@ import (
 // The queue policies, Request.Replace and Request.Preempt: see the package
 // documentation.
 
+// policyPasses is how many passes (read, then write) an attempt of req
+// makes at most: with Replace one more, for the policies' transaction.
+func policyPasses(req lock.Request) int {
+	if req.Replace {
+		return maxPasses + 1
+	}
+	return maxPasses
+}
+
+// policyStep is the queue policies' part of an attempt's pass over what it
+// read (views): the error when the caller was replaced; else, with Replace
+// and unless this is the last pass, it applies the policies and reports
+// whether they changed the keys, when the pass should read them again.
+func (l *Locker) policyStep(ctx context.Context, op string, req lock.Request, tag string, views []keyView, last bool) (bool, error) {
+	if err := replacedIn(op, req, views); err != nil {
+		return false, err
+	}
+	if !req.Replace || last {
+		return false, nil
+	}
+	reread, err := l.applyPolicies(ctx, req, tag, views)
+	if err != nil {
+		return false, l.unavailable(op, err)
+	}
+	return reread, nil
+}
+
 // replacedIn returns the error of an attempt whose owner a request with
 // Replace dropped from the queue of one of its keys, or nil.
 func replacedIn(op string, req lock.Request, views []keyView) error {

@@ -38,10 +38,7 @@ func (l *Locker) semAttempt(ctx context.Context, req lock.Request, tag, value st
 	for _, k := range req.Keys {
 		reads = append(reads, l.keyReads(req, k, tag)...)
 	}
-	passes := maxPasses
-	if req.Replace {
-		passes++ // one for the policies' transaction
-	}
+	passes := policyPasses(req)
 	for pass := range passes {
 		tctx, cancel := l.opCtx(ctx)
 		resp, err := l.etcd().Txn(tctx).Then(reads...).Commit()
@@ -53,17 +50,12 @@ func (l *Locker) semAttempt(ctx context.Context, req lock.Request, tag, value st
 		if err != nil {
 			return nil, waitHint{}, l.unavailable(op, err)
 		}
-		if err := replacedIn(op, req, views); err != nil {
+		reread, err := l.policyStep(ctx, op, req, tag, views, pass == passes-1)
+		if err != nil {
 			return nil, waitHint{}, err
 		}
-		if req.Replace && pass < passes-1 {
-			applied, err := l.applyPolicies(ctx, req, tag, views)
-			if err != nil {
-				return nil, waitHint{}, l.unavailable(op, err)
-			}
-			if applied {
-				continue
-			}
+		if reread {
+			continue
 		}
 		rev := resp.Header.Revision
 		if held, hint := l.firstBusy(req, tag, views, rev); held != nil {
