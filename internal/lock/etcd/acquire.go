@@ -78,13 +78,18 @@ type keyView struct {
 	held      bool
 	holderTag string
 	holder    holderRecord
+	holderMod int64 // the holder key's ModRevision
 	fence     int64 // ModRevision of the fence record: the holder's fencing token (0 when absent)
 	queue     []string
-	pos       int // index of the caller's waiter key in queue, -1 when absent
+	queueRevs []int64 // the CreateRevision of each waiter key of queue
+	pos       int     // index of the caller's waiter key in queue, -1 when absent
 	own       *waiterRecord
 	ownRev    int64
 	// slots are the key's semaphore holders, oldest token first.
 	slots []slot
+	// replaced: a request with Replace dropped the caller's owner from
+	// this key's queue (its replacement mark exists).
+	replaced bool
 }
 
 // maxPasses bounds the transactions of one attempt: a queued request that
@@ -153,7 +158,8 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 		return l.semAttempt(ctx, req, tag, value, s, start, failed)
 	}
 	var myRevs []int64
-	for range maxPasses {
+	passes := policyPasses(req)
+	for pass := range passes {
 		resp, err := l.acquireTxn(ctx, req, tag, value, s.id, myRevs)
 		if err != nil {
 			return failed(err)
@@ -165,12 +171,21 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 		if err != nil {
 			return nil, waitHint{}, l.unavailable(op, err)
 		}
+		reread, err := l.policyStep(ctx, op, req, tag, views, pass == passes-1)
+		if err != nil {
+			return nil, waitHint{}, err
+		}
+		if reread {
+			// The keys may be free for it now.
+			myRevs = nil
+			continue
+		}
 		rev := resp.Header.Revision
-		if fence, ok := ownsAll(views, tag); ok {
+		if fence, ok := ownsAll(views, tag); ok && !preemptedWhileWaited(views, tag) {
 			// The owner already holds every key (a restarted operator
 			// acquiring again): re-put them on the session, as a new
 			// acquisition with a new fencing token (the relet's revision).
-			next, err := l.relet(ctx, req.Keys, tag, fence, s.id, rec, true)
+			next, err := l.relet(ctx, req.Keys, tag, fence, s.id, rec, true, holderMods(views))
 			if err != nil {
 				return failed(err)
 			}
@@ -226,6 +241,8 @@ func (l *Locker) acquireTxn(ctx context.Context, req lock.Request, tag, value st
 			clientv3.Compare(clientv3.CreateRevision(hk), "=", 0),
 			clientv3.Compare(clientv3.CreateRevision(sp).WithRange(clientv3.GetPrefixRangeEnd(sp)), "=", 0))
 		cmps = append(cmps, l.queueCmps(req, k, tag, myRev)...)
+		// The owner was not replaced in this key's queue.
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(l.markKey(k, tag)), "=", 0))
 		then = append(then,
 			clientv3.OpPut(hk, value, clientv3.WithLease(leaseID)),
 			clientv3.OpPut(l.fenceKey(k), ""))
@@ -305,8 +322,8 @@ func waiterLeases(resp *clientv3.TxnResponse) []clientv3.LeaseID {
 }
 
 // keyReads are the reads of one key that parseViews expects: its holder
-// key, fence record, queue (oldest first), semaphore slots and, with Queue,
-// the caller's waiter key.
+// key, fence record, queue (oldest first), semaphore slots, with Queue the
+// caller's waiter key, and last the caller's replacement mark.
 func (l *Locker) keyReads(req lock.Request, k, tag string) []clientv3.Op {
 	ops := []clientv3.Op{
 		clientv3.OpGet(l.holderKey(k)),
@@ -317,7 +334,7 @@ func (l *Locker) keyReads(req lock.Request, k, tag string) []clientv3.Op {
 	if req.Queue {
 		ops = append(ops, clientv3.OpGet(l.waiterKey(k, tag)))
 	}
-	return ops
+	return append(ops, clientv3.OpGet(l.markKey(k, tag), clientv3.WithKeysOnly()))
 }
 
 // queueCmps is the queue condition of taking key k: without Queue an empty
@@ -360,7 +377,7 @@ func (l *Locker) parseViews(req lock.Request, tag string, resp *clientv3.TxnResp
 			if err != nil {
 				return nil, fmt.Errorf("holder of key %q: %w", k, err)
 			}
-			v.holderTag = t
+			v.holderTag, v.holderMod = t, kvs[0].ModRevision
 		}
 		if kvs := rs[1].GetResponseRange().GetKvs(); v.held && len(kvs) > 0 {
 			v.fence = kvs[0].ModRevision
@@ -368,6 +385,7 @@ func (l *Locker) parseViews(req lock.Request, tag string, resp *clientv3.TxnResp
 		own := l.waiterKey(k, tag)
 		for j, kv := range rs[2].GetResponseRange().GetKvs() {
 			v.queue = append(v.queue, string(kv.Key))
+			v.queueRevs = append(v.queueRevs, kv.CreateRevision)
 			if string(kv.Key) == own {
 				v.pos = j
 			}
@@ -386,8 +404,18 @@ func (l *Locker) parseViews(req lock.Request, tag string, resp *clientv3.TxnResp
 				v.own, v.ownRev = &rec, kvs[0].CreateRevision
 			}
 		}
+		v.replaced = len(rs[stride-1].GetResponseRange().GetKvs()) > 0
 	}
 	return views, nil
+}
+
+// holderMods are the ModRevisions of the holder keys the views read.
+func holderMods(views []keyView) []int64 {
+	mods := make([]int64, len(views))
+	for i, v := range views {
+		mods[i] = v.holderMod
+	}
+	return mods
 }
 
 // ownsAll reports whether the owner holds every key from one acquisition
@@ -516,6 +544,10 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 	busy := slices.Index(req.Keys, held.Key)
 	var cmps []clientv3.Cmp
 	var puts []clientv3.Op
+	for _, k := range req.Keys {
+		// Not replaced since the read: a dropped waiter does not join again.
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(l.markKey(k, tag)), "=", 0))
+	}
 	for _, i := range missing {
 		own := l.waiterKey(req.Keys[i], tag)
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(own), "=", 0))

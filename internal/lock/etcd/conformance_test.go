@@ -26,29 +26,67 @@ func TestConformanceSingle(t *testing.T) {
 }
 
 // TestConformanceCluster3Auth runs the suite on a 3-member cluster with etcd
-// auth. The waiter TTL is 3s rather than 1s: a member that rejects a fresh
-// auth token makes the client authenticate again, and etcd's bcrypt check
-// of the password takes up to a second on a loaded 2-core machine, so a
-// waiter's refresh can come later than a 1s waiter TTL allows (it would
-// rightly lose its place, and the FIFO order test would see it).
+// auth (see cluster3Auth).
 func TestConformanceCluster3Auth(t *testing.T) {
+	newLocker, opts := cluster3Auth(t)
+	locktest.Run(t, newLocker, opts...)
+}
+
+// cluster3Auth starts a 3-member cluster with etcd auth and returns its
+// Locker factory and suite options. The waiter TTL is 3s rather than 1s: a
+// member that rejects a fresh auth token makes the client authenticate
+// again, and etcd's bcrypt check of the password takes up to a second on a
+// loaded 2-core machine, so a waiter's refresh can come later than a 1s
+// waiter TTL allows (it would rightly lose its place, and the FIFO order
+// test would see it).
+func cluster3Auth(t *testing.T) (func(t *testing.T) lock.Locker, []locktest.Option) {
 	c := etcdtest.StartCluster(t, 3, etcdtest.WithRootPassword("s3cret"))
 	cfg := configFor(c)
 	cfg.Prefix = "/conformance/auth/"
-	locktest.Run(t, lockerFactory(cfg, WithWaiterTTL(3*time.Second)), locktest.WithWaiterTTL(3*time.Second), locktest.WithRounds(3))
+	return lockerFactory(cfg, WithWaiterTTL(3*time.Second)), []locktest.Option{locktest.WithWaiterTTL(3 * time.Second), locktest.WithRounds(3)}
 }
 
 // TestConformanceTLSDial runs the suite over TLS with every connection
-// opened by Config.Dial (gRPC runs TLS over the dialer's connections).
+// opened by Config.Dial (see tlsDial).
 func TestConformanceTLSDial(t *testing.T) {
+	newLocker, opts, check := tlsDial(t)
+	locktest.Run(t, newLocker, opts...)
+	check()
+}
+
+// tlsDial starts a member over TLS and returns a Locker factory whose every
+// connection Config.Dial opens (gRPC runs TLS over the dialer's
+// connections), the suite options, and the check that the dialer was used.
+func tlsDial(t *testing.T) (func(t *testing.T) lock.Locker, []locktest.Option, func()) {
 	m := etcdtest.Start(t, etcdtest.WithTLS())
-	var d countingDialer
+	d := &countingDialer{}
 	cfg := configFor(m.Cluster())
 	cfg.Dial = d.dial
-	locktest.Run(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
-	if d.calls.Load() == 0 {
-		t.Fatal("no connection went through Config.Dial")
+	check := func() {
+		if d.calls.Load() == 0 {
+			t.Fatal("no connection went through Config.Dial")
+		}
 	}
+	return lockerFactory(cfg), []locktest.Option{locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3)}, check
+}
+
+// TestConformancePolicies runs the queue policies' cases (Replace and
+// Preempt) on every configuration the conformance suite runs on.
+func TestConformancePolicies(t *testing.T) {
+	t.Run("Single", func(t *testing.T) {
+		m := etcdtest.Start(t)
+		cfg := Config{Endpoints: []string{m.Addr}}
+		locktest.RunPolicies(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second))
+	})
+	t.Run("Cluster3Auth", func(t *testing.T) {
+		newLocker, opts := cluster3Auth(t)
+		locktest.RunPolicies(t, newLocker, opts...)
+	})
+	t.Run("TLSDial", func(t *testing.T) {
+		newLocker, opts, check := tlsDial(t)
+		locktest.RunPolicies(t, newLocker, opts...)
+		check()
+	})
 }
 
 func TestLockerReadsItsClock(t *testing.T) {

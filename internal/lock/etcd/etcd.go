@@ -16,6 +16,9 @@
 //	               fencing token issued for K, also when K is free.
 //	P q/E/T        waiter key of the owner whose tag is T, attached to that
 //	               waiter's own short etcd lease.
+//	P r/E/T        replacement mark: a request with Replace dropped the owner
+//	               whose tag is T from the queue of K; attached to an etcd
+//	               lease of two waiter TTLs (see Queue policies).
 //
 // The owner token is secret; etcd only ever stores its tag T, the first 128
 // bits of its SHA-256 in hex. Holder and waiter values are "T {json}", the
@@ -127,6 +130,56 @@
 // ahead of it (as the concurrency package's waitDeletes does), the head
 // watches the busy holder key. It also retries with exponential backoff and
 // jitter as a fallback, and at least every third of the waiter TTL with Queue.
+//
+// # Queue policies
+//
+// Request.Replace and Request.Preempt are etcd keys and values, written in
+// transactions that compare what they change with what the attempt read,
+// so they hold between every Locker on the prefix.
+//
+// A request with Replace whose read finds older waiters on its keys (a
+// waiter key with a smaller CreateRevision than its own; every waiter when
+// it is not queued yet) drops them: one transaction (per 128 writes)
+// compares each such waiter key's CreateRevision unchanged, deletes it and
+// puts its owner's replacement mark, on an etcd lease of two waiter TTLs
+// (of the replacing Locker) granted for the marks of that call. The
+// attempt then reads again, and takes keys that are free now at once.
+// Every acquisition transaction compares the caller's marks absent (one
+// compare per key) and reads them in its Else branch, and joining a queue
+// compares them absent too: a marked owner's TryAcquire fails with
+// lock.ErrReplaced and does not join again until the mark expires.
+//
+// A request with Preempt also writes "preempted": true into the holder (or
+// slot) value of every other owner's holding of its keys, in place: with
+// the same etcd lease (IgnoreLease) and on the condition that the value is
+// the one read. The fence records are not written, so the holding keeps its
+// token and its lifetime. A renewal reads the values anyway: a preempted
+// lease extends nothing and fails with lock.ErrPreempted. The first such
+// renewal moves its keys off the session (which the Locker's other leases
+// keep alive) to an etcd lease of their own, of the lease's whole TTL from
+// then, later than any Expires given for it: the keys are freed when it
+// ends or at Release, never earlier. A later acquisition writes a new value
+// without the flag, so leases taken after the preemption are not affected;
+// and an owner does not re-acquire keys whose holding was preempted while
+// another owner waits for them (the re-acquisition would drop the flag).
+//
+// Cost: a request without Replace pays one more compare per key in its
+// transactions and one more single-key read per key in the refusal's Else
+// branch; no round trip. A renewal pays nothing. A request with Replace
+// that finds something to drop or preempt pays a lease grant (for marks),
+// the policy transaction and one more read.
+//
+// Marks and flags are ordinary keys replicated by raft: they are written
+// only with a quorum, survive member restarts and leader changes, and a
+// member cut off in a minority serves none of the linearizable reads and
+// transactions that check them, so no attempt misses a committed mark. A
+// new leader restarts the marks' etcd lease (plus an election timeout): a
+// mark may then last up to that much longer. The marks' lease belongs to
+// no session, so a mark outlives the replacing Locker. Earlier versions of
+// the Locker ignore marks and flags (and may rewrite a holder value
+// without the flag when they move it to their session): the policies hold
+// between Lockers that have them. Nothing is migrated: a value without the
+// flag is not preempted and an owner without a mark is not replaced.
 package etcd
 
 import (
@@ -421,6 +474,9 @@ func (l *Locker) queuePrefix(k string) string { return l.queueRoot() + escapeKey
 func (l *Locker) waiterKey(k, tag string) string {
 	return l.queuePrefix(k) + tag
 }
+func (l *Locker) markKey(k, tag string) string {
+	return l.prefix + "r/" + escapeKey(k) + "/" + tag
+}
 func (l *Locker) slotRoot() string           { return l.prefix + "s/" }
 func (l *Locker) slotPrefix(k string) string { return l.slotRoot() + escapeKey(k) + "/" }
 func (l *Locker) slotKey(k, tag string) string {
@@ -464,6 +520,18 @@ type holderRecord struct {
 	// session (slot keys only); until then the token is the slot key's
 	// ModRevision, the revision of the transaction that took it.
 	Fence int64 `json:"fence,omitempty"`
+	// Preempted: a request with Preempt stopped this holding (written
+	// over the value in place, on the same etcd lease): it is no longer
+	// renewed. A later acquisition writes a new value without it.
+	Preempted bool `json:"preempted,omitempty"`
+}
+
+// markRecord is the JSON part of a replacement mark's value.
+type markRecord struct {
+	// By is the holder name of the request with Replace.
+	By string `json:"by,omitempty"`
+	// Since is the replacing client's clock (unix ms).
+	Since int64 `json:"sinceMs"`
 }
 
 // slot is one holder of a semaphore key, read from its slot key.

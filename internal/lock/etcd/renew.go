@@ -117,13 +117,23 @@ func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, 
 				case views[j].why != "":
 					l.log.Info("Lease lost", "keys", le.Keys, "holder", le.Holder, "fence", le.Fence)
 					errs[i] = fmt.Errorf("%s: %w: %s", renewOp(le), lock.ErrLost, views[j].why)
+				case views[j].preempted:
+					// Not renewed: valid until its Expires, never shortened.
+					errs[i] = preemptedErr(le, views[j].preemptedKey)
+					if views[j].rec.Session {
+						moves <- struct{}{}
+						wg.Go(func() {
+							defer func() { <-moves }()
+							l.detach(ctx, le, views[j])
+						})
+					}
 				case views[j].onlyOn(s.id):
 					out[i], errs[i] = l.renewed(le, ttl, s, start)
 				default:
 					moves <- struct{}{}
 					wg.Go(func() {
 						defer func() { <-moves }()
-						out[i], errs[i] = l.moveToSession(ctx, le, views[j].rec, views[j].mods, ttl, s, start)
+						out[i], errs[i] = l.moveToSession(ctx, le, views[j], ttl, s, start)
 					})
 				}
 			}
@@ -165,8 +175,23 @@ type heldView struct {
 	ids []clientv3.LeaseID
 	// rec is the first key's holder record.
 	rec holderRecord
-	// mods are the slot keys' ModRevisions (semaphore leases).
+	// mods are the ModRevisions of the holder keys (or of the slot keys,
+	// for a semaphore lease).
 	mods []int64
+	// preempted: a request with Preempt stopped the holding of the key
+	// at index preemptedKey (the first such).
+	preempted    bool
+	preemptedKey int
+}
+
+// addRecord records the holder (or slot) record of the key at index i.
+func (v *heldView) addRecord(i int, rec holderRecord) {
+	if i == 0 {
+		v.rec = rec
+	}
+	if rec.Preempted && !v.preempted {
+		v.preempted, v.preemptedKey = true, i
+	}
 }
 
 // addLease records the etcd lease of one more key.
@@ -247,9 +272,8 @@ func (l *Locker) heldBy(lease *lock.Lease, tag string, rs []*etcdserverpb.Respon
 			v.why = fmt.Sprintf("key %q is held by a later acquisition of the same owner (%q), with fencing token %d", k, rec.Holder, fence)
 			return v
 		}
-		if i == 0 {
-			v.rec = rec
-		}
+		v.addRecord(i, rec)
+		v.mods = append(v.mods, kvs[0].ModRevision)
 		v.addLease(clientv3.LeaseID(kvs[0].Lease))
 	}
 	return v
@@ -279,30 +303,45 @@ func (l *Locker) renewed(lease *lock.Lease, ttl time.Duration, s *session, start
 
 // moveToSession attaches the keys of lease (held by its acquisition, on
 // another etcd lease) to the session s, keeping its fencing token, and
-// returns it renewed.
-func (l *Locker) moveToSession(ctx context.Context, lease *lock.Lease, rec holderRecord, mods []int64, ttl time.Duration, s *session, start time.Time) (*lock.Lease, error) {
+// returns it renewed. The move checks that the values it read (v) were not
+// written since; when one was, it reads them again: the lease may have been
+// lost, or preempted, in between.
+func (l *Locker) moveToSession(ctx context.Context, lease *lock.Lease, v heldView, ttl time.Duration, s *session, start time.Time) (*lock.Lease, error) {
 	op := renewOp(lease)
-	rec.Holder, rec.Lease, rec.TTLMilli, rec.Session = firstNonEmpty(lease.Holder, rec.Holder), int64(s.id), ttl.Milliseconds(), true
-	var (
-		rev int64
-		err error
-	)
-	if lease.Limit > 1 {
-		rec.Fence = lease.Fence
-		rev, err = l.moveSlots(ctx, lease, mods, rec, s.id)
-	} else {
-		rev, err = l.relet(ctx, lease.Keys, ownerTag(lease.Owner), lease.Fence, s.id, rec, false)
+	for range maxPasses {
+		rec := v.rec
+		rec.Holder, rec.Lease, rec.TTLMilli, rec.Session = firstNonEmpty(lease.Holder, rec.Holder), int64(s.id), ttl.Milliseconds(), true
+		var (
+			rev int64
+			err error
+		)
+		if lease.Limit > 1 {
+			rec.Fence = lease.Fence
+			rev, err = l.moveSlots(ctx, lease, v.mods, rec, s.id)
+		} else {
+			rev, err = l.relet(ctx, lease.Keys, ownerTag(lease.Owner), lease.Fence, s.id, rec, false, v.mods)
+		}
+		switch {
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			l.forget(s.id)
+			return nil, l.unavailable(op, err)
+		case err != nil:
+			return nil, l.unavailable(op, err)
+		case rev != 0:
+			return l.renewed(lease, ttl, s, start)
+		}
+		views, err := l.readHeld(ctx, []*lock.Lease{lease}, []int{0})
+		switch {
+		case err != nil:
+			return nil, l.unavailable(op, err)
+		case views[0].why != "":
+			return nil, fmt.Errorf("%s: %w: %s", op, lock.ErrLost, views[0].why)
+		case views[0].preempted:
+			return nil, preemptedErr(lease, views[0].preemptedKey)
+		}
+		v = views[0]
 	}
-	switch {
-	case errors.Is(err, rpctypes.ErrLeaseNotFound):
-		l.forget(s.id)
-		return nil, l.unavailable(op, err)
-	case err != nil:
-		return nil, l.unavailable(op, err)
-	case rev == 0:
-		return nil, fmt.Errorf("%s: %w: the keys were released or taken while moving them to the session", op, lock.ErrLost)
-	}
-	return l.renewed(lease, ttl, s, start)
+	return nil, fmt.Errorf("%s: %w: the keys changed under every attempt to move them to the session", op, lock.ErrBackendUnavailable)
 }
 
 func firstNonEmpty(a, b string) string {
@@ -332,11 +371,17 @@ func (l *Locker) whyNotHeld(lease *lock.Lease, tag string, resp *clientv3.TxnRes
 // one, and leases with the old token no longer match heldCmps. On success
 // the etcd leases of an earlier version, one per acquisition, are revoked
 // (no key is attached to them any more); a session is never revoked, since
-// other keys are attached to it. It returns the transaction's revision (the
-// new token of a re-acquisition), or 0 when the owner no longer holds the
-// keys with this fence.
-func (l *Locker) relet(ctx context.Context, keys []string, tag string, fence int64, newLease clientv3.LeaseID, rec holderRecord, reacquire bool) (int64, error) {
+// other keys are attached to it. With mods (the holder keys' ModRevisions
+// when read) it also checks that no holder value was written since, so a
+// preemption in between is not written over. It returns the transaction's
+// revision (the new token of a re-acquisition), or 0 when the owner no
+// longer holds the keys with this fence (or a value changed).
+func (l *Locker) relet(ctx context.Context, keys []string, tag string, fence int64, newLease clientv3.LeaseID, rec holderRecord, reacquire bool, mods []int64) (int64, error) {
 	value := encodeValue(tag, rec)
+	cmps := l.heldCmps(keys, tag, fence)
+	for i, m := range mods {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(l.holderKey(keys[i])), "=", m))
+	}
 	var puts []clientv3.Op
 	for _, k := range keys {
 		puts = append(puts, clientv3.OpPut(l.holderKey(k), value, clientv3.WithLease(newLease), clientv3.WithPrevKV()))
@@ -345,7 +390,7 @@ func (l *Locker) relet(ctx context.Context, keys []string, tag string, fence int
 		}
 	}
 	tctx, cancel := l.opCtx(ctx)
-	resp, err := l.etcd().Txn(tctx).If(l.heldCmps(keys, tag, fence)...).Then(puts...).Commit()
+	resp, err := l.etcd().Txn(tctx).If(cmps...).Then(puts...).Commit()
 	cancel()
 	if err != nil {
 		return 0, err

@@ -38,7 +38,8 @@ func (l *Locker) semAttempt(ctx context.Context, req lock.Request, tag, value st
 	for _, k := range req.Keys {
 		reads = append(reads, l.keyReads(req, k, tag)...)
 	}
-	for range maxPasses {
+	passes := policyPasses(req)
+	for pass := range passes {
 		tctx, cancel := l.opCtx(ctx)
 		resp, err := l.etcd().Txn(tctx).Then(reads...).Commit()
 		cancel()
@@ -48,6 +49,13 @@ func (l *Locker) semAttempt(ctx context.Context, req lock.Request, tag, value st
 		views, err := l.parseViews(req, tag, resp)
 		if err != nil {
 			return nil, waitHint{}, l.unavailable(op, err)
+		}
+		reread, err := l.policyStep(ctx, op, req, tag, views, pass == passes-1)
+		if err != nil {
+			return nil, waitHint{}, err
+		}
+		if reread {
+			continue
 		}
 		rev := resp.Header.Revision
 		if held, hint := l.firstBusy(req, tag, views, rev); held != nil {
@@ -75,6 +83,8 @@ func (l *Locker) semAttempt(ctx context.Context, req lock.Request, tag, value st
 			} else {
 				cmps = append(cmps, l.queueCmps(req, k, tag, 0)...)
 			}
+			// The owner was not replaced since the read.
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(l.markKey(k, tag)), "=", 0))
 			then = append(then,
 				clientv3.OpPut(l.slotKey(k, tag), value, clientv3.WithLease(s.id)),
 				clientv3.OpPut(l.fenceKey(k), ""))
@@ -125,9 +135,7 @@ func slotsHeldBy(lease *lock.Lease, tag string, rs []*etcdserverpb.ResponseOp) h
 			v.why = fmt.Sprintf("the owner's slot of key %q is a later acquisition (%q), with fencing token %d", k, sl.rec.Holder, sl.token)
 			return v
 		}
-		if i == 0 {
-			v.rec = sl.rec
-		}
+		v.addRecord(i, sl.rec)
 		v.mods = append(v.mods, sl.mod)
 		v.addLease(sl.lease)
 	}
