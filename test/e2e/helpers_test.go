@@ -186,8 +186,8 @@ type run struct {
 	// start and end are the positions of the watch events that began and
 	// ended the run (end 0: still running).
 	start, end int
-	// startedAt is when the test saw it start.
-	startedAt time.Time
+	// startedAt and endedAt are when the test saw it start and end.
+	startedAt, endedAt time.Time
 }
 
 // podRecorder watches a namespace's Pods and records, in the API server's
@@ -306,7 +306,7 @@ func (r *podRecorder) observe(ctx context.Context, typ watch.EventType, pod *cor
 		r.mu.Unlock()
 	case !running && wasRunning:
 		r.mu.Lock()
-		cur.end = seq
+		cur.end, cur.endedAt = seq, time.Now()
 		delete(r.running, pod.UID)
 		r.mu.Unlock()
 	}
