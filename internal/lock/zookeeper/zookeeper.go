@@ -725,11 +725,24 @@ func (l *Locker) holderPath(key string) string { return l.keyPath(key) + "/" + h
 func (l *Locker) nodePath(key, name string) string { return l.keyPath(key) + "/" + name }
 
 const (
-	holderName   = "holder"
-	slotPrefix   = "slot-"
-	keyPrefix    = "k-"
-	waiterPrefix = "w-"
+	holderName     = "holder"
+	slotPrefix     = "slot-"
+	keyPrefix      = "k-"
+	waiterPrefix   = "w-"
+	replacedPrefix = "r-"
 )
+
+// replacedName is the name of the replacement mark of the owner hash on a
+// key: a request with Replace dropped that owner's waiter node (see the
+// package documentation, Replace and Preempt).
+func replacedName(hash string) string { return replacedPrefix + hash }
+
+// parseReplaced returns the owner hash of a replacement mark's name; ok is
+// false for other names.
+func parseReplaced(name string) (hash string, ok bool) {
+	hash, ok = strings.CutPrefix(name, replacedPrefix)
+	return hash, ok && hash != ""
+}
 
 // slotName is the name of the slot node of the owner hash (one per owner
 // and key: an owner acquiring again replaces it, as a holder node).
