@@ -35,6 +35,30 @@ func TestConformanceDigest(t *testing.T) {
 	locktest.Run(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
 }
 
+// TestConformancePolicies runs the queue policies' suite (Request.Replace
+// and Request.Preempt) in every configuration the conformance suite runs in:
+// standalone, the ensemble (reads from followers) and digest ACLs (the
+// replacement marks are nodes the Locker creates under the key nodes).
+func TestConformancePolicies(t *testing.T) {
+	t.Run("Standalone", func(t *testing.T) {
+		e := sharedServers(t, 1)
+		logsOnFailure(t, e)
+		locktest.RunPolicies(t, lockerFactory(Config{Servers: e.Addrs(), Root: "/conformance"}), locktest.WithWaiterTTL(time.Second))
+	})
+	t.Run("Ensemble", func(t *testing.T) {
+		e := sharedServers(t, 3)
+		logsOnFailure(t, e)
+		const waiterTTL = 3 * time.Second // as TestConformanceEnsemble
+		locktest.RunPolicies(t, lockerFactory(Config{Servers: e.Addrs(), Root: "/conformance"}, WithWaiterTTL(waiterTTL)), locktest.WithWaiterTTL(waiterTTL), locktest.WithRounds(5))
+	})
+	t.Run("Digest", func(t *testing.T) {
+		e := sharedServers(t, 1)
+		logsOnFailure(t, e)
+		cfg := Config{Servers: e.Addrs(), Root: "/digest/locks", Digest: "lockwarden:s3cret"}
+		locktest.RunPolicies(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
+	})
+}
+
 // TestSemaphore runs the counting-semaphore suite (Request.Limit > 1: slot
 // nodes beside the holder node) on the standalone server and on the
 // ensemble, where reads may come from a follower.
