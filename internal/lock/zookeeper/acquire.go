@@ -265,6 +265,9 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 			// Refused: drop the older waiters (Replace) and stop the
 			// holders (Preempt) in one transaction, at the versions read.
 			if ops := l.policyOps(req, hash, plans); len(ops) > 0 {
+				if l.beforePolicies != nil {
+					l.beforePolicies()
+				}
 				if _, err := l.multi(ctx, ops); err != nil {
 					if !isConflict(err) {
 						return nil, "", l.unavailable(op, fmt.Errorf("replace or preempt: %w", err))

@@ -135,13 +135,25 @@ func (l *Locker) replaceOps(req lock.Request, p *keyPlan) []any {
 }
 
 // policyOps is the transaction of a refused request's queue rules: its
-// replaceOps and, with Preempt, preemptOps on every key.
+// replaceOps and, with Preempt, preemptOps on every key, with a check that
+// the request's own waiter nodes are still there, so that a request a newer
+// one replaced meanwhile drops and preempts nobody (the transaction fails
+// and the attempt, reading again, finds its mark). Nil when there is
+// nothing to do.
 func (l *Locker) policyOps(req lock.Request, hash string, plans []*keyPlan) []any {
 	var ops []any
 	for _, p := range plans {
 		ops = append(ops, l.replaceOps(req, p)...)
 		if req.Preempt {
 			ops = append(ops, l.preemptOps(p, hash)...)
+		}
+	}
+	if len(ops) == 0 {
+		return nil
+	}
+	for _, p := range plans {
+		if p.mine != nil {
+			ops = append(ops, &zk.CheckVersionRequest{Path: l.nodePath(p.view.key, p.mine.name), Version: -1})
 		}
 	}
 	return ops

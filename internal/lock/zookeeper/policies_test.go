@@ -3,6 +3,7 @@ package zookeeper
 import (
 	"encoding/json"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -86,6 +87,41 @@ func TestMarkKeepsItsWritersTTL(t *testing.T) {
 	m.ttlMs = 0 // unreadable data: the reader's own two waiter TTLs
 	if !l.markLive(m, 1_000_000+2_000+skew) || l.markLive(m, 1_000_000+2_000+skew+1) {
 		t.Error("a mark without a TTL does not last the reader's two waiter TTLs")
+	}
+}
+
+// TestReplacedRequestPreemptsNobody: a request with Preempt that a newer
+// request replaces between its read and its write preempts nobody: its
+// transaction checks that its own waiter node is still there.
+func TestReplacedRequestPreemptsNobody(t *testing.T) {
+	e := sharedServers(t, 1)
+	logsOnFailure(t, e)
+	cfg := Config{Servers: e.Addrs(), Root: "/policies"}
+	ctx := ctxT(t, 60*time.Second)
+	key := testKey("race")
+	hl, rl, nl := newTestLocker(t, cfg), newTestLocker(t, cfg), newTestLocker(t, cfg)
+	h, err := hl.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: 30 * time.Second, Owner: mustOwner(t), Holder: "holder"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer := lock.Request{Keys: []string{key}, TTL: 30 * time.Second, Owner: mustOwner(t), Holder: "newer", Queue: true, Replace: true}
+	var newerErr error
+	var once sync.Once
+	rl.beforePolicies = func() {
+		once.Do(func() { _, newerErr = nl.TryAcquire(ctx, newer) })
+	}
+	r := lock.Request{Keys: []string{key}, TTL: 30 * time.Second, Owner: mustOwner(t), Holder: "r", Queue: true, Replace: true, Preempt: true}
+	if _, err := rl.TryAcquire(ctx, r); !errors.Is(err, lock.ErrReplaced) {
+		t.Fatalf("r, replaced before its write: %v, want ErrReplaced", err)
+	}
+	if !errors.Is(newerErr, lock.ErrNotAcquired) {
+		t.Fatalf("the newer request: %v, want ErrNotAcquired (queued)", newerErr)
+	}
+	if _, err := hl.Renew(ctx, h, 30*time.Second); err != nil {
+		t.Fatalf("Renew of the holder: %v; a replaced request must not preempt it", err)
+	}
+	if err := hl.Release(ctx, h); err != nil {
+		t.Fatal(err)
 	}
 }
 

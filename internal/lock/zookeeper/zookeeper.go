@@ -327,7 +327,10 @@ type Locker struct {
 	// catch) leaves out its check of the renewal nodes read; noRenewalNode
 	// (tests only) renews every lease by the read path, as before renewal
 	// nodes.
-	beforeTake       func()
+	beforeTake func()
+	// beforePolicies, when set (tests only), runs before the transaction
+	// of a refused request's queue rules (policyOps).
+	beforePolicies   func()
 	skipRenewalCheck bool
 	noRenewalNode    bool
 	// ignoreSlots (tests only: a mutant the semaphore tests must catch)
