@@ -1,6 +1,7 @@
 package zookeeper
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
+	"github.com/lockwarden/lockwarden/internal/testutil/zktest"
 )
 
 // Store-specific cases of the queue policies (Request.Replace and
@@ -24,28 +26,18 @@ import (
 // Once the mark's time has passed, the owner queues again as usual and the
 // mark is deleted.
 func TestReplacedMarkSurvivesRestart(t *testing.T) {
-	e := sharedServers(t, 1)
-	logsOnFailure(t, e)
-	cfg := Config{Servers: e.Addrs(), Root: "/policies"}
-	ctx := ctxT(t, 60*time.Second)
+	e, cfg, ctx := policyServer(t)
 	key := testKey("restart")
 	l := newTestLocker(t, cfg, WithWaiterTTL(time.Second))
-	h, err := l.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: 30 * time.Second, Owner: mustOwner(t), Holder: "holder"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := mustTry(t, ctx, l, lock.Request{Keys: []string{key}, TTL: 30 * time.Second, Owner: mustOwner(t), Holder: "holder"})
 	w := lock.Request{Keys: []string{key}, TTL: 30 * time.Second, Owner: mustOwner(t), Holder: "w", Queue: true}
 	old := newTestLocker(t, cfg, WithWaiterTTL(time.Second))
-	if _, err := old.TryAcquire(ctx, w); !errors.Is(err, lock.ErrNotAcquired) {
-		t.Fatalf("w joining the queue: %v, want ErrNotAcquired", err)
-	}
+	wantRefused(t, ctx, old, w, "w joining the queue")
 	if err := old.Close(); err != nil {
 		t.Fatal(err)
 	}
 	r := lock.Request{Keys: []string{key}, TTL: 30 * time.Second, Owner: mustOwner(t), Holder: "r", Queue: true, Replace: true}
-	if _, err := l.TryAcquire(ctx, r); !errors.Is(err, lock.ErrNotAcquired) {
-		t.Fatalf("r replacing w: %v, want ErrNotAcquired", err)
-	}
+	wantRefused(t, ctx, l, r, "r replacing w")
 	mark := l.nodePath(key, replacedName(ownerHash(w.Owner)))
 	raw := rawConn(t, e.Addrs())
 	if ok, _, err := raw.Exists(mark); err != nil || !ok {
@@ -94,16 +86,10 @@ func TestMarkKeepsItsWritersTTL(t *testing.T) {
 // request replaces between its read and its write preempts nobody: its
 // transaction checks that its own waiter node is still there.
 func TestReplacedRequestPreemptsNobody(t *testing.T) {
-	e := sharedServers(t, 1)
-	logsOnFailure(t, e)
-	cfg := Config{Servers: e.Addrs(), Root: "/policies"}
-	ctx := ctxT(t, 60*time.Second)
+	_, cfg, ctx := policyServer(t)
 	key := testKey("race")
 	hl, rl, nl := newTestLocker(t, cfg), newTestLocker(t, cfg), newTestLocker(t, cfg)
-	h, err := hl.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: 30 * time.Second, Owner: mustOwner(t), Holder: "holder"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := mustTry(t, ctx, hl, lock.Request{Keys: []string{key}, TTL: 30 * time.Second, Owner: mustOwner(t), Holder: "holder"})
 	newer := lock.Request{Keys: []string{key}, TTL: 30 * time.Second, Owner: mustOwner(t), Holder: "newer", Queue: true, Replace: true}
 	var newerErr error
 	var once sync.Once
@@ -129,21 +115,13 @@ func TestReplacedRequestPreemptsNobody(t *testing.T) {
 // holder node, yet the acquisition's TTL timer still deletes it at the TTL,
 // without any acquirer calling to take it over.
 func TestPreemptedLeaseEndsByItsTimer(t *testing.T) {
-	e := sharedServers(t, 1)
-	logsOnFailure(t, e)
-	cfg := Config{Servers: e.Addrs(), Root: "/policies"}
-	ctx := ctxT(t, 60*time.Second)
+	e, cfg, ctx := policyServer(t)
 	key := testKey("timer")
 	hl, rl := newTestLocker(t, cfg), newTestLocker(t, cfg)
 	const ttl = 2 * time.Second
-	h, err := hl.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: ttl, Owner: mustOwner(t), Holder: "holder"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := mustTry(t, ctx, hl, lock.Request{Keys: []string{key}, TTL: ttl, Owner: mustOwner(t), Holder: "holder"})
 	r := lock.Request{Keys: []string{key}, TTL: 30 * time.Second, Owner: mustOwner(t), Holder: "r", Queue: true, Replace: true, Preempt: true}
-	if _, err := rl.TryAcquire(ctx, r); !errors.Is(err, lock.ErrNotAcquired) {
-		t.Fatalf("r preempting: %v, want ErrNotAcquired", err)
-	}
+	wantRefused(t, ctx, rl, r, "r preempting")
 	raw := rawConn(t, e.Addrs())
 	holder := hl.holderPath(key)
 	d, _, err := raw.Get(holder)
@@ -170,10 +148,7 @@ func TestPreemptedLeaseEndsByItsTimer(t *testing.T) {
 	if time.Now().Before(h.Expires) {
 		t.Fatalf("the preempted holder node was deleted before the lease's Expires %s", h.Expires.Format(time.RFC3339Nano))
 	}
-	got, err := rl.TryAcquire(ctx, r)
-	if err != nil {
-		t.Fatalf("r after the preempted lease ended: %v", err)
-	}
+	got := mustTry(t, ctx, rl, r)
 	if err := rl.Release(ctx, got); err != nil {
 		t.Fatal(err)
 	}
@@ -184,26 +159,15 @@ func TestPreemptedLeaseEndsByItsTimer(t *testing.T) {
 // lease, and a new Locker (an operator restart) neither renews nor moves it:
 // its Renew fails with ErrPreempted, its Release ends it.
 func TestPreemptedLeaseLeavesItsRenewalNode(t *testing.T) {
-	e := sharedServers(t, 1)
-	logsOnFailure(t, e)
-	cfg := Config{Servers: e.Addrs(), Root: "/policies"}
-	ctx := ctxT(t, 60*time.Second)
+	e, cfg, ctx := policyServer(t)
 	ka, kb := testKey("a"), testKey("b")
 	hl, rl := newTestLocker(t, cfg), newTestLocker(t, cfg)
 	const ttl = 20 * time.Second
 	owner := mustOwner(t)
-	a, err := hl.TryAcquire(ctx, lock.Request{Keys: []string{ka}, TTL: ttl, Owner: owner, Holder: "a"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := hl.TryAcquire(ctx, lock.Request{Keys: []string{kb}, TTL: ttl, Owner: owner, Holder: "b"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := mustTry(t, ctx, hl, lock.Request{Keys: []string{ka}, TTL: ttl, Owner: owner, Holder: "a"})
+	b := mustTry(t, ctx, hl, lock.Request{Keys: []string{kb}, TTL: ttl, Owner: owner, Holder: "b"})
 	r := lock.Request{Keys: []string{kb}, TTL: ttl, Owner: mustOwner(t), Holder: "r", Queue: true, Replace: true, Preempt: true}
-	if _, err := rl.TryAcquire(ctx, r); !errors.Is(err, lock.ErrNotAcquired) {
-		t.Fatalf("r preempting b: %v, want ErrNotAcquired", err)
-	}
+	wantRefused(t, ctx, rl, r, "r preempting b")
 	before, err := hl.Inspect(ctx, []string{kb})
 	if err != nil {
 		t.Fatal(err)
@@ -248,10 +212,7 @@ func TestPreemptedLeaseLeavesItsRenewalNode(t *testing.T) {
 			t.Fatalf("Release of %s by a new Locker: %v", le.Holder, err)
 		}
 	}
-	got, err := rl.TryAcquire(ctx, r)
-	if err != nil {
-		t.Fatalf("r after b's release: %v", err)
-	}
+	got := mustTry(t, ctx, rl, r)
 	if got.Fence <= b.Fence {
 		t.Fatalf("r's token %d, want more than b's %d", got.Fence, b.Fence)
 	}
@@ -268,4 +229,32 @@ func holderDataOf(t *testing.T, data []byte) holderData {
 		t.Fatalf("holder node data %q: %v", data, err)
 	}
 	return d
+}
+
+// policyServer is the standalone server, the Config of these tests and a
+// context for each.
+func policyServer(t *testing.T) (*zktest.Ensemble, Config, context.Context) {
+	t.Helper()
+	e := sharedServers(t, 1)
+	logsOnFailure(t, e)
+	return e, Config{Servers: e.Addrs(), Root: "/policies"}, ctxT(t, 60*time.Second)
+}
+
+// mustTry makes one TryAcquire of req that must succeed.
+func mustTry(t *testing.T, ctx context.Context, l *Locker, req lock.Request) *lock.Lease {
+	t.Helper()
+	lease, err := l.TryAcquire(ctx, req)
+	if err != nil {
+		t.Fatalf("TryAcquire of %s: %v", req.Holder, err)
+	}
+	return lease
+}
+
+// wantRefused makes one TryAcquire of req that must be refused with the
+// keys busy (and, with Queue, join the queues); what names it.
+func wantRefused(t *testing.T, ctx context.Context, l *Locker, req lock.Request, what string) {
+	t.Helper()
+	if _, err := l.TryAcquire(ctx, req); !errors.Is(err, lock.ErrNotAcquired) {
+		t.Fatalf("%s: %v, want ErrNotAcquired", what, err)
+	}
 }
