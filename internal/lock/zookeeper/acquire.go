@@ -139,7 +139,10 @@ func (p *keyPlan) liveLeases() []*holderView {
 // The HeldError's Holders counts the live leases holding the busy key (0
 // when it is free but others are queued ahead), Holder and Fence name the
 // oldest when they leave no room; Waiters is the exact number of live
-// waiters, the caller included.
+// waiters, the caller included. req.Replace and req.Preempt are applied in
+// the same attempt (see the package documentation, Replace and Preempt); an
+// owner a newer request replaced fails with an error matching
+// lock.ErrReplaced.
 //
 // attempt is one acquisition. It returns the lease, or the path of the node
 // whose deletion may let the request in (for Acquire to watch) and the error.
