@@ -31,9 +31,10 @@ func (l *Locker) markLive(m *markView, nowMs int64) bool {
 
 // checkReplaced fails the attempt with lock.ErrReplaced when a request with
 // Replace dropped the owner hash's waiter from the queue of one of req's
-// keys less than markTTL ago on the ensemble's clock. Reading that clock
-// costs one write, only for an owner that has a mark; a mark past its time
-// is deleted with the attempt's next write (deadMarks).
+// keys and the mark it left is still live on the ensemble's clock
+// (markLive). Reading that clock costs one write, only for an owner that
+// has a mark; a mark past its time is deleted with the attempt's next write
+// (deadMarks).
 func (l *Locker) checkReplaced(ctx context.Context, req lock.Request, hash string, plans []*keyPlan) error {
 	var own []*keyPlan
 	for _, p := range plans {
