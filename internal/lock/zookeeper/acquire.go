@@ -75,6 +75,11 @@ type keyPlan struct {
 	dead  []*waiterView // other waiters past the waiter TTL (ensemble clock)
 	live  []*waiterView // the other waiters
 	ahead []*waiterView // live waiters ahead of req
+	// replaced are the older waiters a request with Replace drops, each
+	// leaving a replacement mark; deadMarks the marks past their time on
+	// the ensemble's clock (see markTTL), deleted at the version read.
+	replaced  []*waiterView
+	deadMarks []*markView
 }
 
 // room is how many more leases the key admits for a request of the owner
@@ -83,10 +88,15 @@ type keyPlan struct {
 // another owner does, else the smallest limit of the request's and the
 // live slots' of other owners, minus those slots. The owner's own nodes
 // do not count (an acquisition replaces them) nor do stale ones (it
-// deletes them).
+// deletes them), except an own lease a request with Preempt stopped while
+// others wait: its owner does not escape the preemption by taking the key
+// again, it is refused like anyone else.
 func (p *keyPlan) room(hash string, limit int, ignoreSlots bool) int {
 	bound, n := limit, 0
 	for _, h := range p.view.leases() {
+		if h.data.Owner == hash && h.data.Preempted && len(p.live) > 0 {
+			return 0
+		}
 		if h.data.Owner == hash || h.stale {
 			continue
 		}
@@ -129,7 +139,10 @@ func (p *keyPlan) liveLeases() []*holderView {
 // The HeldError's Holders counts the live leases holding the busy key (0
 // when it is free but others are queued ahead), Holder and Fence name the
 // oldest when they leave no room; Waiters is the exact number of live
-// waiters, the caller included.
+// waiters, the caller included. req.Replace and req.Preempt are applied in
+// the same attempt (see the package documentation, Replace and Preempt); an
+// owner a newer request replaced fails with an error matching
+// lock.ErrReplaced.
 //
 // attempt is one acquisition. It returns the lease, or the path of the node
 // whose deletion may let the request in (for Acquire to watch) and the error.
@@ -175,6 +188,9 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 				heldByOther = true // as far as this read can tell
 			}
 			plans[i] = p
+		}
+		if err := l.checkReplaced(ctx, req, hash, plans); err != nil {
+			return nil, "", err
 		}
 		// The key looks busy: make sure that is not a lagging server's view
 		// before acting on it (a free key is validated by the write instead).
@@ -228,6 +244,16 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 				}
 				p.live = live
 			}
+			for _, p := range plans {
+				for h, m := range p.view.marks {
+					if h != hash && !l.markLive(m, nowMs) {
+						p.deadMarks = append(p.deadMarks, m)
+					}
+				}
+			}
+		}
+		if req.Replace {
+			dropOlder(plans)
 		}
 		for _, p := range plans {
 			for _, w := range p.live {
@@ -239,6 +265,24 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 
 		held, blocker := l.busy(req, hash, plans)
 		if held != nil {
+			// Refused: drop the older waiters (Replace) and stop the
+			// holders (Preempt) in one transaction, at the versions read.
+			if ops := l.policyOps(req, hash, plans); len(ops) > 0 {
+				if l.beforePolicies != nil {
+					l.beforePolicies()
+				}
+				if _, err := l.multi(ctx, ops); err != nil {
+					if !isConflict(err) {
+						return nil, "", l.unavailable(op, fmt.Errorf("replace or preempt: %w", err))
+					}
+					if err := l.sync(ctx); err != nil {
+						return nil, "", l.unavailable(op, err)
+					}
+					synced = true
+					lastHeld = held
+					continue
+				}
+			}
 			l.prune(ctx, plans)
 			return nil, blocker, held
 		}
@@ -439,6 +483,10 @@ func (l *Locker) prune(ctx context.Context, plans []*keyPlan) {
 			paths = append(paths, l.keyPath(p.view.key)+"/"+w.name)
 			versions = append(versions, w.stat.Version)
 		}
+		for _, m := range p.deadMarks {
+			paths = append(paths, l.keyPath(p.view.key)+"/"+m.name)
+			versions = append(versions, m.stat.Version)
+		}
 	}
 	parallel(len(paths), func(i int) error {
 		_, err := call(ctx, l, func(c *zk.Conn) (struct{}, error) { return struct{}{}, c.Delete(paths[i], versions[i]) })
@@ -450,9 +498,11 @@ func (l *Locker) prune(ctx context.Context, plans []*keyPlan) {
 }
 
 // take runs the acquisition transaction: for every key it deletes the dead
-// waiters and the stale holder and slot nodes of other owners (at the
-// versions read, each with its renewal node's version read), the owner's own
-// holder or slot node (an owner taking its keys again) and waiter node,
+// waiters and replacement marks, drops the older waiters a request with
+// Replace replaces (see replaceOps), deletes the stale holder and slot
+// nodes of other owners (at the versions read, each with its renewal node's
+// version read), the owner's own holder or slot node (an owner taking its
+// keys again) and waiter node,
 // creates the lease's node (the holder node for a mutex, the owner's slot
 // node for a semaphore) and writes the key node at the version read. That
 // write serializes the acquisitions of a key, so the room counted at read
@@ -477,6 +527,10 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 		for _, w := range p.dead {
 			ops = append(ops, &zk.DeleteRequest{Path: kp + "/" + w.name, Version: w.stat.Version})
 		}
+		for _, m := range p.deadMarks {
+			ops = append(ops, &zk.DeleteRequest{Path: kp + "/" + m.name, Version: m.stat.Version})
+		}
+		ops = append(ops, l.replaceOps(req, p)...)
 		for _, h := range p.view.leases() {
 			if h.data.Owner != hash && !h.stale {
 				continue // a live lease of another owner: room was counted

@@ -10,46 +10,65 @@ import (
 	"github.com/lockwarden/lockwarden/internal/lock/locktest"
 )
 
-func TestConformanceStandalone(t *testing.T) {
-	e := sharedServers(t, 1)
+// suite is one of locktest's conformance suites (Run, RunSemaphore,
+// RunPolicies).
+type suite func(t *testing.T, newLocker func(t *testing.T) lock.Locker, opts ...locktest.Option)
+
+// ensembleWaiterTTL is the waiter TTL of the runs on the ensemble. A queued
+// request that does not call again is pruned after the waiter TTL. The FIFO
+// cases make a waiter join and then take their other steps (each a few
+// ensemble round trips) before it calls again: under a loaded CI machine one
+// second was not always enough for three servers, and the first waiter was
+// pruned as dead.
+const ensembleWaiterTTL = 3 * time.Second
+
+// runSuite runs s on the shared servers of n (1: standalone) with cfg (its
+// Servers set to theirs), a waiter TTL of one second on the standalone
+// server and ensembleWaiterTTL on the ensemble, and opts.
+func runSuite(t *testing.T, n int, cfg Config, s suite, opts ...locktest.Option) {
+	e := sharedServers(t, n)
 	logsOnFailure(t, e)
-	locktest.Run(t, lockerFactory(Config{Servers: e.Addrs(), Root: "/conformance"}), locktest.WithWaiterTTL(time.Second))
+	cfg.Servers = e.Addrs()
+	waiterTTL := time.Second
+	if n > 1 {
+		waiterTTL = ensembleWaiterTTL
+	}
+	s(t, lockerFactory(cfg, WithWaiterTTL(waiterTTL)), append([]locktest.Option{locktest.WithWaiterTTL(waiterTTL)}, opts...)...)
+}
+
+// digestConfig is the configuration of the runs with digest ACLs.
+var digestConfig = Config{Root: "/digest/locks", Digest: "lockwarden:s3cret"}
+
+func TestConformanceStandalone(t *testing.T) {
+	runSuite(t, 1, Config{Root: "/conformance"}, locktest.Run)
 }
 
 func TestConformanceEnsemble(t *testing.T) {
-	e := sharedServers(t, 3)
-	logsOnFailure(t, e)
-	// A queued request that does not call again is pruned after the waiter
-	// TTL. The FIFO cases make a waiter join and then take their other
-	// steps (each a few ensemble round trips) before it calls again: under
-	// a loaded CI machine one second was not always enough for three
-	// servers, and the first waiter was pruned as dead.
-	const waiterTTL = 3 * time.Second
-	locktest.Run(t, lockerFactory(Config{Servers: e.Addrs(), Root: "/conformance"}, WithWaiterTTL(waiterTTL)), locktest.WithWaiterTTL(waiterTTL), locktest.WithRounds(5))
+	runSuite(t, 3, Config{Root: "/conformance"}, locktest.Run, locktest.WithRounds(5))
 }
 
 func TestConformanceDigest(t *testing.T) {
-	e := sharedServers(t, 1)
-	logsOnFailure(t, e)
-	cfg := Config{Servers: e.Addrs(), Root: "/digest/locks", Digest: "lockwarden:s3cret"}
-	locktest.Run(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
+	runSuite(t, 1, digestConfig, locktest.Run, locktest.WithRounds(3))
+}
+
+// TestConformancePolicies runs the queue policies' suite (Request.Replace
+// and Request.Preempt) in every configuration the conformance suite runs in:
+// standalone, the ensemble (reads from followers) and digest ACLs (the
+// replacement marks are nodes the Locker creates under the key nodes).
+func TestConformancePolicies(t *testing.T) {
+	t.Run("Standalone", func(t *testing.T) { runSuite(t, 1, Config{Root: "/conformance"}, locktest.RunPolicies) })
+	t.Run("Ensemble", func(t *testing.T) {
+		runSuite(t, 3, Config{Root: "/conformance"}, locktest.RunPolicies, locktest.WithRounds(5))
+	})
+	t.Run("Digest", func(t *testing.T) { runSuite(t, 1, digestConfig, locktest.RunPolicies, locktest.WithRounds(3)) })
 }
 
 // TestSemaphore runs the counting-semaphore suite (Request.Limit > 1: slot
 // nodes beside the holder node) on the standalone server and on the
 // ensemble, where reads may come from a follower.
 func TestSemaphore(t *testing.T) {
-	t.Run("Standalone", func(t *testing.T) {
-		e := sharedServers(t, 1)
-		logsOnFailure(t, e)
-		locktest.RunSemaphore(t, lockerFactory(Config{Servers: e.Addrs(), Root: "/semaphore"}), locktest.WithWaiterTTL(time.Second))
-	})
-	t.Run("Ensemble", func(t *testing.T) {
-		e := sharedServers(t, 3)
-		logsOnFailure(t, e)
-		const waiterTTL = 3 * time.Second // as TestConformanceEnsemble
-		locktest.RunSemaphore(t, lockerFactory(Config{Servers: e.Addrs(), Root: "/semaphore"}, WithWaiterTTL(waiterTTL)), locktest.WithWaiterTTL(waiterTTL))
-	})
+	t.Run("Standalone", func(t *testing.T) { runSuite(t, 1, Config{Root: "/semaphore"}, locktest.RunSemaphore) })
+	t.Run("Ensemble", func(t *testing.T) { runSuite(t, 3, Config{Root: "/semaphore"}, locktest.RunSemaphore) })
 }
 
 // TestQueueVisibility: a queue longer than Inspect lists, on the ensemble

@@ -598,7 +598,9 @@ func (l *Locker) endNodes(ctx context.Context, lt *leaseTimer, pending []int) (i
 // read (after the key node, as readOwned does) and deleted when it is still
 // the node lt's Locker wrote, at the same version: the creation zxid tells
 // the node from one created again under its name (a later acquisition of
-// the owner, a move), the version from one renewed since.
+// the owner, a move), the version from one renewed since. A holder or slot
+// node that a request with Preempt stopped since (preemptedSince) is still
+// the acquisition's too, and ends at its TTL as any other.
 func (l *Locker) endOne(ctx context.Context, lt *leaseTimer, i int, tried bool) (bool, error) {
 	if !tried {
 		_, err := l.multi(ctx, l.deleteOps(lt.keys, lt.nodes, []int{i}))
@@ -610,27 +612,39 @@ func (l *Locker) endOne(ctx context.Context, lt *leaseTimer, i int, tried bool) 
 		}
 	}
 	w := lt.nodes[i]
-	if w.name == holderName || w.holderCzxid == 0 {
+	if w.holderCzxid == 0 {
 		return false, nil // not the node the timer was armed for any more
 	}
 	key := lt.keys[i]
-	exists := func(p string) (*zk.Stat, error) {
-		return call(ctx, l, func(c *zk.Conn) (*zk.Stat, error) {
-			ok, st, err := c.Exists(p)
+	for range maxTries {
+		kst, err := call(ctx, l, func(c *zk.Conn) (*zk.Stat, error) {
+			ok, st, err := c.Exists(l.keyPath(key))
 			if err == nil && !ok {
 				st = nil
 			}
 			return st, err
 		})
-	}
-	for range maxTries {
-		kst, err := exists(l.keyPath(key))
 		if err != nil || kst == nil {
 			return false, err
 		}
-		st, err := exists(l.nodePath(key, w.name))
-		if err != nil || st == nil || st.Czxid != w.holderCzxid || st.Version != w.holderVersion {
+		type got struct {
+			data []byte
+			stat *zk.Stat
+		}
+		g, err := call(ctx, l, func(c *zk.Conn) (got, error) {
+			d, st, err := c.Get(l.nodePath(key, w.name))
+			return got{d, st}, err
+		})
+		if errors.Is(err, zk.ErrNoNode) {
+			return false, nil
+		}
+		if err != nil {
 			return false, err
+		}
+		st := g.stat
+		unchanged := w.name != holderName && st.Version == w.holderVersion
+		if st.Czxid != w.holderCzxid || !unchanged && !preemptedSince(w, st, g.data, lt.hash) {
+			return false, nil
 		}
 		_, err = l.multi(ctx, []any{
 			&zk.CheckVersionRequest{Path: l.keyPath(key), Version: kst.Version},
@@ -716,4 +730,14 @@ func (l *Locker) track() bool {
 // needed: its node is found whichever kind it is (see readOwned).
 func validateLease(lease *lock.Lease) error {
 	return lock.ValidateLease(lease)
+}
+
+// preemptedSince tells whether the node read (its stat st and data) is the
+// node w this Locker wrote for the owner hash, changed since only by the
+// write of a request with Preempt (which adds one to its version and sets
+// holderData.Preempted): a preempted lease is no longer renewed, so no
+// other write comes between.
+func preemptedSince(w written, st *zk.Stat, data []byte, hash string) bool {
+	var d holderData
+	return st.Version == w.holderVersion+1 && json.Unmarshal(data, &d) == nil && d.Preempted && d.Owner == hash
 }

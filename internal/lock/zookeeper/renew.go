@@ -32,6 +32,9 @@ func (e *errLostKey) Error() string {
 // Locker's session when they are in another), keeping their fencing token;
 // from the next round on they take the fast path. When a lease lost a key,
 // the keys it still held are released and the error matches lock.ErrLost.
+// When a request with Preempt stopped it (holderData.Preempted: the
+// preemption's write changed the holder node, so both paths end up reading
+// it) nothing is written and the error matches lock.ErrPreempted.
 // When ZooKeeper could not be reached the error matches
 // lock.ErrBackendUnavailable: the lease may still be held until its
 // Expires, so the caller may try again. Results and errors go to out and
@@ -117,6 +120,14 @@ func (l *Locker) renew(ctx context.Context, lease *lock.Lease, ttl time.Duration
 			l.releaseQuietly(ctx, lease.Keys, hash, lease.Fence, lease.Limit)
 			l.log.Info("Lease lost: its TTL passed without a renewal", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 			return nil, fmt.Errorf("%s: %w: its TTL passed without a renewal (on the ensemble's clock)", op, lock.ErrLost)
+		}
+		for _, o := range owned {
+			if o.holder.data.Preempted {
+				// A request with Preempt stopped it: extend nothing, the
+				// lease stays valid to its Expires (its timer still ends
+				// it, see endOne).
+				return nil, preemptedError(op, lease, o.key)
+			}
 		}
 		var ops []any
 		next := make([]written, len(owned))

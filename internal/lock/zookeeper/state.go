@@ -35,6 +35,22 @@ type holderData struct {
 	// Limit is the Request.Limit of a semaphore slot (a slot node); 0 in
 	// a holder node (a mutex).
 	Limit int `json:"limit,omitempty"`
+	// Preempted is set by a request with Preempt: the lease is no longer
+	// renewed (lock.ErrPreempted) and ends with its release, its timer or
+	// its TTL. The same write takes the node off its renewal node (Session
+	// empty, TTLMs its TTL), so that the Locker's renewals of its other
+	// leases no longer extend it.
+	Preempted bool `json:"preempted,omitempty"`
+}
+
+// markData is the JSON data of a replacement mark: the holder identity of
+// the waiter dropped and of the request that dropped it (for people reading
+// the nodes), and how long the mark lasts from its last write (mtime), as
+// the Locker that wrote it counts (markTTL).
+type markData struct {
+	Holder string `json:"holder,omitempty"`
+	By     string `json:"by,omitempty"`
+	TTLMs  int64  `json:"ttlMs,omitempty"`
 }
 
 // waiterData is the JSON data of a waiter node.
@@ -144,6 +160,14 @@ type waiterView struct {
 	stat   *zk.Stat
 }
 
+// markView is a replacement mark as read.
+type markView struct {
+	name  string
+	hash  string
+	ttlMs int64 // markData.TTLMs (0 when unreadable)
+	stat  *zk.Stat
+}
+
 // keyView is what one read saw of one key.
 type keyView struct {
 	key     string
@@ -152,6 +176,8 @@ type keyView struct {
 	holder  *holderView   // the holder node (a mutex), if any
 	slots   []*holderView // the slot nodes (a semaphore), oldest first
 	waiters []*waiterView // sorted by ticket
+	// marks are the replacement marks, by owner hash (nil when none).
+	marks map[string]*markView
 }
 
 // leases are the leases holding the key, oldest (smallest fence) first: the
@@ -181,7 +207,8 @@ func (v *keyView) lastFence(keyData []byte) int64 {
 }
 
 // readKeys reads the key nodes' children (the holder or slots and the queue),
-// then the holder, slot and waiter nodes, all requests of a phase pipelined.
+// then the holder, slot and waiter nodes and the replacement marks, all
+// requests of a phase pipelined.
 func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error) {
 	views := make([]*keyView, len(keys))
 	names := make([][]string, len(keys))
@@ -219,6 +246,8 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 			if isLeaseNode(n) {
 				tasks = append(tasks, task{v, n})
 			} else if _, _, ok := parseWaiter(n); ok {
+				tasks = append(tasks, task{v, n})
+			} else if _, ok := parseReplaced(n); ok {
 				tasks = append(tasks, task{v, n})
 			}
 		}
@@ -263,6 +292,15 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 			} else {
 				t.view.slots = append(t.view.slots, h)
 			}
+			continue
+		}
+		if hash, ok := parseReplaced(t.name); ok {
+			if t.view.marks == nil {
+				t.view.marks = map[string]*markView{}
+			}
+			var d markData
+			_ = json.Unmarshal(g.data, &d) // unreadable: the reader's own markTTL
+			t.view.marks[hash] = &markView{name: t.name, hash: hash, ttlMs: d.TTLMs, stat: g.stat}
 			continue
 		}
 		ticket, hash, _ := parseWaiter(t.name)

@@ -36,6 +36,11 @@
 //	                          holder. The place is the ticket in the name, not
 //	                          a sequence number, so the node can be moved into
 //	                          another session under the same name (see Queue)
+//	R/keys/k-<enc K>/r-<owner hash>
+//	                          persistent: a replacement mark, the owner's
+//	                          waiter was dropped by a request with Replace;
+//	                          data: holder, by (the replacing holder), ttlMs
+//	                          (see Replace and Preempt)
 //
 // <enc K> is K with every byte outside [A-Za-z0-9._:-] written %XX (so '/'
 // creates no hierarchy and two keys never share a node), behind a "k-" that
@@ -176,6 +181,70 @@
 // version, write or delete the holder node at its version); when anything
 // changed in between the check fails and it falls back to reading.
 //
+// # Replace and Preempt
+//
+// The queue rules Request.Replace and Request.Preempt are written into the
+// nodes by the attempt that applies them, in one multi at the versions it
+// read, so they hold between every Locker sharing the ensemble.
+//
+// A request with Replace, once it has joined or refreshed its place (so its
+// ticket is known; one that finds its keys free while others wait joins
+// first, as any queued request), treats the live waiters of other owners
+// with a smaller ticket on its keys (all of them when it is not queued) as
+// gone. If it is still refused, one multi deletes their waiter nodes and
+// creates (or, over a mark past its time, rewrites) a replacement mark
+// r-<owner hash> for each dropped owner; if the keys are free it takes them
+// with the same operations in its acquisition multi. Waiters that joined
+// after it have larger tickets and stay. Every attempt already lists the key
+// nodes' children, so it sees its owner's mark without another round trip;
+// a mark whose last write (mtime) plus its TTL (twice the waiter TTL of the
+// Locker that wrote it, or of the reader when that is longer) plus the skew
+// allowance is not before the ensemble's clock (one write of R/ticket, made
+// only by an owner that has a mark) fails the attempt with lock.ErrReplaced,
+// which does not match lock.ErrNotAcquired. Marks past their time are
+// deleted at the version read by the next acquirer of the key. Marks are
+// persistent nodes, so they survive the dropped waiter's session (an
+// operator restart) and every failover; a key nobody uses again keeps its
+// last marks (a few bytes each) until someone does.
+//
+// A request with Preempt that is refused also sets Preempted in the holder
+// and slot nodes of other owners on its keys (holderData.Preempted), each at
+// the version read, with the key node's version read checked in the same
+// multi: a lease taken after the read writes the key node, so it is never
+// preempted, and a lease already preempted is left as it is. The same write
+// takes the node off its renewal node (session empty, ttlMs its TTL): its
+// end on the ensemble's clock becomes TTL after the preemption's write, no
+// earlier than it was (the renewal node was last written before), so the
+// lease is never shortened, and the renewals of its Locker's other leases,
+// one write of the shared renewal node, no longer extend it. The write also
+// moves the node's version, which is the check a renewal meets: the fast
+// path reads every holder node after writing the renewal node and sends a
+// changed one to the read path, and the read path's rewrite is checked at
+// the version it knows; the read path then finds Preempted and fails with
+// lock.ErrPreempted (after lock.ErrLost's checks) without writing, moving or
+// releasing anything. A renewal whose write committed before the preemption
+// extended the lease before the preemption, as the contract allows. Release
+// deletes a preempted node as any other, and the acquisition's TTL timer
+// still ends it at its TTL: it deletes a node whose only change since it was
+// armed is the preemption's write. While others wait, a preempted lease
+// leaves no room to its own owner, so the owner cannot escape by taking the
+// key again (which would replace the node with an unpreempted one).
+//
+// Failover and partitions: marks and the Preempted flag are ordinary znodes
+// written by quorum-committed multis. A leader election keeps every
+// committed write, so no mark is lost or half-applied; a server cut off from
+// the quorum commits nothing, so a partitioned minority can neither drop
+// waiters nor preempt, and a Locker connected to it gets errors
+// (lock.ErrBackendUnavailable) until it reaches the quorum. Reads from a
+// lagging follower may miss a mark: a busy key is read again after a sync
+// before the answer, and a dropped waiter's own next write (its refresh or
+// its acquisition, which deletes its waiter node) fails on the missing node
+// and makes it read again; ZooKeeper's per-session order means a Locker
+// never reads a state older than its own last write. The Preempted flag
+// lives in the lease's ephemeral node and ends with it (release, timer,
+// session expiry); a mark ends on the ensemble's clock, with the skew
+// allowance below.
+//
 // # Consistency
 //
 // The ensemble's clock is the wall clock of the leader that committed a
@@ -258,7 +327,10 @@ type Locker struct {
 	// catch) leaves out its check of the renewal nodes read; noRenewalNode
 	// (tests only) renews every lease by the read path, as before renewal
 	// nodes.
-	beforeTake       func()
+	beforeTake func()
+	// beforePolicies, when set (tests only), runs before the transaction
+	// of a refused request's queue rules (policyOps).
+	beforePolicies   func()
 	skipRenewalCheck bool
 	noRenewalNode    bool
 	// ignoreSlots (tests only: a mutant the semaphore tests must catch)
@@ -725,11 +797,24 @@ func (l *Locker) holderPath(key string) string { return l.keyPath(key) + "/" + h
 func (l *Locker) nodePath(key, name string) string { return l.keyPath(key) + "/" + name }
 
 const (
-	holderName   = "holder"
-	slotPrefix   = "slot-"
-	keyPrefix    = "k-"
-	waiterPrefix = "w-"
+	holderName     = "holder"
+	slotPrefix     = "slot-"
+	keyPrefix      = "k-"
+	waiterPrefix   = "w-"
+	replacedPrefix = "r-"
 )
+
+// replacedName is the name of the replacement mark of the owner hash on a
+// key: a request with Replace dropped that owner's waiter node (see the
+// package documentation, Replace and Preempt).
+func replacedName(hash string) string { return replacedPrefix + hash }
+
+// parseReplaced returns the owner hash of a replacement mark's name; ok is
+// false for other names.
+func parseReplaced(name string) (hash string, ok bool) {
+	hash, ok = strings.CutPrefix(name, replacedPrefix)
+	return hash, ok && hash != ""
+}
 
 // slotName is the name of the slot node of the owner hash (one per owner
 // and key: an owner acquiring again replaces it, as a holder node).
