@@ -249,3 +249,56 @@ func TestUpgradeFromSchemaVersion3(t *testing.T) {
 		t.Fatalf("r's token %d, want more than %d", got.Fence, h.fence)
 	}
 }
+
+// TestPolicyMarksLostAreSetAgain: a failover to an asynchronous standby can
+// lose the last commits, among them the one that set the marks (the
+// standby's tables are as they were before it). The rules apply on every
+// call of the request, so its next call sets them again: until then the
+// holder renews and the old waiter keeps its place, as on the standby;
+// afterwards the waiter is replaced and the lease preempted.
+func TestPolicyMarksLostAreSetAgain(t *testing.T) {
+	s := pgtest.Start(t)
+	cfg := configFor(s)
+	l := newTestLocker(t, cfg)
+	ctx := ctxFor(t, 30*time.Second)
+	key := "marks-lost"
+	h := mustTry(t, l, lock.Request{Keys: []string{key}, TTL: time.Minute, Holder: "holder", Owner: newOwner(t)})
+	w := lock.Request{Keys: []string{key}, TTL: time.Minute, Holder: "w", Owner: newOwner(t), Queue: true}
+	mustRefuse(t, l, w)
+
+	raw := s.Conn(t)
+	exec := func(q string) {
+		t.Helper()
+		if _, err := raw.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	// What the standby has: the tables before the request's commit.
+	exec("CREATE TABLE lockwarden.standby_waiters AS SELECT * FROM lockwarden.waiters")
+	r := lock.Request{Keys: []string{key}, TTL: time.Minute, Holder: "r", Owner: newOwner(t), Queue: true, Replace: true, Preempt: true}
+	mustRefuse(t, l, r)
+	// The promotion: the request's commit is gone.
+	exec("DELETE FROM lockwarden.waiters")
+	exec("INSERT INTO lockwarden.waiters SELECT * FROM lockwarden.standby_waiters")
+	exec("DELETE FROM lockwarden.replaced")
+	exec("UPDATE lockwarden.locks SET preempted = 0")
+
+	h, err := l.Renew(ctx, h, time.Minute)
+	if err != nil {
+		t.Fatalf("Renew with the preemption lost: %v; want renewed", err)
+	}
+	if he := mustRefuse(t, l, w); he.Position != 0 {
+		t.Fatalf("the waiter with the replacement lost: %v (position %d); want at the head again", he, he.Position)
+	}
+	// The request's next call (Acquire calls again within a third of its
+	// waiter TTL) sets both marks again.
+	if he := mustRefuse(t, l, r); he.Position != 0 || he.Waiters != 1 {
+		t.Fatalf("the request calling again: %v (position %d of %d); want alone at the head", he, he.Position, he.Waiters)
+	}
+	if _, err := l.TryAcquire(ctx, w); !errors.Is(err, lock.ErrReplaced) {
+		t.Fatalf("the waiter after the request called again: %v; want ErrReplaced", err)
+	}
+	if _, err := l.Renew(ctx, h, time.Minute); !errors.Is(err, lock.ErrPreempted) {
+		t.Fatalf("Renew after the request called again: %v; want ErrPreempted", err)
+	}
+}
