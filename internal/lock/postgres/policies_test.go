@@ -23,15 +23,16 @@ func mustTry(t *testing.T, l *Locker, req lock.Request) *lock.Lease {
 	return lease
 }
 
-// mustRefuse makes one TryAcquire of req that the keys must refuse.
-func mustRefuse(t *testing.T, l *Locker, req lock.Request) *lock.HeldError {
+// mustRefuse makes one TryAcquire of req that the keys must refuse, and
+// returns what its HeldError says.
+func mustRefuse(t *testing.T, l *Locker, req lock.Request) lock.HeldError {
 	t.Helper()
 	_, err := l.TryAcquire(ctxFor(t, 10*time.Second), req)
 	var he *lock.HeldError
 	if !errors.As(err, &he) {
 		t.Fatalf("TryAcquire of %s: %v, want a *lock.HeldError", req.Holder, err)
 	}
-	return he
+	return *he
 }
 
 // newOwner returns a new owner token.
@@ -86,7 +87,7 @@ func TestPolicyMarksSurviveServerRestart(t *testing.T) {
 	}
 	// The holder's owner does not escape by acquiring again.
 	if he := mustRefuse(t, newTestLocker(t, cfg, opt), hreq); he.Fence != h.Fence {
-		t.Fatalf("the preempted owner acquiring again: %v; want refused, the key held with token %d", he, h.Fence)
+		t.Fatalf("the preempted owner acquiring again: %v; want refused, the key held with token %d", &he, h.Fence)
 	}
 	rl := newTestLocker(t, cfg, opt)
 	mustRefuse(t, rl, r)
@@ -224,7 +225,7 @@ func TestUpgradeFromSchemaVersion3(t *testing.T) {
 	upgraded := newTestLocker(t, cfg)
 	r := lock.Request{Keys: keys, TTL: 30 * time.Second, Holder: "r", Owner: newOwner(t), Queue: true, Replace: true, Preempt: true}
 	if he := mustRefuse(t, upgraded, r); he.Position != 0 || he.Waiters != 1 {
-		t.Fatalf("the request with Replace and Preempt: %v (position %d of %d); want alone at the head", he, he.Position, he.Waiters)
+		t.Fatalf("the request with Replace and Preempt: %v (position %d of %d); want alone at the head", &he, he.Position, he.Waiters)
 	}
 	if w := v3Acquire(waiter, true); w.ok || w.busy != 1 || w.position != -1 {
 		t.Fatalf("the replaced version-3 waiter: %+v; want refused without a place", w)
@@ -288,12 +289,12 @@ func TestPolicyMarksLostAreSetAgain(t *testing.T) {
 		t.Fatalf("Renew with the preemption lost: %v; want renewed", err)
 	}
 	if he := mustRefuse(t, l, w); he.Position != 0 {
-		t.Fatalf("the waiter with the replacement lost: %v (position %d); want at the head again", he, he.Position)
+		t.Fatalf("the waiter with the replacement lost: %v (position %d); want at the head again", &he, he.Position)
 	}
 	// The request's next call (Acquire calls again within a third of its
 	// waiter TTL) sets both marks again.
 	if he := mustRefuse(t, l, r); he.Position != 0 || he.Waiters != 1 {
-		t.Fatalf("the request calling again: %v (position %d of %d); want alone at the head", he, he.Position, he.Waiters)
+		t.Fatalf("the request calling again: %v (position %d of %d); want alone at the head", &he, he.Position, he.Waiters)
 	}
 	if _, err := l.TryAcquire(ctx, w); !errors.Is(err, lock.ErrReplaced) {
 		t.Fatalf("the waiter after the request called again: %v; want ErrReplaced", err)
