@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
@@ -186,17 +185,7 @@ func TestUpgradeFromSchemaVersion3(t *testing.T) {
 	ctx := ctxFor(t, time.Minute)
 	cfg := configFor(s)
 	cfg.Schema = "upgrade3"
-	ms, err := migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ms) < 4 {
-		t.Fatalf("%d migrations: this test upgrades from version 3 to 4", len(ms))
-	}
-	old := newTestLocker(t, cfg)
-	if err := old.withConn(ctx, func(ctx context.Context, c *pgx.Conn) error { return old.migrateOn(ctx, c, ms[:3]) }); err != nil {
-		t.Fatalf("migrate to version 3: %v", err)
-	}
+	migrateTo(t, cfg, 3)
 	raw := s.Conn(t)
 	holder, waiter := newOwner(t), newOwner(t)
 	keys := []string{"upgrade3"}
