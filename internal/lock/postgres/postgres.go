@@ -143,7 +143,8 @@
 //     waits in the key's queue.
 //
 // A request without the flags pays for them only inside the same statement
-// (an index probe of replaced per call, a comparison in renew): no round
+// (two index probes of replaced per acquisition, one pruning the ended
+// marks and one looking for the caller's; a comparison in renew): no round
 // trip is added. The marks are committed rows, durable as leases are: they
 // survive a reconnect and a restart of the server, and a failover to a
 // synchronous standby. An asynchronous standby can lose the last commits,
