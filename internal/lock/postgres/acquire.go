@@ -75,10 +75,10 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	octx, cancel := l.opContext(ctx, req.TTL)
 	defer cancel()
 	var (
-		ok                            bool
-		fence, busyFence, ttlMs       int64
-		busy, position, queued, count int32
-		busyHolder, syncCommit        string
+		ok                                      bool
+		fence, busyFence, ttlMs                 int64
+		busy, position, queued, count, replaced int32
+		busyHolder, syncCommit                  string
 	)
 	limit := req.Limit
 	if limit > 1 {
@@ -91,8 +91,8 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		start = l.opts.Now()
 		return c.QueryRow(ctx, l.sql.acquire,
 			encodeKeys(req.Keys), ownerDigest(req.Owner), req.Holder, req.TTL.Milliseconds(),
-			req.Queue, l.opts.WaiterTTL.Milliseconds(), lock.MaxFence-1, limit,
-		).Scan(&ok, &fence, &busy, &busyHolder, &busyFence, &position, &queued, &ttlMs, &count, &syncCommit)
+			req.Queue, l.opts.WaiterTTL.Milliseconds(), lock.MaxFence-1, limit, req.Replace, req.Preempt,
+		).Scan(&ok, &fence, &busy, &busyHolder, &busyFence, &position, &queued, &ttlMs, &count, &replaced, &syncCommit)
 	})
 	if err != nil {
 		l.log.V(2).Info("Acquire failed", "keys", req.Keys, "err", err.Error())
@@ -108,6 +108,10 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	if !ok {
 		if busy < 1 || int(busy) > len(req.Keys) {
 			return nil, 0, l.unavailable("acquire", fmt.Errorf("busy key index %d out of range [1, %d]", busy, len(req.Keys)))
+		}
+		if replaced != 0 {
+			// Not queued, and not to be: the newer request keeps the place.
+			return nil, 0, fmt.Errorf("acquire keys %q: %w: a newer request took its place in the queue of key %q", req.Keys, lock.ErrReplaced, req.Keys[busy-1])
 		}
 		he := &lock.HeldError{
 			Key:      req.Keys[busy-1],

@@ -39,3 +39,16 @@ func TestLockerReadsItsClock(t *testing.T) {
 		return newTestLocker(t, configFor(s), WithClock(c))
 	})
 }
+
+// TestConformancePolicies: Request.Replace and Request.Preempt, for the
+// configurations of TestConformance and TestConformancePasswordTLS.
+func TestConformancePolicies(t *testing.T) {
+	s := pgtest.Start(t)
+	locktest.RunPolicies(t, lockerFactory(configFor(s)), locktest.WithWaiterTTL(time.Second))
+	t.Run("PasswordTLS", func(t *testing.T) {
+		s := pgtest.Start(t, pgtest.WithTLS(), pgtest.WithPassword("s3cret'\"x"))
+		cfg := configFor(s)
+		cfg.Schema = "locks_tls"
+		locktest.RunPolicies(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
+	})
+}

@@ -241,8 +241,8 @@ func newStatements(schema string) statements {
 		// acquire and renew pin synchronous_commit for their own transaction
 		// (the session sets it too, see session.go): the commit, after the
 		// statement, waits for the WAL flush whatever reset the session.
-		acquire: "SELECT o_ok, o_fence, o_busy, o_busy_holder, o_busy_fence, o_position, o_waiters, o_holder_ttl_ms, o_busy_holders, " +
-			syncCommitPin + " FROM " + s + ".acquire($1, $2, $3, $4, $5, $6, $7, $8::int)",
+		acquire: "SELECT o_ok, o_fence, o_busy, o_busy_holder, o_busy_fence, o_position, o_waiters, o_holder_ttl_ms, o_busy_holders, o_replaced, " +
+			syncCommitPin + " FROM " + s + ".acquire($1, $2, $3, $4, $5, $6, $7, $8::int, $9::boolean, $10::boolean)",
 		// One row, of arrays (lease numbers and results, in the same order):
 		// the reply of a batch of renewBatchRows keys is about 1 KiB, far
 		// below the server's 8 KiB output buffer, so nothing reaches the

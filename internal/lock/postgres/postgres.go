@@ -24,12 +24,15 @@
 //
 // # Tables (in Config.Schema, default "lockwarden")
 //
-//	locks(key bytea PK, fence, owner, holder, version, acquired, expires)
-//	    one row per key ever used; owner NULL when released
+//	locks(key bytea PK, fence, owner, holder, version, acquired, expires, preempted)
+//	    one row per key ever used; owner NULL when released; preempted the
+//	    largest token a request with Preempt stopped on the key
 //	slots(key, owner, fence, holder, lim, acquired, expires), PK (key, owner)
 //	    the holders of semaphores (Limit > 1), one row per holder and key
 //	waiters(key, owner, ticket, holder, since, deadline), PK (key, owner)
 //	    the FIFO queues, ordered by ticket
+//	replaced(key, owner, until), PK (key, owner)
+//	    the owners a request with Replace dropped from a key's queue
 //	tickets                       sequence of queue tickets, shared by all keys
 //	schema_migrations(version, name, applied_at)
 //
@@ -113,6 +116,44 @@
 // lease that expires without a release sends nothing: Acquire then wakes by a
 // timer at the holder's expiry (the database returns its remaining TTL), and
 // polls with exponential backoff and jitter as a fallback.
+//
+// # Queue rules: Replace and Preempt
+//
+// Both rules are applied by the acquire function (migration 4) in the
+// acquisition's transaction, after its row locks and pruning, so they hold
+// between every operator sharing the database:
+//   - A request with Replace deletes the waiters rows of its keys with a
+//     smaller ticket than its own (all of them when it is not queued yet)
+//     and inserts, for each dropped owner and key, a replaced row until the
+//     database's now + two of the request's waiter TTLs; each key that lost
+//     a waiter is notified, so that a waiting Acquire learns it at once. An
+//     acquisition whose owner has a live replaced row on one of its keys
+//     does nothing else and fails with an error matching lock.ErrReplaced
+//     (not lock.ErrNotAcquired). Expired rows are deleted by the next
+//     acquisition of the key.
+//   - A request with Preempt raises locks.preempted of each of its keys to
+//     the largest token of the key's live leases (mutex or slots) of other
+//     owners. renew extends none of the keys of a lease whose token is at or
+//     below the mark on one of them, releases none, and reports it (minus
+//     the key's position), which Renew and RenewAll turn into an error
+//     matching lock.ErrPreempted; the lease stays held until its expiry or
+//     release, and later leases, with larger tokens, are not affected (the
+//     mark is never reset). The owner's own preempted mutex lease no longer
+//     leaves the key to a new acquisition of that owner while another owner
+//     waits in the key's queue.
+//
+// A request without the flags pays for them only inside the same statement
+// (two index probes of replaced per acquisition, one pruning the ended
+// marks and one looking for the caller's; a comparison in renew): no round
+// trip is added. The marks are committed rows, durable as leases are: they
+// survive a reconnect and a restart of the server, and a failover to a
+// synchronous standby. An asynchronous standby can lose the last commits,
+// and with them marks as well as leases; a lost mark is set again by the
+// next call of the request that set it (a waiting Acquire calls at least
+// every third of its waiter TTL), as both rules apply on every call. There
+// is one database, so no partition splits a mark: an operator cut off from
+// the database can neither set nor read one, and its calls fail with
+// lock.ErrBackendUnavailable.
 //
 // # Recovery and server failures
 //

@@ -61,7 +61,11 @@ func renewBatches(leases []*lock.Lease, idx []int) [][]int {
 // gone and is never taken again behind the caller's back. When the database
 // could not be reached the error matches lock.ErrBackendUnavailable: the
 // lease may still be held until its Expires, so the caller may try again
-// before then. Results and errors go to out and errs at the leases' indexes.
+// before then. When a request with Preempt stopped the lease (its token is
+// at or below a key's preemption mark) the error matches lock.ErrPreempted:
+// none of its keys is extended, none released, and the lease stays valid
+// until its Expires. Results and errors go to out and errs at the leases'
+// indexes.
 func (l *Locker) renewAll(ctx context.Context, leases []*lock.Lease, idx []int, ttl time.Duration, out []*lock.Lease, errs []error) {
 	octx, cancel := l.opContext(ctx, ttl)
 	defer cancel()
@@ -136,13 +140,13 @@ func (l *Locker) renewBatch(ctx context.Context, leases []*lock.Lease, idx, batc
 			errs[i] = fmt.Errorf("%s: %w", op, err)
 		case !seen[j]:
 			errs[i] = l.unavailable(op, fmt.Errorf("the renew function returned no result for this lease"))
-		case lost[j] != 0:
-			what := "a key"
-			if p := int(lost[j]); p >= 1 && p <= len(lease.Keys) {
-				what = fmt.Sprintf("key %q", lease.Keys[p-1])
-			}
+		case lost[j] > 0:
 			l.log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
-			errs[i] = fmt.Errorf("%s: %w: %s is no longer held by this owner (expired, or taken by another owner)", op, lock.ErrLost, what)
+			errs[i] = fmt.Errorf("%s: %w: %s is no longer held by this owner (expired, or taken by another owner)", op, lock.ErrLost, keyAt(lease.Keys, lost[j]))
+		case lost[j] < 0:
+			// Still held, neither extended nor shortened.
+			errs[i] = fmt.Errorf("%s: %w: a newer request waits for %s and stopped this lease; it stays valid until %s, release it once the work has stopped",
+				op, lock.ErrPreempted, keyAt(lease.Keys, -lost[j]), lease.Expires.Format(time.RFC3339Nano))
 		case validity <= 0:
 			errs[i] = l.unavailable(op, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", l.opts.Since(start), ttl, drift(ttl)))
 		default:
@@ -155,6 +159,15 @@ func (l *Locker) renewBatch(ctx context.Context, leases []*lock.Lease, idx, batc
 			}
 		}
 	}
+}
+
+// keyAt names the key at 1-based position p of keys, as the renew function
+// reports it, or "a key" when p is out of range.
+func keyAt(keys []string, p int32) string {
+	if p >= 1 && int(p) <= len(keys) {
+		return fmt.Sprintf("key %q", keys[p-1])
+	}
+	return "a key"
 }
 
 func validateRenew(lease *lock.Lease, ttl time.Duration) error {

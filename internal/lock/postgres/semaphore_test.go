@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -115,17 +114,7 @@ func TestUpgradeFromSchemaVersion2(t *testing.T) {
 	ctx := ctxFor(t, time.Minute)
 	cfg := configFor(s)
 	cfg.Schema = "upgrade2"
-	ms, err := migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ms) < 3 {
-		t.Fatalf("%d migrations: this test upgrades from version 2 to 3", len(ms))
-	}
-	old := newTestLocker(t, cfg)
-	if err := old.withConn(ctx, func(ctx context.Context, c *pgx.Conn) error { return old.migrateOn(ctx, c, ms[:2]) }); err != nil {
-		t.Fatalf("migrate to version 2: %v", err)
-	}
+	migrateTo(t, cfg, 2)
 	raw := s.Conn(t)
 	owner, err := lock.NewOwnerToken()
 	if err != nil {

@@ -11,6 +11,24 @@ import (
 	"github.com/lockwarden/lockwarden/internal/testutil/pgtest"
 )
 
+// migrateTo applies the migrations up to version, and no further, to cfg's
+// schema: the database as an operator of that version left it.
+func migrateTo(t *testing.T, cfg Config, version int) {
+	t.Helper()
+	ctx := ctxFor(t, time.Minute)
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) <= version {
+		t.Fatalf("%d migrations: this test upgrades from version %d to %d", len(ms), version, version+1)
+	}
+	l := newTestLocker(t, cfg)
+	if err := l.withConn(ctx, func(ctx context.Context, c *pgx.Conn) error { return l.migrateOn(ctx, c, ms[:version]) }); err != nil {
+		t.Fatalf("migrate to version %d: %v", version, err)
+	}
+}
+
 // TestUpgradeFromSchemaVersion1 is a rolling upgrade across migration 2: a
 // lease taken and renewed by a version-1 operator (migration 1's functions,
 // called as that code calls them) is renewed and released by this version
@@ -21,17 +39,7 @@ func TestUpgradeFromSchemaVersion1(t *testing.T) {
 	ctx := ctxFor(t, time.Minute)
 	cfg := configFor(s)
 	cfg.Schema = "upgrade"
-	ms, err := migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ms) < 2 {
-		t.Fatalf("%d migrations: this test upgrades from version 1 to 2", len(ms))
-	}
-	old := newTestLocker(t, cfg)
-	if err := old.withConn(ctx, func(ctx context.Context, c *pgx.Conn) error { return old.migrateOn(ctx, c, ms[:1]) }); err != nil {
-		t.Fatalf("migrate to version 1: %v", err)
-	}
+	migrateTo(t, cfg, 1)
 	raw := s.Conn(t)
 	owner, err := lock.NewOwnerToken()
 	if err != nil {
