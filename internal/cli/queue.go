@@ -92,12 +92,9 @@ type queueView struct {
 // readQueue reads the lock's status.waiting and the queue-position
 // annotations of its waiting Jobs in the namespace.
 func readQueue(ctx context.Context, c client.Client, ns, name, key string) (*queueView, error) {
-	dl, err := getLock(ctx, c, ns, name)
+	dl, err := laneLock(ctx, c, ns, name, key)
 	if err != nil {
 		return nil, err
-	}
-	if key != "" && dl.Spec.KeyFrom == nil {
-		return nil, fmt.Errorf("--key %q: lock %q has fixed keys (%s); --key selects one derived key of a lock with spec.keyFrom", key, name, lockKeys(dl))
 	}
 	var jobs batchv1.JobList
 	if err := c.List(ctx, &jobs, client.InNamespace(ns), client.MatchingLabels{locksv1alpha1.LabelLock: name}); err != nil {
@@ -244,12 +241,8 @@ func capitalize(s string) string {
 // holders and waiters when it is among the busiest, else that the Jobs'
 // queue positions below are all there is.
 func laneSummary(st *locksv1alpha1.DistributedLockStatus, key string) string {
-	if st.Lanes != nil {
-		for _, l := range st.Lanes.Busiest {
-			if l.Key == key {
-				return fmt.Sprintf("%d holding (newest fencing token %d), %d waiting", l.Holders, l.FencingToken, l.Waiting)
-			}
-		}
+	if l := busiestLane(st, key); l != nil {
+		return laneCounts(l)
 	}
 	return "not among the busiest keys of status.lanes; the waiting Jobs below carry their places"
 }
