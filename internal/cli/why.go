@@ -172,7 +172,7 @@ func whyJob(ctx context.Context, c client.Client, job *batchv1.Job, out io.Write
 		say("It has waited %s, since the Job was created.", humanSince(now, job.CreationTimestamp.Time))
 	}
 	if dl != nil {
-		say("Lock %s (keys %s) is %s.", dl.Name, lockKeys(dl), heldBy(&dl.Status, now))
+		say("Lock %s (keys %s) %s.", dl.Name, lockKeys(dl), lockIs(dl, now))
 		if waits := suspended && !finished && a[locksv1alpha1.AnnotationSkipped] == "" && a[locksv1alpha1.AnnotationFencingToken] == ""; waits {
 			for _, l := range holdOrCooldown(dl, now) {
 				say("%s", l)
@@ -204,6 +204,19 @@ func holdOrCooldown(dl *locksv1alpha1.DistributedLock, now time.Time) []string {
 			dl.Spec.CooldownSeconds, st.CooldownUntil.UTC().Format(time.RFC3339), humanUntil(now, st.CooldownUntil.Time)))
 	}
 	return lines
+}
+
+// lockIs says who holds the lock, for a sentence that names it: "is held
+// by ...", "is free: nobody holds it", or for a lock with keyFrom the counts
+// of its lanes.
+func lockIs(dl *locksv1alpha1.DistributedLock, now time.Time) string {
+	switch {
+	case dl.Spec.KeyFrom != nil && dl.Status.Lanes == nil:
+		return "has no status.lanes yet: the operator has not reported on its lanes"
+	case dl.Status.Lanes == nil && (dl.Status.Holder == nil || dl.Status.Holder.Identity == ""):
+		return "is free: nobody holds it"
+	}
+	return "is " + heldBy(&dl.Status, now)
 }
 
 // humanUntil is how long until t, as kubectl shows durations.
