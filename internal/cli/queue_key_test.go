@@ -41,13 +41,35 @@ func TestQueueKeyShowsOneLane(t *testing.T) {
 	if err := q.print(&out, now); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Key deploy/prod: 1 holding (newest fencing token 41), 2 waiting.", "prod-2", "prod-3", "using 2 derived key(s)"} {
+	for _, want := range []string{"Key deploy/prod: 1 holding (newest fencing token 41), 2 waiting.", "prod-2", "prod-3", "using 2 derived key(s)",
+		"\nSOURCE job: the Job's lockwarden.io/queue-position annotation, its place in the queue of key deploy/prod.\n"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("queue deploys --key deploy/prod does not show %q:\n%s", want, out.String())
 		}
 	}
 	if strings.Contains(out.String(), "dev-2") {
 		t.Errorf("queue --key deploy/prod lists a Job of deploy/dev:\n%s", out.String())
+	}
+	// A lane's waiting Pods are not listed, nor those of other namespaces:
+	// queue says so and points to why --key, not to status.waiting, which
+	// a lock with keyFrom does not have.
+	canary := waiting("prod-canary", "deploy/canary", "3/3")
+	one := fake.NewClientBuilder().WithScheme(scheme).WithObjects(lanes, canary).Build()
+	for key, want := range map[string]string{
+		"deploy/canary": "3 waiting, 1 shown: only this namespace's Jobs carry their place in the key's queue (kubectl lockwarden why deploys --key deploy/canary also names waiting Pods):\n",
+		"deploy/qa":     "No Job of this namespace waits for key deploy/qa; kubectl lockwarden why deploys --key deploy/qa also names waiting Pods.\n",
+	} {
+		q, err := readQueue(context.Background(), one, ns, "deploys", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		if err := q.print(&out, now); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out.String(), want) || strings.Contains(out.String(), "status.waiting") {
+			t.Errorf("queue deploys --key %s does not say %q (or names status.waiting):\n%s", key, want, out.String())
+		}
 	}
 	if _, err := readQueue(context.Background(), c, ns, "billing", "x"); err == nil || !strings.Contains(err.Error(), "has fixed keys") {
 		t.Errorf("--key on a lock with fixed keys: %v", err)
