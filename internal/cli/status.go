@@ -30,7 +30,7 @@ type statusOptions struct {
 func newStatusCommand(o *options) *cobra.Command {
 	so := &statusOptions{options: o, print: genericclioptions.NewPrintFlags("").WithTypeSetter(scheme)}
 	cmd := &cobra.Command{
-		Use:   "status [LOCK...]",
+		Use:   "status [LOCK... | LOCK --key KEY]",
 		Short: "List locks with their holder, fencing token, queue and backend health",
 		Long: `status lists the DistributedLocks of the namespace (or of every namespace with -A),
 or the named ones, as the operator last observed them in their backend:

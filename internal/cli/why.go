@@ -22,7 +22,7 @@ func newWhyCommand(o *options) *cobra.Command {
 	var key string
 	cmd := &cobra.Command{
 		Use:   "why (JOB | job/NAME | pod/NAME | LOCK --key KEY)",
-		Short: "Explain why a Job is suspended or a Pod is gated: its lock, place in line and the holder",
+		Short: "Explain why a Job is suspended or a Pod is gated, or why a lane of a lock (--key) waits",
 		Long: `why explains in words what lockwarden does with a Job or a Pod: which lock
 gates it, its position in the lock's queue and whom it waits behind, who holds
 the lock with which fencing token; or that it holds the lock, did not run
