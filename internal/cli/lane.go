@@ -9,6 +9,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -121,11 +122,7 @@ func (v *laneView) addJob(job *batchv1.Job) {
 	fence := a[locksv1alpha1.AnnotationFencingToken]
 	switch {
 	case !suspended && fence != "":
-		var since time.Time
-		if job.Status.StartTime != nil {
-			since = job.Status.StartTime.Time
-		}
-		v.addHolder(a[locksv1alpha1.AnnotationHolder], fence, "Job/"+job.Name, since, "the Job started")
+		v.addHolder(a[locksv1alpha1.AnnotationHolder], fence, "Job/"+job.Name, job.Status.StartTime, "the Job started")
 	case suspended && fence == "":
 		v.addWaiter("Job/"+job.Name, a, job.CreationTimestamp.Time)
 	}
@@ -149,11 +146,7 @@ func (v *laneView) addPod(pod *corev1.Pod) {
 			v.addWaiter("Pod/"+pod.Name, a, pod.CreationTimestamp.Time)
 		}
 	case fence != "" && !handedOver:
-		var since time.Time
-		if pod.Status.StartTime != nil {
-			since = pod.Status.StartTime.Time
-		}
-		v.addHolder(a[locksv1alpha1.AnnotationHolder], fence, "Pod/"+pod.Name, since, "the Pod started")
+		v.addHolder(a[locksv1alpha1.AnnotationHolder], fence, "Pod/"+pod.Name, pod.Status.StartTime, "the Pod started")
 	}
 }
 
@@ -165,9 +158,14 @@ func (h *laneHolder) add(object string, since time.Time, started string) {
 	}
 }
 
-// addHolder adds object to the holder with its identity and token: the
-// Pods of a workload in holder mode Workload share one lease.
-func (v *laneView) addHolder(identity, fence, object string, since time.Time, started string) {
+// addHolder adds object, started at startTime (nil when unknown), to the
+// holder with its identity and token: the Pods of a workload in holder mode
+// Workload share one lease.
+func (v *laneView) addHolder(identity, fence, object string, startTime *metav1.Time, started string) {
+	var since time.Time
+	if startTime != nil {
+		since = startTime.Time
+	}
 	for i := range v.holders {
 		if h := &v.holders[i]; h.identity == identity && h.fence == fence {
 			h.add(object, since, started)
