@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +15,18 @@ import (
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
 )
+
+// keyGiven tells whether --key was given; an empty one is refused, before
+// connecting, with what it takes.
+func keyGiven(cmd *cobra.Command, key string) (bool, error) {
+	if !cmd.Flags().Changed("key") {
+		return false, nil
+	}
+	if key == "" {
+		return true, fmt.Errorf("--key needs a derived key: kubectl lockwarden %s LOCK --key KEY, for example --key deploy/prod (the lockwarden.io/key annotation of the lock's Jobs and Pods)", cmd.Name())
+	}
+	return true, nil
+}
 
 // laneLock reads the lock a --key names a lane of; a lock with fixed keys
 // has no lanes, and --key on it is refused with the keys it has.

@@ -156,6 +156,8 @@ func TestStatusKeyNeedsOneLock(t *testing.T) {
 		"status --key deploy/prod":                    `--key "deploy/prod" needs the lock whose lane it is: kubectl lockwarden status LOCK --key deploy/prod`,
 		"status deploys --key deploy/prod -o yaml":    `--key "deploy/prod" prints one lane as text: drop -o yaml, or drop --key to print the lock as yaml`,
 		"status deploys -A --key deploy/prod -o wide": `name the lock in one namespace with -n, not -A`,
+		"status deploys --key=":                       `--key needs a derived key: kubectl lockwarden status LOCK --key KEY, for example --key deploy/prod`,
+		"queue deploys --key=":                        `--key needs a derived key: kubectl lockwarden queue LOCK --key KEY, for example --key deploy/prod`,
 	} {
 		streams, _, _, _ := genericiooptions.NewTestIOStreams()
 		cmd := NewCommand(streams)

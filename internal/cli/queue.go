@@ -49,6 +49,9 @@ waiting Pods and whom they wait behind.`,
   kubectl lockwarden queue deploys --key deploy/prod`,
 		Args: exactArgs("LOCK", "the DistributedLock's name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if _, err := keyGiven(cmd, key); err != nil {
+				return err
+			}
 			c, ns, err := o.client()
 			if err != nil {
 				return err

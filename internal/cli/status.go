@@ -85,7 +85,10 @@ func (so *statusOptions) run(cmd *cobra.Command, names []string) error {
 		}
 		printer = p
 	}
-	if so.key != "" {
+	if given, err := keyGiven(cmd, so.key); given || err != nil {
+		if err != nil {
+			return err
+		}
 		return so.runKey(cmd, names, format)
 	}
 	if so.allNamespaces && len(names) > 0 {

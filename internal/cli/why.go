@@ -51,12 +51,20 @@ lock with fixed keys (spec.keys).`,
   kubectl lockwarden why job/nightly-report-29120 -n team-a
   kubectl lockwarden why pod/payments-singleton-7d9f8b6c5d-x2k9q -n team-a
   kubectl lockwarden why deploys --key deploy/prod -n team-a`,
-		Args: exactArgs("JOB", "the name of a Job, or job/NAME or pod/NAME, or a lock with --key"),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 && key != "" {
+				return fmt.Errorf("--key %q needs the lock whose lane it is: kubectl lockwarden why LOCK --key %s", key, key)
+			}
+			return exactArgs("JOB", "the name of a Job, or job/NAME or pod/NAME, or a lock with --key")(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// Checked before connecting: a misnamed lane needs no API server to refuse.
+			given, err := keyGiven(cmd, key)
+			if err != nil {
+				return err
+			}
 			lock := ""
-			if cmd.Flags().Changed("key") {
-				// Checked before connecting: a misnamed lane needs no API server to refuse.
-				var err error
+			if given {
 				if lock, err = laneArg(args[0], key); err != nil {
 					return err
 				}

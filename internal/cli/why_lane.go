@@ -18,9 +18,6 @@ const maxWaitersNamed = 5
 // laneArg is the lock that why ARG --key KEY names: LOCK or lock/LOCK. A
 // Job or a Pod has no lanes; why explains those without --key.
 func laneArg(arg, key string) (string, error) {
-	if key == "" {
-		return "", fmt.Errorf("--key needs a derived key: why LOCK --key KEY, for example --key deploy/prod (the lockwarden.io/key annotation of the lock's Jobs and Pods)")
-	}
 	kind, name, typed := strings.Cut(arg, "/")
 	if !typed {
 		kind, name = "lock", arg
