@@ -3,6 +3,7 @@ package cli_test
 import (
 	"context"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -76,14 +77,15 @@ func lanePod(ctx context.Context, t testing.TB, ns, name, key string, running ti
 // creation moments ago.
 var waited = regexp.MustCompile(`has waited [0-9ms]+, since`)
 
-// TestWhyKeyExplainsALane: why LOCK --key K tells an on-call engineer who
-// waits for one derived key of a lock and in which order, whom they wait
-// behind, who holds the key with which fencing token and since when, how
-// long the lane's queue is, what the cooldown and the backend add, and the
-// lock's counts for all its lanes.
-func TestWhyKeyExplainsALane(t *testing.T) {
-	needEnv(t)
-	ctx := testContext(t)
+// createLanes creates, in a namespace of its own, lock deploys deriving
+// its keys with status.lanes as the operator writes it, and the Jobs and
+// Pods of its lanes: deploy/prod held by Job prod-1 (returned) and awaited
+// by Job prod-2 and Pod prod-canary, in that order; deploy/dev held by Job
+// dev-1; deploy/web held by Deployment web for its Pods web-a and web-b;
+// deploy/stage awaited by six Jobs not placed in its queue yet; deploy/eu
+// held in another cluster.
+func createLanes(ctx context.Context, t testing.TB) (string, *batchv1.Job) {
+	t.Helper()
 	ns := newNamespace(ctx, t)
 	makeLock("deploys", ns).deriving().clusterBackend("shared-redis").create(ctx, t)
 	setStatus(ctx, t, ns, "deploys", func(dl *locksv1alpha1.DistributedLock) {
@@ -112,10 +114,22 @@ func TestWhyKeyExplainsALane(t *testing.T) {
 			locksv1alpha1.AnnotationHolder:       "default/" + ns + "/Deployment/web/0c6d1",
 		})
 	}
-	// More waiters than why names, none placed in the queue yet.
+	// More waiters than why names.
 	for _, name := range []string{"stage-1", "stage-2", "stage-3", "stage-4", "stage-5", "stage-6"} {
 		laneJob(ctx, t, ns, name, "deploy/stage", 0, nil)
 	}
+	return ns, holder
+}
+
+// TestWhyKeyExplainsALane: why LOCK --key K tells an on-call engineer who
+// waits for one derived key of a lock and in which order, whom they wait
+// behind, who holds the key with which fencing token and since when, how
+// long the lane's queue is, what the cooldown and the backend add, and the
+// lock's counts for all its lanes.
+func TestWhyKeyExplainsALane(t *testing.T) {
+	needEnv(t)
+	ctx := testContext(t)
+	ns, holder := createLanes(ctx, t)
 	lockLine := `Lock deploys (keys derived: "deploy/" + object.metadata.labels["env"]) is using 4 derived key(s), with 4 holder(s) and 3 waiting; busiest: deploy/prod (1 holding, 2 waiting) deploy/dev (1 holding, 1 waiting) deploy/eu (1 holding, 0 waiting).` + "\n"
 
 	for name, tc := range map[string]struct {
@@ -235,4 +249,66 @@ func TestWhyKeyRefusesWhatHasNoLane(t *testing.T) {
 			t.Errorf("why job/prod-2 does not say %q:\n%s", w, out)
 		}
 	}
+}
+
+// TestStatusAndQueueKeyShowOneLane: against the API server, status LOCK
+// --key K shows who holds the lane with which fencing token and how many
+// wait, and queue LOCK --key K the lane's waiting Jobs in its order; neither
+// shows another lane's Jobs or Pods.
+func TestStatusAndQueueKeyShowOneLane(t *testing.T) {
+	needEnv(t)
+	ctx := testContext(t)
+	ns, holder := createLanes(ctx, t)
+
+	status := mustRun(ctx, t, "status", "deploys", "--key", "deploy/prod", "-n", ns)
+	for _, w := range []string{
+		"Key deploy/prod is among the busiest keys of status.lanes: 1 holding (newest fencing token 41), 2 waiting (in every cluster sharing the store).\n" +
+			"Held in this namespace by 1 holder(s):\n",
+		"2 Job(s) or Pod(s) of this namespace wait for it; the first, Job/prod-2 (position 1 of 2), has waited ",
+		"kubectl lockwarden why deploys --key deploy/prod says why they wait.\n",
+	} {
+		if !strings.Contains(status, w) {
+			t.Errorf("status deploys --key deploy/prod does not say %q:\n%s", w, status)
+		}
+	}
+	if got, want := tableAfter(status, "HOLDER"), [][]string{{"HOLDER", "FENCE", "HOLDING", "JOBS/PODS"}, {jobIdentity(holder), "41", "20m", "Job/prod-1"}}; !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("status deploys --key deploy/prod holders = %q, want %q", got, want)
+	}
+	web := mustRun(ctx, t, "status", "deploys", "--key", "deploy/web", "-n", ns)
+	if got, want := tableAfter(web, "HOLDER"), [][]string{{"HOLDER", "FENCE", "HOLDING", "JOBS/PODS"}, {"default/" + ns + "/Deployment/web/0c6d1", "12", "4h", "Pod/web-a,Pod/web-b"}}; !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("status deploys --key deploy/web holders = %q, want %q", got, want)
+	}
+
+	queue := mustRun(ctx, t, "queue", "deploys", "--key", "deploy/prod", "-n", ns)
+	if !strings.Contains(queue, "Key deploy/prod: 1 holding (newest fencing token 41), 2 waiting.\n"+
+		"2 waiting, 1 shown: only this namespace's Jobs carry their place in the key's queue (kubectl lockwarden why deploys --key deploy/prod also names waiting Pods):\n") {
+		t.Errorf("queue deploys --key deploy/prod does not give the lane's counts and why a Pod is missing:\n%s", queue)
+	}
+	queued := tableAfter(queue, "POSITION")
+	if len(queued) != 2 || !slices.Equal(queued[1][:3], []string{"1", "Job/prod-2", "prod-2"}) || queued[1][4] != "job" {
+		t.Errorf("queue deploys --key deploy/prod rows = %q, want Job/prod-2 at position 1 from its annotation", queued)
+	}
+	for _, out := range []string{status, queue} {
+		if strings.Contains(out, "dev-1") || strings.Contains(out, "stage-") || strings.Contains(out, "web-a") {
+			t.Errorf("--key deploy/prod shows another lane's workload:\n%s", out)
+		}
+	}
+}
+
+// tableAfter is the aligned table of a command's output whose header
+// starts with first, split into cells, up to the blank line after it.
+func tableAfter(out, first string) [][]string {
+	var table [][]string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		switch {
+		case table == nil && len(f) > 0 && f[0] == first:
+			table = append(table, f)
+		case table != nil && len(f) == 0:
+			return table
+		case table != nil:
+			table = append(table, f)
+		}
+	}
+	return table
 }
