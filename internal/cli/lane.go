@@ -212,6 +212,16 @@ func (v *laneView) nothingHere() string {
 		v.key, v.lock.Name, v.lock.Namespace, locksv1alpha1.AnnotationKey, v.key)
 }
 
+// heldElsewhere says who the holders that status.lanes counts for the key
+// may be when no Job or Pod of this namespace holds it.
+func (v *laneView) heldElsewhere() string {
+	s := "in another cluster or through another lock that derives the same key"
+	if c := v.lock.Spec.CooldownSeconds; c > 0 {
+		s += fmt.Sprintf(", or a lease cooling down for spec.cooldownSeconds (%ds) after its holder released it", c)
+	}
+	return s
+}
+
 // busiestLane is the key's entry in status.lanes.busiest, or nil.
 func busiestLane(st *locksv1alpha1.DistributedLockStatus, key string) *locksv1alpha1.LaneStatus {
 	if st.Lanes == nil {

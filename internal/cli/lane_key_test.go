@@ -138,7 +138,14 @@ func TestStatusKeyShowsOneLane(t *testing.T) {
 		dl.Status.Lanes.Busiest = append(dl.Status.Lanes.Busiest, locksv1alpha1.LaneStatus{Key: "deploy/eu", Holders: 1, FencingToken: 7})
 	}))
 	wantLines(t, "status deploys --key deploy/eu", laneStatus(t, elsewhere, "deploy/eu"),
-		"No Job or Pod of this namespace holds it: its 1 holder(s) are in another cluster, or hold it through another lock that derives the same key.\n")
+		"No Job or Pod of this namespace holds it: status.lanes counts 1 holder(s), in another cluster or through another lock that derives the same key.\n")
+	// With a cooldown, the key may be cooling down after its holder here.
+	cooling := laneClient(lanesLock(func(dl *locksv1alpha1.DistributedLock) {
+		dl.Spec.CooldownSeconds = 300
+		dl.Status.Lanes.Busiest = append(dl.Status.Lanes.Busiest, locksv1alpha1.LaneStatus{Key: "deploy/eu", Holders: 1, FencingToken: 7})
+	}))
+	wantLines(t, "status deploys --key deploy/eu with a cooldown", laneStatus(t, cooling, "deploy/eu"),
+		"No Job or Pod of this namespace holds it: status.lanes counts 1 holder(s), in another cluster or through another lock that derives the same key, or a lease cooling down for spec.cooldownSeconds (300s) after its holder released it.\n")
 
 	if _, err := readLane(context.Background(), c, ns, "billing", "deploy/prod"); err == nil ||
 		err.Error() != `--key "deploy/prod": lock "billing" has fixed keys (billing/main); --key selects one derived key of a lock with spec.keyFrom` {

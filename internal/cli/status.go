@@ -182,7 +182,7 @@ func (v *laneView) printStatus(out io.Writer, now time.Time) error {
 	}
 	switch {
 	case len(v.holders) == 0 && v.busiest != nil && v.busiest.Holders > 0:
-		lines = append(lines, fmt.Sprintf("No Job or Pod of this namespace holds it: its %d holder(s) are in another cluster, or hold it through another lock that derives the same key.", v.busiest.Holders))
+		lines = append(lines, fmt.Sprintf("No Job or Pod of this namespace holds it: status.lanes counts %d holder(s), %s.", v.busiest.Holders, v.heldElsewhere()))
 	case len(v.holders) == 0:
 		lines = append(lines, "No Job or Pod of this namespace holds it.")
 	default:

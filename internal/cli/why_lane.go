@@ -109,7 +109,7 @@ func (v *laneView) explainHolders(say func(string, ...any), now time.Time) {
 		}
 		say("Key %s is held by %s.", v.key, strings.Join(held, "; "))
 	case b != nil && b.Holders > 0:
-		say("No Job or Pod of this namespace holds key %s: status.lanes counts %d holder(s) (newest fencing token %d), in another cluster or through another lock that derives the same key.", v.key, b.Holders, b.FencingToken)
+		say("No Job or Pod of this namespace holds key %s: status.lanes counts %d holder(s) (newest fencing token %d), %s.", v.key, b.Holders, b.FencingToken, v.heldElsewhere())
 	case b != nil:
 		say("Nothing holds key %s (status.lanes counts 0 holding): the first waiter gets it once the operator hands it over.", v.key)
 	default:

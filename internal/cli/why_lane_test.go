@@ -199,6 +199,11 @@ func TestWhyKeyExplainsALane(t *testing.T) {
 	if !strings.HasSuffix(out, want) {
 		t.Errorf("why deploys --key deploy/prod with a cooldown and its backend down does not end with:\n%s\nit printed:\n%s", want, out)
 	}
+	// A key no Job or Pod here holds may be cooling down after its holder.
+	want = "No Job or Pod of this namespace holds key deploy/eu: status.lanes counts 1 holder(s) (newest fencing token 7), in another cluster or through another lock that derives the same key, or a lease cooling down for spec.cooldownSeconds (120s) after its holder released it.\n"
+	if out := mustRun(ctx, t, "why", "deploys", "--key", "deploy/eu", "-n", ns); !strings.Contains(out, want) {
+		t.Errorf("why deploys --key deploy/eu with a cooldown does not say %q:\n%s", want, out)
+	}
 }
 
 // TestWhyKeyRefusesWhatHasNoLane: --key names a lane of a lock that derives
