@@ -205,6 +205,8 @@ func TestWhyExplainsAJob(t *testing.T) {
 		locksv1alpha1.AnnotationFencingToken: "12",
 	})
 	createJob(ctx, t, ns, "plain", "", true, nil)
+	makeLock("idle", ns).create(ctx, t)
+	createJob(ctx, t, ns, "idle-1", "idle", true, map[string]string{locksv1alpha1.AnnotationQueuePosition: "1/1"})
 
 	for name, want := range map[string][]string{
 		"ledger-1": {
@@ -226,6 +228,9 @@ func TestWhyExplainsAJob(t *testing.T) {
 			"the lease expired during a backend outage",
 			"It held the lock with fencing token 12",
 			"The lock's onLost is Ignore",
+		},
+		"idle-1": {
+			"Lock idle (keys idle/main) is free: nobody holds it.",
 		},
 		"plain": {
 			fmt.Sprintf("Job %s/plain is not gated by lockwarden: it has no lockwarden.io/lock annotation.", ns),

@@ -22,7 +22,7 @@ import (
 func newQueueCommand(o *options) *cobra.Command {
 	var key string
 	cmd := &cobra.Command{
-		Use:   "queue LOCK",
+		Use:   "queue LOCK [--key KEY]",
 		Short: "Show who waits for a lock, in order, and for how long",
 		Long: `queue shows the FIFO queue of a lock: each waiter's position (1 is next), who
 it is, the Job when the waiter is a Job of this namespace, and how long it has
@@ -37,12 +37,21 @@ The data comes from two places, and the SOURCE column says which:
   job        the lockwarden.io/queue-position annotation ("3/7") that the
              operator keeps on each waiting Job of the lock in this namespace;
              it shows waiters past the first 10. Their waiting time counts
-             from the Job's creation (a Job joins the queue moments later).`,
+             from the Job's creation (a Job joins the queue moments later).
+
+A lock with spec.keyFrom has a queue per derived key and no status.waiting.
+--key K shows the queue of one key: the waiting Jobs of this namespace whose
+lockwarden.io/key is K, by their place in that key's queue, after the key's
+counts from status.lanes.busiest. why LOCK --key K also names the key's
+waiting Pods and whom they wait behind.`,
 		Example: `  kubectl lockwarden queue billing
   kubectl lockwarden queue billing -n team-a
   kubectl lockwarden queue deploys --key deploy/prod`,
 		Args: exactArgs("LOCK", "the DistributedLock's name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if _, err := keyGiven(cmd, key); err != nil {
+				return err
+			}
 			c, ns, err := o.client()
 			if err != nil {
 				return err
@@ -92,12 +101,9 @@ type queueView struct {
 // readQueue reads the lock's status.waiting and the queue-position
 // annotations of its waiting Jobs in the namespace.
 func readQueue(ctx context.Context, c client.Client, ns, name, key string) (*queueView, error) {
-	dl, err := getLock(ctx, c, ns, name)
+	dl, err := laneLock(ctx, c, ns, name, key)
 	if err != nil {
 		return nil, err
-	}
-	if key != "" && dl.Spec.KeyFrom == nil {
-		return nil, fmt.Errorf("--key %q: lock %q has fixed keys (%s); --key selects one derived key of a lock with spec.keyFrom", key, name, lockKeys(dl))
 	}
 	var jobs batchv1.JobList
 	if err := c.List(ctx, &jobs, client.InNamespace(ns), client.MatchingLabels{locksv1alpha1.LabelLock: name}); err != nil {
@@ -139,6 +145,12 @@ func (q *queueView) print(out io.Writer, now time.Time) error {
 		fmt.Fprintf(out, "Key %s: %s.\n", printable.String(q.key), laneSummary(&dl.Status, q.key))
 	}
 	if len(q.waiters) == 0 {
+		if q.key != "" {
+			// A lock with keyFrom has no status.waiting or status.queueLength.
+			_, err := fmt.Fprintf(out, "No Job of this namespace waits for key %s; kubectl lockwarden why %s --key %s also names waiting Pods.\n",
+				printable.String(q.key), dl.Name, printable.String(q.key))
+			return err
+		}
 		if dl.Status.ObservedGeneration == 0 && len(dl.Status.Conditions) == 0 {
 			_, err := fmt.Fprintln(out, "The operator has not reported this lock's status yet: is it running?")
 			return err
@@ -147,7 +159,12 @@ func (q *queueView) print(out io.Writer, now time.Time) error {
 		return err
 	}
 	shown := fmt.Sprintf("%d waiting", q.length)
-	if int(q.length) > len(q.waiters) {
+	switch {
+	case int(q.length) <= len(q.waiters):
+	case q.key != "":
+		shown += fmt.Sprintf(", %d shown: only this namespace's Jobs carry their place in the key's queue (kubectl lockwarden why %s --key %s also names waiting Pods)",
+			len(q.waiters), dl.Name, printable.String(q.key))
+	default:
 		shown += fmt.Sprintf(", %d shown: status.waiting lists the first 10 and only this namespace's Jobs carry their position", len(q.waiters))
 	}
 	fmt.Fprintf(out, "%s:\n\n", capitalize(shown))
@@ -165,6 +182,10 @@ func (q *queueView) print(out io.Writer, now time.Time) error {
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", r.position, printable.String(r.identity), printable.String(job), waiting, r.source)
 	}
 	if err := w.Flush(); err != nil {
+		return err
+	}
+	if q.key != "" {
+		_, err := fmt.Fprintf(out, "\nSOURCE job: the Job's %s annotation, its place in the queue of key %s.\n", locksv1alpha1.AnnotationQueuePosition, printable.String(q.key))
 		return err
 	}
 	_, err := fmt.Fprintf(out, "\nSOURCE status: the lock's status.waiting, as the operator last observed the backend; job: the Job's %s annotation.\n", locksv1alpha1.AnnotationQueuePosition)
@@ -241,15 +262,11 @@ func capitalize(s string) string {
 }
 
 // laneSummary says what the lock's status shows of one derived key: its
-// holders and waiters when it is among the busiest, else that the Jobs'
-// queue positions below are all there is.
+// holders and waiters when it is among the busiest, else that it has none:
+// then the Jobs' queue positions are all there is.
 func laneSummary(st *locksv1alpha1.DistributedLockStatus, key string) string {
-	if st.Lanes != nil {
-		for _, l := range st.Lanes.Busiest {
-			if l.Key == key {
-				return fmt.Sprintf("%d holding (newest fencing token %d), %d waiting", l.Holders, l.FencingToken, l.Waiting)
-			}
-		}
+	if l := busiestLane(st, key); l != nil {
+		return laneCounts(l)
 	}
-	return "not among the busiest keys of status.lanes; the waiting Jobs below carry their places"
+	return "not among the busiest keys of status.lanes, which has no counts for it"
 }

@@ -68,7 +68,8 @@ func NewCommand(streams genericiooptions.IOStreams) *cobra.Command {
 		Short: "Inspect and operate lockwarden's DistributedLocks",
 		Long: `kubectl lockwarden shows lockwarden's DistributedLocks as the operator sees them
 (who holds a lock, with which fencing token, who waits, why a Job is
-suspended or a Pod is gated), holds a lock for a manual holder, and asks the operator for an
+suspended or a Pod is gated; for a lock with spec.keyFrom, one derived key
+with --key), holds a lock for a manual holder, and asks the operator for an
 audited force release.
 
 The connection flags (--kubeconfig, --context, -n/--namespace, ...) work as in
@@ -78,6 +79,7 @@ holder (see "hold").`,
   kubectl lockwarden queue billing -n team-a
   kubectl lockwarden why nightly-report-29120 -n team-a
   kubectl lockwarden why pod/payments-7d9f8b6c5d-x2k9q -n team-a
+  kubectl lockwarden why deploys --key deploy/prod -n team-a
   kubectl lockwarden hold billing --as maintenance-2026-12-01 --wait --timeout 2h
   kubectl lockwarden release billing --force`,
 		Annotations: map[string]string{

@@ -23,13 +23,14 @@ import (
 type statusOptions struct {
 	*options
 	allNamespaces bool
+	key           string
 	print         *genericclioptions.PrintFlags
 }
 
 func newStatusCommand(o *options) *cobra.Command {
 	so := &statusOptions{options: o, print: genericclioptions.NewPrintFlags("").WithTypeSetter(scheme)}
 	cmd := &cobra.Command{
-		Use:   "status [LOCK...]",
+		Use:   "status [LOCK... | LOCK --key KEY]",
 		Short: "List locks with their holder, fencing token, queue and backend health",
 		Long: `status lists the DistributedLocks of the namespace (or of every namespace with -A),
 or the named ones, as the operator last observed them in their backend:
@@ -46,7 +47,14 @@ or the named ones, as the operator last observed them in their backend:
 
 -o wide adds HELD (the Held condition's reason), SLOTS, the MANUAL-HOLDER
 (spec.holder) with its ManualHolderHeld reason, and EXPIRES.
--o json|yaml prints the DistributedLocks themselves, as kubectl get does.`,
+-o json|yaml prints the DistributedLocks themselves, as kubectl get does.
+
+A lock with spec.keyFrom derives a key (a lane) for each Job or Pod and
+shows counts in status.lanes, not one holder. --key K shows one lane of one
+lock: the Jobs and Pods of the namespace whose lockwarden.io/key is K that
+hold it (their holder identity, fencing token and for how long) and how many
+wait, with the lane's counts from status.lanes.busiest when it is among the
+busiest keys (those count every cluster sharing the store).`,
 		Example: `  # The locks of the current namespace
   kubectl lockwarden status
 
@@ -54,10 +62,14 @@ or the named ones, as the operator last observed them in their backend:
   kubectl lockwarden status -A -o wide
 
   # One lock as YAML
-  kubectl lockwarden status billing -n team-a -o yaml`,
+  kubectl lockwarden status billing -n team-a -o yaml
+
+  # One lane of a lock with spec.keyFrom: who holds it, how many wait
+  kubectl lockwarden status deploys --key deploy/prod`,
 		RunE: func(cmd *cobra.Command, args []string) error { return so.run(cmd, args) },
 	}
 	cmd.Flags().BoolVarP(&so.allNamespaces, "all-namespaces", "A", false, "List the locks of every namespace (-n is ignored).")
+	cmd.Flags().StringVar(&so.key, "key", "", "For one lock with spec.keyFrom: show the lane of this derived key (a Job's or Pod's lockwarden.io/key annotation, for example deploy/prod).")
 	so.print.AddFlags(cmd)
 	cmd.Flag("output").Usage = fmt.Sprintf("Output format. One of: (wide, %s).", strings.Join(so.print.AllowedFormats(), ", "))
 	return cmd
@@ -72,6 +84,12 @@ func (so *statusOptions) run(cmd *cobra.Command, names []string) error {
 			return fmt.Errorf("--output %q is not a format of status: use wide, %s", format, strings.Join(so.print.AllowedFormats(), ", "))
 		}
 		printer = p
+	}
+	if given, err := keyGiven(cmd, so.key); given || err != nil {
+		if err != nil {
+			return err
+		}
+		return so.runKey(cmd, names, format)
 	}
 	if so.allNamespaces && len(names) > 0 {
 		return fmt.Errorf("name the locks (%s) in one namespace with -n, or list every namespace with -A and no names", strings.Join(names, ", "))
@@ -122,6 +140,85 @@ func (so *statusOptions) run(cmd *cobra.Command, names []string) error {
 		return err
 	}
 	return printStatusTable(so.Out, list.Items, so.allNamespaces, format == "wide", time.Now())
+}
+
+// runKey shows one lane of one lock: --key names a derived key of a
+// single lock, so it takes exactly one name and no -A.
+func (so *statusOptions) runKey(cmd *cobra.Command, names []string, format string) error {
+	switch {
+	case so.allNamespaces:
+		return fmt.Errorf("--key %q shows a lane of one lock: name the lock in one namespace with -n, not -A", so.key)
+	case len(names) == 0:
+		return fmt.Errorf("--key %q needs the lock whose lane it is: kubectl lockwarden status LOCK --key %s", so.key, so.key)
+	case len(names) > 1:
+		return fmt.Errorf("--key %q shows a lane of one lock, got %d: %s", so.key, len(names), strings.Join(names, " "))
+	case format != "":
+		return fmt.Errorf("--key %q prints one lane as text: drop -o %s, or drop --key to print the lock as %s", so.key, format, format)
+	}
+	c, ns, err := so.client()
+	if err != nil {
+		return err
+	}
+	v, err := readLane(cmd.Context(), c, ns, names[0], so.key)
+	if err != nil {
+		return err
+	}
+	return v.printStatus(so.Out, time.Now())
+}
+
+// printStatus writes one lane: the lock, the lane's counts in status.lanes,
+// its holders in this namespace with their fencing tokens, and how many
+// wait.
+func (v *laneView) printStatus(out io.Writer, now time.Time) error {
+	dl := v.lock
+	lines := []string{fmt.Sprintf("Lock %s/%s (keys %s): %s.", dl.Namespace, dl.Name, lockKeys(dl), heldBy(&dl.Status, now))}
+	if v.idle() {
+		return writeLines(out, append(lines, v.nothingHere()))
+	}
+	if v.busiest != nil {
+		lines = append(lines, fmt.Sprintf("Key %s is among the busiest keys of status.lanes: %s (in every cluster sharing the store).", v.key, laneCounts(v.busiest)))
+	} else {
+		lines = append(lines, fmt.Sprintf("Key %s is not among the busiest keys of status.lanes, which has no counts for it; below are the Jobs and Pods of this namespace.", v.key))
+	}
+	switch {
+	case len(v.holders) == 0 && v.busiest != nil && v.busiest.Holders > 0:
+		lines = append(lines, fmt.Sprintf("No Job or Pod of this namespace holds it: status.lanes counts %d holder(s), %s.", v.busiest.Holders, v.heldElsewhere()))
+	case len(v.holders) == 0:
+		lines = append(lines, "No Job or Pod of this namespace holds it.")
+	default:
+		lines = append(lines, fmt.Sprintf("Held in this namespace by %d holder(s):", len(v.holders)))
+	}
+	if err := writeLines(out, lines); err != nil {
+		return err
+	}
+	if len(v.holders) > 0 {
+		fmt.Fprintln(out)
+		w := printers.GetNewTabWriter(out)
+		fmt.Fprintln(w, "HOLDER\tFENCE\tHOLDING\tJOBS/PODS")
+		for _, h := range v.holders {
+			held := "<unknown>"
+			if !h.since.IsZero() {
+				held = humanSince(now, h.since)
+			}
+			identity := h.identity
+			if identity == "" {
+				identity = "<none>"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", printable.String(identity), printable.String(h.fence), held, printable.String(strings.Join(h.objects, ",")))
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintln(out)
+	}
+	if len(v.waiters) == 0 {
+		return writeLines(out, []string{"Nothing of this namespace waits for it."})
+	}
+	first := v.waiters[0]
+	return writeLines(out, []string{
+		fmt.Sprintf("%d Job(s) or Pod(s) of this namespace wait for it; the first, %s%s, has waited %s.", len(v.waiters), first.object, first.place(), humanSince(now, first.since)),
+		fmt.Sprintf("kubectl lockwarden why %s --key %s says why they wait.", dl.Name, v.key),
+	})
 }
 
 // printStatusTable writes the locks as kubectl get does: aligned columns,

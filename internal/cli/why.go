@@ -19,9 +19,10 @@ import (
 )
 
 func newWhyCommand(o *options) *cobra.Command {
-	return &cobra.Command{
-		Use:   "why (JOB | job/NAME | pod/NAME)",
-		Short: "Explain why a Job is suspended or a Pod is gated: its lock, place in line and the holder",
+	var key string
+	cmd := &cobra.Command{
+		Use:   "why (JOB | job/NAME | pod/NAME | LOCK --key KEY)",
+		Short: "Explain why a Job is suspended or a Pod is gated, or why a lane of a lock (--key) waits",
 		Long: `why explains in words what lockwarden does with a Job or a Pod: which lock
 gates it, its position in the lock's queue and whom it waits behind, who holds
 the lock with which fencing token; or that it holds the lock, did not run
@@ -36,19 +37,50 @@ waits on its own old Pods (condition RolloutBlocked) says so.
 
 A bare NAME is looked up as a Job first, then as a Pod; job/NAME and pod/NAME
 name one kind. It reads the object's lockwarden.io/* annotations and
-conditions, and the lock's status, as the operator last wrote them.`,
+conditions, and the lock's status, as the operator last wrote them.
+
+For a lock with spec.keyFrom, LOCK --key K (or lock/LOCK --key K) explains
+one lane, the derived key K that the lock's Jobs and Pods carry in
+lockwarden.io/key: which of them in this namespace wait for it and in which
+order, whom the first waits behind, who holds it with which fencing token and
+for how long, how long the lane's queue is (status.lanes.busiest), and what
+else keeps them waiting: spec.cooldownSeconds after each release, or a
+backend that does not answer. --key takes no job/NAME or pod/NAME, and no
+lock with fixed keys (spec.keys).`,
 		Example: `  kubectl lockwarden why nightly-report-29120
   kubectl lockwarden why job/nightly-report-29120 -n team-a
-  kubectl lockwarden why pod/payments-singleton-7d9f8b6c5d-x2k9q -n team-a`,
-		Args: exactArgs("JOB", "the name of a Job, or job/NAME or pod/NAME"),
+  kubectl lockwarden why pod/payments-singleton-7d9f8b6c5d-x2k9q -n team-a
+  kubectl lockwarden why deploys --key deploy/prod -n team-a`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 && key != "" {
+				return fmt.Errorf("--key %q needs the lock whose lane it is: kubectl lockwarden why LOCK --key %s", key, key)
+			}
+			return exactArgs("JOB", "the name of a Job, or job/NAME or pod/NAME, or a lock with --key")(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// Checked before connecting: a misnamed lane needs no API server to refuse.
+			given, err := keyGiven(cmd, key)
+			if err != nil {
+				return err
+			}
+			lock := ""
+			if given {
+				if lock, err = laneArg(args[0], key); err != nil {
+					return err
+				}
+			}
 			c, ns, err := o.client()
 			if err != nil {
 				return err
 			}
+			if lock != "" {
+				return whyLane(cmd.Context(), c, ns, lock, key, o.Out, time.Now())
+			}
 			return why(cmd.Context(), c, ns, args[0], o.Out, time.Now())
 		},
 	}
+	cmd.Flags().StringVar(&key, "key", "", "For a lock with spec.keyFrom: explain why the Jobs and Pods of this derived key wait (a Job's or Pod's lockwarden.io/key annotation, for example deploy/prod); name the lock as LOCK or lock/LOCK.")
+	return cmd
 }
 
 // why writes the explanation for the Job or Pod arg names: job/NAME,
@@ -61,12 +93,14 @@ func why(ctx context.Context, c client.Client, ns, arg string, out io.Writer, no
 	if name == "" {
 		kind = "?"
 	}
-	switch strings.ToLower(kind) {
-	case "job", "jobs", "job.batch", "jobs.batch":
+	switch kindOf(kind) {
+	case kindJob:
 		return whyNamedJob(ctx, c, ns, name, out, now)
-	case "pod", "pods", "po":
+	case kindPod:
 		return whyNamedPod(ctx, c, ns, name, out, now)
-	case "":
+	case kindLock:
+		return fmt.Errorf("why %s explains a lane of a lock with spec.keyFrom: add --key KEY; without it, why explains a Job or a Pod (JOB, job/NAME or pod/NAME)", arg)
+	case kindNone:
 		var job batchv1.Job
 		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &job)
 		switch {
@@ -81,11 +115,46 @@ func why(ctx context.Context, c client.Client, ns, arg string, out io.Writer, no
 		case err == nil:
 			return whyPod(ctx, c, &pod, out, now)
 		case apierrors.IsNotFound(err):
-			return fmt.Errorf("job %q not found in namespace %q, nor a pod of that name", name, ns)
+			return fmt.Errorf("job %q not found in namespace %q, nor a pod of that name%s", name, ns, lockHint(ctx, c, ns, name))
 		}
 		return fmt.Errorf("get pod %q in namespace %q: %w", name, ns, err)
 	}
 	return fmt.Errorf("why explains a Job or a Pod: name it as JOB, job/NAME or pod/NAME, not %q", arg)
+}
+
+// The kinds why tells apart in TYPE/NAME.
+const (
+	kindNone = iota // a bare NAME
+	kindJob
+	kindPod
+	kindLock
+	kindOther
+)
+
+// kindOf is the kind a TYPE of TYPE/NAME names, spelled as kubectl accepts it.
+func kindOf(kind string) int {
+	switch strings.ToLower(kind) {
+	case "":
+		return kindNone
+	case "job", "jobs", "job.batch", "jobs.batch":
+		return kindJob
+	case "pod", "pods", "po":
+		return kindPod
+	case "lock", "locks", "dlock", "dlocks", "distributedlock", "distributedlocks",
+		"distributedlock.locks.lockwarden.io", "distributedlocks.locks.lockwarden.io":
+		return kindLock
+	}
+	return kindOther
+}
+
+// lockHint points a bare name that is neither a Job nor a Pod but a lock
+// that derives its keys to why LOCK --key KEY; "" otherwise.
+func lockHint(ctx context.Context, c client.Client, ns, name string) string {
+	var dl locksv1alpha1.DistributedLock
+	if c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &dl) != nil || dl.Spec.KeyFrom == nil {
+		return ""
+	}
+	return fmt.Sprintf("; %s is a lock that derives its keys: why %s --key KEY explains one of its lanes", name, name)
 }
 
 // whyNamedJob explains the Job ns/name.
@@ -172,7 +241,7 @@ func whyJob(ctx context.Context, c client.Client, job *batchv1.Job, out io.Write
 		say("It has waited %s, since the Job was created.", humanSince(now, job.CreationTimestamp.Time))
 	}
 	if dl != nil {
-		say("Lock %s (keys %s) is %s.", dl.Name, lockKeys(dl), heldBy(&dl.Status, now))
+		say("Lock %s (keys %s) %s.", dl.Name, lockKeys(dl), lockIs(dl, now))
 		if waits := suspended && !finished && a[locksv1alpha1.AnnotationSkipped] == "" && a[locksv1alpha1.AnnotationFencingToken] == ""; waits {
 			for _, l := range holdOrCooldown(dl, now) {
 				say("%s", l)
@@ -204,6 +273,19 @@ func holdOrCooldown(dl *locksv1alpha1.DistributedLock, now time.Time) []string {
 			dl.Spec.CooldownSeconds, st.CooldownUntil.UTC().Format(time.RFC3339), humanUntil(now, st.CooldownUntil.Time)))
 	}
 	return lines
+}
+
+// lockIs says who holds the lock, for a sentence that names it: "is held
+// by ...", "is free: nobody holds it", or for a lock with keyFrom the counts
+// of its lanes.
+func lockIs(dl *locksv1alpha1.DistributedLock, now time.Time) string {
+	switch {
+	case dl.Spec.KeyFrom != nil && dl.Status.Lanes == nil:
+		return "has no status.lanes yet: the operator has not reported on its lanes"
+	case dl.Status.Lanes == nil && (dl.Status.Holder == nil || dl.Status.Holder.Identity == ""):
+		return "is free: nobody holds it"
+	}
+	return "is " + heldBy(&dl.Status, now)
 }
 
 // humanUntil is how long until t, as kubectl shows durations.

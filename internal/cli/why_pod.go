@@ -189,7 +189,7 @@ func whyTerminating(say func(string, ...any), pod *corev1.Pod, lockName, fence, 
 // whyLock says who holds the lock, and what its status reports about
 // blocked rollouts and its backend.
 func whyLock(say func(string, ...any), dl *locksv1alpha1.DistributedLock, now time.Time) {
-	say("Lock %s (keys %s, maxHolders %d) is %s.", dl.Name, lockKeys(dl), max(dl.Spec.MaxHolders, 1), heldBy(&dl.Status, now))
+	say("Lock %s (keys %s, maxHolders %d) %s.", dl.Name, lockKeys(dl), max(dl.Spec.MaxHolders, 1), lockIs(dl, now))
 	if len(dl.Status.Holders) > 1 {
 		holders := make([]string, 0, len(dl.Status.Holders))
 		for _, h := range dl.Status.Holders {
