@@ -549,16 +549,28 @@ func globEscape(s string) string {
 	return b.String()
 }
 
-// allParts are the Redis keys of one lock key that acquire.lua,
-// semacquire.lua and inspect.lua take, in their order.
+// allParts are the Redis keys of one lock key that inspect.lua takes, in
+// its order.
 var allParts = []string{"lock", "fence", "queue", "deadlines", "waiters", "slots", "slotfences", "slotmeta"}
 
-// slotParts are the keys of a semaphore's holders (semrelease.lua, semrenew.lua).
+// acquireParts are the Redis keys of one lock key that acquire.lua and
+// semacquire.lua take, in their order: allParts and the marks of the queue
+// rules (Request.Replace, Request.Preempt).
+var acquireParts = append(allParts[:len(allParts):len(allParts)], "replaced", "preempted")
+
+// slotParts are the keys of a semaphore's holders (semrelease.lua).
 var slotParts = []string{"slots", "slotfences", "slotmeta"}
 
+// renewParts and semRenewParts are the keys renew.lua and semrenew.lua take:
+// the holding and the preemption mark.
+var (
+	renewParts    = []string{"lock", "preempted"}
+	semRenewParts = []string{"slots", "slotfences", "slotmeta", "preempted"}
+)
+
 // redisKeys lists, for each lock key, the Redis keys named by parts (lock,
-// fence, queue, deadlines, waiters, slots, slotfences, slotmeta), in the
-// order the scripts expect.
+// fence, queue, deadlines, waiters, slots, slotfences, slotmeta, replaced,
+// preempted), in the order the scripts expect.
 func (l *Locker) redisKeys(keys []string, parts ...string) []string {
 	return l.redisKeysCap(keys, 0, parts...)
 }
