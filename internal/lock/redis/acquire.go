@@ -112,19 +112,13 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 		return acquireReply{}, fmt.Errorf("%s script: %w", name, err)
 	}
 	d := decoder{s: s}
-	if d.int(0) != 0 && d.err == nil {
-		d.err = fmt.Errorf("unexpected reply %v: want 0 first", s)
-	}
-	idx := d.int(1)
-	if d.err == nil && (idx < 1 || int(idx) > len(req.Keys)) {
-		d.err = fmt.Errorf("busy key index %d out of range [1, %d]", idx, len(req.Keys))
-	}
+	i := d.taggedKey(0, "busy", len(req.Keys))
 	if d.err != nil {
 		return acquireReply{}, fmt.Errorf("%s script: %w", name, d.err)
 	}
 	r := acquireReply{
 		held: &lock.HeldError{
-			Key:      req.Keys[idx-1],
+			Key:      req.Keys[i],
 			Holder:   d.str(2),
 			Fence:    d.int(3),
 			Position: int(d.int(4)),
@@ -144,17 +138,25 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 // request with Replace dropped the owner from that key's queue.
 func replacedReply(name string, req lock.Request, s []any) (acquireReply, error) {
 	d := decoder{s: s}
-	if d.int(0) != 2 && d.err == nil {
-		d.err = fmt.Errorf("unexpected reply %v: want 2 first", s)
-	}
-	idx := d.int(1)
-	if d.err == nil && (idx < 1 || int(idx) > len(req.Keys)) {
-		d.err = fmt.Errorf("replaced key index %d out of range [1, %d]", idx, len(req.Keys))
-	}
+	i := d.taggedKey(2, "replaced", len(req.Keys))
 	if d.err != nil {
 		return acquireReply{}, fmt.Errorf("%s script: %w", name, d.err)
 	}
-	return acquireReply{replaced: req.Keys[idx-1]}, nil
+	return acquireReply{replaced: req.Keys[i]}, nil
+}
+
+// taggedKey reads the head of an acquisition script's refusal, {tag, key
+// index (1-based), ...}: the tag must be want, and the index one of n keys
+// (what names it in the error). It returns the key's 0-based index.
+func (d *decoder) taggedKey(want int64, what string, n int) int {
+	if d.int(0) != want && d.err == nil {
+		d.err = fmt.Errorf("unexpected reply %v: want %d first", d.s, want)
+	}
+	idx := d.int(1)
+	if d.err == nil && (idx < 1 || int(idx) > n) {
+		d.err = fmt.Errorf("%s key index %d out of range [1, %d]", what, idx, n)
+	}
+	return int(idx) - 1
 }
 
 // granted tells an acquisition script's grant (the fencing token, a string)
