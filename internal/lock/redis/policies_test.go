@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -223,4 +224,44 @@ func TestMinimalACLPolicies(t *testing.T) {
 	}
 	cfg := Config{Addrs: []string{s.Addr}, Prefix: "lockwarden:", Username: "locks", Password: "secret"}
 	locktest.RunPolicies(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second))
+}
+
+// The Redlock write-back (raise.lua) gives a lease a larger token: a lease
+// preempted at its old token stays preempted (the mark moves with it), and
+// one that was not stays free of the mark.
+func TestRaiseCarriesThePreemption(t *testing.T) {
+	ctx := context.Background()
+	l, c := layoutServer(t)
+	for _, preempted := range []bool{true, false} {
+		key := fmt.Sprintf("raise-%v", preempted)
+		owner := mustOwner(t)
+		lease, err := l.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: time.Minute, Holder: "h", Owner: owner})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mark := lease.Fence
+		if !preempted {
+			mark = lease.Fence - 1
+		}
+		if err := c.Set(ctx, "{"+key+"}:preempted", mark, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		raised := lease.Fence + 10
+		if n, err := l.raiseOn(ctx, l.nodes[0], lock.Request{Keys: []string{key}, Owner: owner}, raised, 0); err != nil || n != 1 {
+			t.Fatalf("raise = %d, %v; want 1 key held", n, err)
+		}
+		want := mark
+		if preempted {
+			want = raised
+		}
+		if got, err := c.Get(ctx, "{"+key+"}:preempted").Int64(); err != nil || got != want {
+			t.Fatalf("preempted %v: mark after the raise = %d, %v; want %d", preempted, got, err, want)
+		}
+		next := *lease
+		next.Fence = raised
+		_, err = l.Renew(ctx, &next, time.Minute)
+		if preempted != errors.Is(err, lock.ErrPreempted) || (!preempted && err != nil) {
+			t.Fatalf("preempted %v: Renew after the raise: %v", preempted, err)
+		}
+	}
 }
