@@ -817,7 +817,7 @@ func (l *Locker) raiseOn(ctx context.Context, n *node, req lock.Request, fence, 
 	keys := l.redisKeys(req.Keys, "lock", "fence", "preempted")
 	script, name := raiseScript, "raise"
 	if req.Holders() > 1 {
-		keys = l.redisKeys(req.Keys, "fence", "slots", "slotfences", "slotmeta")
+		keys = l.redisKeys(req.Keys, "fence", "slots", "slotfences", "slotmeta", "preempted")
 		script, name = semRaiseScript, "semaphore raise"
 	}
 	v, err := run(ctx, script, n.client, name, keys, fence, scriptOwner(req.Owner, req.Holders()), issued)

@@ -226,16 +226,20 @@ func TestMinimalACLPolicies(t *testing.T) {
 	locktest.RunPolicies(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second))
 }
 
-// The Redlock write-back (raise.lua) gives a lease a larger token: a lease
-// preempted at its old token stays preempted (the mark moves with it), and
-// one that was not stays free of the mark.
+// The Redlock write-back (raise.lua, semraise.lua) gives a lease a larger
+// token: a lease or slot preempted at its old token stays preempted (the
+// mark moves with it), and one that was not stays free of the mark.
 func TestRaiseCarriesThePreemption(t *testing.T) {
 	ctx := context.Background()
 	l, c := layoutServer(t)
-	for _, preempted := range []bool{true, false} {
-		key := fmt.Sprintf("raise-%v", preempted)
+	for _, tc := range []struct {
+		limit     int
+		preempted bool
+	}{{1, true}, {1, false}, {2, true}, {2, false}} {
+		preempted := tc.preempted
+		key := fmt.Sprintf("raise-%d-%v", tc.limit, preempted)
 		owner := mustOwner(t)
-		lease, err := l.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: time.Minute, Holder: "h", Owner: owner})
+		lease, err := l.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: time.Minute, Holder: "h", Owner: owner, Limit: tc.limit})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -247,7 +251,7 @@ func TestRaiseCarriesThePreemption(t *testing.T) {
 			t.Fatal(err)
 		}
 		raised := lease.Fence + 10
-		if n, err := l.raiseOn(ctx, l.nodes[0], lock.Request{Keys: []string{key}, Owner: owner}, raised, 0); err != nil || n != 1 {
+		if n, err := l.raiseOn(ctx, l.nodes[0], lock.Request{Keys: []string{key}, Owner: owner, Limit: tc.limit}, raised, 0); err != nil || n != 1 {
 			t.Fatalf("raise = %d, %v; want 1 key held", n, err)
 		}
 		want := mark
@@ -255,13 +259,13 @@ func TestRaiseCarriesThePreemption(t *testing.T) {
 			want = raised
 		}
 		if got, err := c.Get(ctx, "{"+key+"}:preempted").Int64(); err != nil || got != want {
-			t.Fatalf("preempted %v: mark after the raise = %d, %v; want %d", preempted, got, err, want)
+			t.Fatalf("limit %d, preempted %v: mark after the raise = %d, %v; want %d", tc.limit, preempted, got, err, want)
 		}
 		next := *lease
 		next.Fence = raised
 		_, err = l.Renew(ctx, &next, time.Minute)
 		if preempted != errors.Is(err, lock.ErrPreempted) || (!preempted && err != nil) {
-			t.Fatalf("preempted %v: Renew after the raise: %v", preempted, err)
+			t.Fatalf("limit %d, preempted %v: Renew after the raise: %v", tc.limit, preempted, err)
 		}
 	}
 }
