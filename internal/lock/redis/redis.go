@@ -59,7 +59,7 @@
 // preempted owner its own key while others wait. A later lease has a larger
 // token than the mark and is not affected. In Redlock mode a renewal fails
 // with lock.ErrPreempted when the preempted nodes are why it did not reach a
-// quorum, and the write-back (raise.lua) moves a mark along with the token of
+// quorum, and the write-back (raise.lua, semraise.lua) moves a mark along with the token of
 // the holding it stopped. The rules run on every call of the request: on a
 // node that missed a call, or lost its writes (a restart without
 // persistence, a failover), the requester's next call while it waits drops
