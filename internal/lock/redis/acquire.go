@@ -39,14 +39,28 @@ type acquireReply struct {
 	held      *lock.HeldError
 	holderTTL time.Duration
 	ticket    int64
+	// replaced names the key from whose queue a newer request with Replace
+	// dropped the owner (the script's {2, key index}); "" otherwise.
+	replaced string
+}
+
+// policyArg is acquire.lua's ARGV 4 for req: whether it joins the queues,
+// and with which queue rule.
+func policyArg(req lock.Request) string {
+	switch {
+	case req.Preempt:
+		return "3"
+	case req.Replace:
+		return "2"
+	case req.Queue:
+		return "1"
+	}
+	return "0"
 }
 
 func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticket, proposal int64) (acquireReply, error) {
-	keys := append(l.redisKeysCap(req.Keys, 1, allParts...), l.ticketFor(req.Keys))
-	join := "0"
-	if req.Queue {
-		join = "1"
-	}
+	keys := append(l.redisKeysCap(req.Keys, 1, acquireParts...), l.ticketFor(req.Keys))
+	join := policyArg(req)
 	script, name := acquireScript, "acquire"
 	args := []any{scriptOwner(req.Owner, req.Holders()), req.TTL.Milliseconds(), req.Holder, join, l.waiterTTLArg, ticket, maxTokenArg, proposal}
 	switch {
@@ -58,7 +72,16 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 		// argument sent is parsed on every acquisition.
 		args = args[:3]
 	}
-	v, acked, err := l.runAcked(ctx, script, n.client, name, req.TTL, granted, keys, args...)
+	needsAck := granted
+	if req.Replace {
+		// A refusal of a request with Replace wrote the marks of the queue
+		// rules: in Sentinel mode it waits for the replicas as a grant does,
+		// so that a failover rarely loses them (best effort: the refusal is
+		// reported whatever WAIT says; the request's next call writes the
+		// marks again).
+		needsAck = func(any) bool { return true }
+	}
+	v, acked, err := l.runAcked(ctx, script, n.client, name, req.TTL, needsAck, keys, args...)
 	if err != nil {
 		return acquireReply{}, err
 	}
@@ -80,25 +103,22 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 		}
 		return acquireReply{ok: true, fence: fence}, nil
 	}
+	if s, ok := v.([]any); ok && len(s) == 2 {
+		return replacedReply(name, req, s)
+	}
 	// Busy: a table that starts with 0.
 	s, err := asSlice(v, 9)
 	if err != nil {
 		return acquireReply{}, fmt.Errorf("%s script: %w", name, err)
 	}
 	d := decoder{s: s}
-	if d.int(0) != 0 && d.err == nil {
-		d.err = fmt.Errorf("unexpected reply %v: want 0 first", s)
-	}
-	idx := d.int(1)
-	if d.err == nil && (idx < 1 || int(idx) > len(req.Keys)) {
-		d.err = fmt.Errorf("busy key index %d out of range [1, %d]", idx, len(req.Keys))
-	}
+	i := d.taggedKey(0, "busy", len(req.Keys))
 	if d.err != nil {
 		return acquireReply{}, fmt.Errorf("%s script: %w", name, d.err)
 	}
 	r := acquireReply{
 		held: &lock.HeldError{
-			Key:      req.Keys[idx-1],
+			Key:      req.Keys[i],
 			Holder:   d.str(2),
 			Fence:    d.int(3),
 			Position: int(d.int(4)),
@@ -112,6 +132,31 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 		return acquireReply{}, fmt.Errorf("%s script: %w", name, d.err)
 	}
 	return r, nil
+}
+
+// replacedReply decodes an acquisition script's {2, key index}: a newer
+// request with Replace dropped the owner from that key's queue.
+func replacedReply(name string, req lock.Request, s []any) (acquireReply, error) {
+	d := decoder{s: s}
+	i := d.taggedKey(2, "replaced", len(req.Keys))
+	if d.err != nil {
+		return acquireReply{}, fmt.Errorf("%s script: %w", name, d.err)
+	}
+	return acquireReply{replaced: req.Keys[i]}, nil
+}
+
+// taggedKey reads the head of an acquisition script's refusal, {tag, key
+// index (1-based), ...}: the tag must be want, and the index one of n keys
+// (what names it in the error). It returns the key's 0-based index.
+func (d *decoder) taggedKey(want int64, what string, n int) int {
+	if d.int(0) != want && d.err == nil {
+		d.err = fmt.Errorf("unexpected reply %v: want %d first", d.s, want)
+	}
+	idx := d.int(1)
+	if d.err == nil && (idx < 1 || int(idx) > n) {
+		d.err = fmt.Errorf("%s key index %d out of range [1, %d]", what, idx, n)
+	}
+	return int(idx) - 1
 }
 
 // granted tells an acquisition script's grant (the fencing token, a string)
@@ -225,6 +270,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		unacked   []result[acquireReply] // failed, but granted with a known token (fence set)
 		fence     int64
 		busy      []*lock.HeldError
+		replaced  []string // the key each node that replaced the owner named
 		errs      []error
 		hint      time.Duration
 		maxTicket int64
@@ -241,6 +287,11 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		case r.val.ok:
 			acquired = append(acquired, r)
 			fence = max(fence, r.val.fence)
+		case r.val.replaced != "":
+			// Not lock.ErrReplaced itself: a mark on fewer nodes than
+			// would stop a quorum does not end the owner's wait.
+			replaced = append(replaced, r.val.replaced)
+			errs = append(errs, &lock.NodeError{Node: r.node.name, Err: fmt.Errorf("a newer request took the owner's place in the queue of key %q", r.val.replaced)})
 		default:
 			busy = append(busy, r.val.held)
 			busyNodes = append(busyNodes, r.node)
@@ -327,6 +378,18 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 	if agreed >= quorum {
 		slow := fmt.Errorf("the acquisition took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, req.TTL, drift(req.TTL))
 		return nil, hint, l.failureOf(op, agreed, quorum, append(errs, slow))
+	}
+	if len(replaced) > len(l.nodes)-quorum {
+		// Dropped from the queues by a newer request with Replace on so
+		// many nodes that no quorum would take it: it is told so, and
+		// leaves the queues of the nodes that missed the drop.
+		if redlock {
+			l.tickets.Delete(req.Owner)
+			if req.Queue && len(busyNodes) > 0 {
+				l.leaveQueues(ctx, busyNodes, req.Keys, req.Owner)
+			}
+		}
+		return nil, 0, fmt.Errorf("%s: %w: a newer request took its place in the queue of key %q", op, lock.ErrReplaced, replaced[0])
 	}
 	if len(busy) > len(l.nodes)-quorum {
 		return nil, hint, pickHeld(busy)
@@ -751,10 +814,10 @@ const writeBackRounds = 3
 // so there; for a semaphore, minus the node's counter when that is at or
 // past fence (semraise.lua refused: see writeBack).
 func (l *Locker) raiseOn(ctx context.Context, n *node, req lock.Request, fence, issued int64) (int64, error) {
-	keys := l.redisKeys(req.Keys, "lock", "fence")
+	keys := l.redisKeys(req.Keys, "lock", "fence", "preempted")
 	script, name := raiseScript, "raise"
 	if req.Holders() > 1 {
-		keys = l.redisKeys(req.Keys, "fence", "slots", "slotfences", "slotmeta")
+		keys = l.redisKeys(req.Keys, "fence", "slots", "slotfences", "slotmeta", "preempted")
 		script, name = semRaiseScript, "semaphore raise"
 	}
 	v, err := run(ctx, script, n.client, name, keys, fence, scriptOwner(req.Owner, req.Holders()), issued)

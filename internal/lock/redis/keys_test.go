@@ -32,3 +32,19 @@ func TestRedisKeysNamesEveryPartOfEveryKey(t *testing.T) {
 		}
 	}
 }
+
+// The acquisition scripts take ten Redis keys per lock key (queue.lua's
+// stride): inspect.lua's eight, then the marks of the queue rules, in this
+// order; the renew scripts take the holding and the preemption mark.
+func TestScriptKeyParts(t *testing.T) {
+	want := []string{"lock", "fence", "queue", "deadlines", "waiters", "slots", "slotfences", "slotmeta", "replaced", "preempted"}
+	if !slices.Equal(acquireParts, want) {
+		t.Fatalf("acquireParts = %q, want %q", acquireParts, want)
+	}
+	if !slices.Equal(allParts, want[:8]) {
+		t.Fatalf("allParts = %q, want %q", allParts, want[:8])
+	}
+	if !slices.Equal(renewParts, []string{"lock", "preempted"}) || !slices.Equal(semRenewParts, []string{"slots", "slotfences", "slotmeta", "preempted"}) {
+		t.Fatalf("renewParts = %q, semRenewParts = %q", renewParts, semRenewParts)
+	}
+}

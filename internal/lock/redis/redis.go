@@ -21,6 +21,10 @@
 //	P{K}:slots      semaphore holder owner -> expiry (server milliseconds)
 //	P{K}:slotfences semaphore holder owner -> fencing token (acquisition order)
 //	P{K}:slotmeta   semaphore holder owner -> "<fence> <acquired us> <limit> <holder>"
+//	P{K}:replaced   owner a request with Replace dropped from the queue -> until
+//	                (server milliseconds); TTL: its latest mark
+//	P{K}:preempted  largest fencing token a request with Preempt stopped;
+//	                TTL: the longest-lived holding it stopped
 //	P{K}:released   pub/sub channel of K's releases
 //	Plockwarden:ticket  ticket counter shared by all keys under P
 //	P{S}:ticket     with Config.Scopes, the ticket counter of the keys of scope S
@@ -37,6 +41,50 @@
 // semaphore needs it free of a mutex holder. In Redlock mode a semaphore of N
 // slots over M nodes needs floor(M*N/(N+1)) + 1 nodes, not a majority
 // (quorumFor).
+//
+// # Queue rules
+//
+// A request with Replace (lock.Request.Replace) drops, in the acquisition
+// script, the waiters of its keys whose ticket is below its own (every
+// waiter, when it holds no place yet) and marks each in replaced for two
+// waiter TTLs: the scripts check the mark before anything else and answer
+// {2, key}, which the Locker turns into an error matching lock.ErrReplaced.
+// In Redlock mode that takes marks on more nodes than a quorum leaves out
+// (then the owner also leaves the queues of the nodes that missed the
+// drop); marks on fewer leave the waiter waiting. A request with
+// Preempt also raises preempted to the tokens of the other holders of its
+// keys: renew.lua and semrenew.lua read the mark with the holding and extend
+// nothing of a holding at or below it (-key), so the lease stays valid until
+// its Expires and is never shortened; the acquisition scripts refuse the
+// preempted owner its own key while others wait. A later lease has a larger
+// token than the mark and is not affected. In Redlock mode a renewal fails
+// with lock.ErrPreempted when the preempted nodes are why it did not reach a
+// quorum, and the write-back (raise.lua, semraise.lua) moves a mark along with the token of
+// the holding it stopped. The rules run on every call of the request: on a
+// node that missed a call, or lost its writes (a restart without
+// persistence, a failover), the requester's next call while it waits drops
+// and marks the older waiters still queued there and preempts the holders
+// again. An older waiter whose mark alone was lost queues again, behind the
+// requester, without being told.
+//
+// What a partition or a failover does to a mark: a mark is written on the
+// nodes that answered the request. In Redlock mode the nodes cut off from
+// the requester miss it: an older waiter is told once marks are on more
+// nodes than a quorum leaves out, and a holder is stopped once preempted
+// nodes keep its renewals from a quorum; a requester on the minority side of
+// a partition stops nobody (and acquires nothing) until it reaches a
+// majority again. In Sentinel mode a refused request with
+// Replace waits for the replicas as a grant does (one WAIT, nothing more
+// without the new fields), so the marks are on the replicas when the refusal
+// is reported; when WAIT falls short they can be lost in a failover, and
+// then the older waiters queue again and the preempted holder renews, until
+// the requester's next call writes them again. Requests without Replace or
+// Preempt make the same calls as before: acquirefast.lua's EXISTS takes the
+// replaced key too (a key with marks takes the general path for two waiter
+// TTLs), and renew.lua's GET of the lease is an MGET of it and the mark.
+// Operators of an older release sharing the store ignore the marks (their
+// scripts do not read them): during a rolling upgrade the rules hold only
+// between operators of this release.
 //
 // In Sentinel mode every acquisition and renewal waits for
 // Config.MinReplicas replicas (default 1) to acknowledge it (Redis WAIT)
@@ -549,16 +597,28 @@ func globEscape(s string) string {
 	return b.String()
 }
 
-// allParts are the Redis keys of one lock key that acquire.lua,
-// semacquire.lua and inspect.lua take, in their order.
+// allParts are the Redis keys of one lock key that inspect.lua takes, in
+// its order.
 var allParts = []string{"lock", "fence", "queue", "deadlines", "waiters", "slots", "slotfences", "slotmeta"}
 
-// slotParts are the keys of a semaphore's holders (semrelease.lua, semrenew.lua).
+// acquireParts are the Redis keys of one lock key that acquire.lua and
+// semacquire.lua take, in their order: allParts and the marks of the queue
+// rules (Request.Replace, Request.Preempt).
+var acquireParts = append(allParts[:len(allParts):len(allParts)], "replaced", "preempted")
+
+// slotParts are the keys of a semaphore's holders (semrelease.lua).
 var slotParts = []string{"slots", "slotfences", "slotmeta"}
 
+// renewParts and semRenewParts are the keys renew.lua and semrenew.lua take:
+// the holding and the preemption mark.
+var (
+	renewParts    = []string{"lock", "preempted"}
+	semRenewParts = []string{"slots", "slotfences", "slotmeta", "preempted"}
+)
+
 // redisKeys lists, for each lock key, the Redis keys named by parts (lock,
-// fence, queue, deadlines, waiters, slots, slotfences, slotmeta), in the
-// order the scripts expect.
+// fence, queue, deadlines, waiters, slots, slotfences, slotmeta, replaced,
+// preempted), in the order the scripts expect.
 func (l *Locker) redisKeys(keys []string, parts ...string) []string {
 	return l.redisKeysCap(keys, 0, parts...)
 }

@@ -316,9 +316,9 @@ func containsScript(scripts []*goredis.Script, s *goredis.Script) bool {
 // renewCall picks the renew script of the lease (semrenew.lua for a
 // semaphore slot) and its keys and arguments.
 func (l *Locker) renewCall(lease *lock.Lease, ttl time.Duration) scriptCall {
-	script, keys := renewScript, l.redisKeys(lease.Keys, "lock")
+	script, keys := renewScript, l.redisKeys(lease.Keys, renewParts...)
 	if lease.Limit > 1 {
-		script, keys = semRenewScript, l.redisKeys(lease.Keys, slotParts...)
+		script, keys = semRenewScript, l.redisKeys(lease.Keys, semRenewParts...)
 	}
 	args := make([]any, 0, 3+2*len(lease.Keys))
 	args = append(args, scriptOwner(lease.Owner, lease.Limit), ttl.Milliseconds())
@@ -330,11 +330,13 @@ func (l *Locker) renewCall(lease *lock.Lease, ttl time.Duration) scriptCall {
 	return scriptCall{script: script, keys: keys, args: args}
 }
 
-// renewOutcome turns the nodes' renew replies (0: renewed, i > 0: key i lost)
-// into the renewed lease or an error. elapsed is the time from start (when
-// the renewal was sent) until the replies were in.
+// renewOutcome turns the nodes' renew replies (0: renewed, i > 0: key i lost,
+// i < 0: the holding of key -i preempted) into the renewed lease or an
+// error. elapsed is the time from start (when the renewal was sent) until
+// the replies were in.
 func (l *Locker) renewOutcome(lease *lock.Lease, ttl time.Duration, start time.Time, elapsed time.Duration, res []result[int64]) (*lock.Lease, error) {
-	renewed, lost := 0, 0
+	renewed, lost, preempted := 0, 0, 0
+	stoppedOn := ""
 	var errs []error
 	for _, r := range res {
 		switch {
@@ -345,6 +347,12 @@ func (l *Locker) renewOutcome(lease *lock.Lease, ttl time.Duration, start time.T
 		case r.val > 0 && int(r.val) <= len(lease.Keys):
 			lost++
 			errs = append(errs, &lock.NodeError{Node: r.node.name, Err: fmt.Errorf("key %q is no longer held by this owner", lease.Keys[r.val-1])})
+		case r.val < 0 && int(-r.val) <= len(lease.Keys):
+			preempted++
+			if stoppedOn == "" {
+				stoppedOn = lease.Keys[-r.val-1]
+			}
+			errs = append(errs, &lock.NodeError{Node: r.node.name, Err: fmt.Errorf("a newer request waits for key %q and stopped this lease", lease.Keys[-r.val-1])})
 		default:
 			errs = append(errs, &lock.NodeError{Node: r.node.name, Err: fmt.Errorf("renew script: unexpected reply %d", r.val)})
 		}
@@ -364,6 +372,12 @@ func (l *Locker) renewOutcome(lease *lock.Lease, ttl time.Duration, start time.T
 	if lost > len(l.nodes)-quorum {
 		l.log.Info("Lease lost", "keys", lease.Keys, "holder", lease.Holder, "fence", lease.Fence)
 		return nil, fmt.Errorf("%s: %w: %w", op, lock.ErrLost, errors.Join(errs...))
+	}
+	if preempted > 0 && renewed+preempted >= quorum {
+		// The preemption is why no quorum renewed it: the lease is left as
+		// it was, valid until its Expires, never shortened.
+		return nil, fmt.Errorf("%s: %w: a newer request waits for key %q and stopped this lease; it stays valid until %s, release it once the work has stopped: %w",
+			op, lock.ErrPreempted, stoppedOn, lease.Expires.Format(time.RFC3339Nano), errors.Join(errs...))
 	}
 	if renewed >= quorum {
 		errs = append(errs, fmt.Errorf("the renewal took %v, leaving no validity of the %v TTL (drift allowance %v)", elapsed, ttl, drift(ttl)))

@@ -1,6 +1,6 @@
 -- acquire.lua: take every key of one lease for one owner, or none of them.
 --
--- KEYS: eight per lock key, in this order, and then one shared key:
+-- KEYS: ten per lock key, in this order, and then one shared key:
 --   lock       string  the lease (lease.lua), with the lease TTL
 --   counter    string  last fencing token issued for the key (no TTL)
 --   queue      zset    waiting owner -> ticket (FIFO order)
@@ -9,10 +9,16 @@
 --   slots      zset    semaphore holder -> expiry (server milliseconds); see semacquire.lua
 --   slotfences zset    semaphore holder -> fencing token (acquisition order)
 --   slotmeta   hash    semaphore holder -> "<fence> <acquired us> <limit> <holder>"
+--   replaced   zset    owner a newer request dropped from the queue -> until
+--                      (server milliseconds); see queue.lua's replaceOlder
+--   preempted  string  largest fencing token a request with Preempt stopped
+--                      (TTL: the longest-lived holding it stopped)
 --   KEYS[#KEYS] string ticket counter shared by every key under the prefix
 -- ARGV:
 --   1 the owner's tag (lease.lua)   2 lease TTL in milliseconds   3 holder identity
---   4 "1": join the queues when not acquired, "0": do not
+--   4 "0": do not join the queues; "1": join them when not acquired; "2":
+--     join them and replace the older waiters (Request.Replace); "3": also
+--     preempt the holders (Request.Preempt)
 --   5 waiter TTL in milliseconds
 --   6 ticket to queue with: the client's ticket for this owner (Redlock), 0
 --     when it has none (standalone and Sentinel mode, a first join, or a
@@ -45,14 +51,21 @@
 -- Returns the fencing token (a string) when every key was taken, otherwise
 --   {0, busy key index (1-based), holder, holder fence, position (-1: not queued),
 --    queue length, holder PTTL in milliseconds, ticket, holder count}.
+--   or {2, key index} when a newer request with Replace dropped the owner from
+--   that key's queue less than two waiter TTLs ago (it joins nothing).
 -- A key with a live semaphore holder (slots) is busy: a mutex needs it whole.
+-- Replace drops the older waiters before the keys are looked at, so that a
+-- request finding them free once they are gone takes them; Preempt raises the
+-- preemption mark of every key to its other holders' tokens. The owner of a
+-- preempted lease is refused its own key while others wait for it.
 --
 -- The common call (one free key, nobody queued, no semaphore holder) is
 -- taken by acquirefast.lua, which runs first; this is the general path.
 local tag = ARGV[1]
 local owner = ownerOf(tag)
-local n = (#KEYS - 1) / 8
+local n = (#KEYS - 1) / stride
 local proposal = tonumber(ARGV[8]) or 0
+local policy = tonumber(ARGV[4]) or 0
 
 local nowUs, nowUsStr = serverNow()
 -- '(' .. now in milliseconds: an exclusive lower bound of live entries (only
@@ -70,15 +83,27 @@ local fence, fenceStr = nowUs, nowUsStr
 -- nothing to clean up below: one EXISTS per key.
 -- prunedSelf: this call found the owner's own place expired (it missed its heartbeats).
 local prunedSelf = false
+-- The replaced marks come with them: a key with marks is looked at too.
 for i = 1, n do
-  local b = (i - 1) * 8
-  local e = redis.call('EXISTS', KEYS[b + 3], KEYS[b + 4], KEYS[b + 5], KEYS[b + 6])
+  local b = (i - 1) * stride
+  local e = redis.call('EXISTS', KEYS[b + 3], KEYS[b + 4], KEYS[b + 5], KEYS[b + 6], KEYS[b + 9])
   if e > 0 then
     queued = queued or {}
     queued[i] = true
     afterNowMs = afterNowMs or ('(' .. string.sub(nowUsStr, 1, -4))
+    if isReplaced(b, owner, math.floor(nowUs / 1000)) then return {2, i} end
     if pruneWaiters(b, owner, afterNowMs) then prunedSelf = true end
   end
+end
+
+if policy >= 2 then
+  local nowMs = math.floor(nowUs / 1000)
+  if queued then
+    local ticket = 0
+    if not prunedSelf then ticket = tonumber(ARGV[6]) or 0 end
+    replaceOlder(n, queued, owner, ticket, nowMs, tonumber(ARGV[5]))
+  end
+  if policy >= 3 then preemptHolders(n, tag, owner, nowMs) end
 end
 
 -- The fencing token, if every key is free: the largest of this server's
@@ -96,11 +121,19 @@ end
 -- at its head; read each key's counter with its lock in the same MGET.
 local busy, bHolder, bFence, bPttl, bHolders = 0, '', 0, 0, 0
 for i = 1, n do
-  local b = (i - 1) * 8
-  local got = redis.call('MGET', KEYS[b + 1], KEYS[b + 2])
+  local b = (i - 1) * stride
+  local got = redis.call('MGET', KEYS[b + 1], KEYS[b + 2], KEYS[b + 10])
   local cur = got[1]
   local mine = holds(cur, tag)
-  if cur and not mine then
+  -- The owner's own lease, preempted, while others wait: refused as anyone.
+  local stopped = mine and got[3] and queued and queued[i] and heldToken(cur, tag) <= (tonumber(got[3]) or 0)
+  if stopped then
+    stopped = false
+    for _, w in ipairs(redis.call('ZRANGE', KEYS[b + 3], 0, 1)) do
+      if w ~= owner then stopped = true end
+    end
+  end
+  if (cur and not mine) or stopped then
     busy, bHolders = i, 1
     local f, _, h = leaseFields(cur)
     bHolder, bFence = h, tonumber(f)
@@ -141,10 +174,10 @@ end
 
 if busy > 0 then
   local tk = 0
-  if ARGV[4] == '1' then
+  if policy >= 1 then
     tk = joinQueues(n, owner, ARGV[3], tonumber(ARGV[6]), proposal, prunedSelf, nowUs, nowUsStr, tonumber(ARGV[5]))
   end
-  local qk = KEYS[(busy - 1) * 8 + 3]
+  local qk = KEYS[(busy - 1) * stride + 3]
   local position = redis.call('ZRANK', qk, owner)
   if not position then position = -1 end
   return {0, busy, bHolder, int(bFence), position, redis.call('ZCARD', qk), bPttl, int(tk), bHolders}
@@ -158,7 +191,7 @@ fenceStr = fenceStr or int(fence)
 local lease = tag .. fenceStr .. ' ' .. nowUsStr .. ' ' .. ARGV[3]
 local ttl = ARGV[2]
 for i = 1, n do
-  local b = (i - 1) * 8
+  local b = (i - 1) * stride
   redis.call('SET', KEYS[b + 1], lease, 'PX', ttl)
   redis.call('SET', KEYS[b + 2], fenceStr)
   if queued and queued[i] then

@@ -1,8 +1,9 @@
 -- acquirefast.lua: acquire.lua's common call, run before anything else in
 -- the script (scripts.go puts it first). KEYS and ARGV are acquire.lua's.
 --
--- One free key that nobody waits for and no semaphore holds: the lease is
--- taken here and the script returns; every other call falls through to the
+-- One free key that nobody waits for, no semaphore holds and no newer
+-- request replaced a waiter of (no replaced marks): the lease is taken here
+-- and the script returns; every other call falls through to the
 -- general path below, which decides everything again from its own reads.
 -- This code comes before the definitions of lease.lua and queue.lua on
 -- purpose: Redis runs the whole script on every call, so each function
@@ -39,7 +40,7 @@ local window = 20000
 -- Must match maxToken in acquire.go.
 local maxFence = '9007199254740990'
 
-if #KEYS == 9 and redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]) == 0 then
+if #KEYS == 11 and redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9]) == 0 then
   -- queue.lua's serverNow, inlined: it is defined below this path.
   local t = redis.call('TIME')
   local usec = t[2]

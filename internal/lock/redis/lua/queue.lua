@@ -1,8 +1,12 @@
 -- queue.lua: what acquire.lua and semacquire.lua share (prepended to both,
 -- after lease.lua): the server's clock, the FIFO queues of lock keys, and
--- the fencing token's rule per key. Each lock key has eight Redis keys, in
--- acquire.lua's order; b is the index before a lock key's first one:
--- (i - 1) * 8 for the i-th.
+-- the fencing token's rule per key, and the queue rules of Request.Replace and
+-- Request.Preempt. Each lock key has ten Redis keys (stride), in acquire.lua's
+-- order; b is the index before a lock key's first one: (i - 1) * stride for
+-- the i-th.
+
+-- How many Redis keys each lock key has in KEYS.
+local stride = 10
 
 -- How far ahead of this server's clock (microseconds) a proposed token or
 -- ticket may be. Must match fenceWindow in acquire.go.
@@ -67,7 +71,7 @@ end
 local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs, nowUsStr, waiterTTL)
   local have = 0
   for i = 1, n do
-    local s = redis.call('ZSCORE', KEYS[(i - 1) * 8 + 3], owner)
+    local s = redis.call('ZSCORE', KEYS[(i - 1) * stride + 3], owner)
     if s and tonumber(s) > have then have = tonumber(s) end
   end
   local c = tonumber(redis.call('GET', KEYS[#KEYS]) or '0')
@@ -82,7 +86,7 @@ local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs,
   else
     local last = c
     for i = 1, n do
-      local top = redis.call('ZRANGE', KEYS[(i - 1) * 8 + 3], -1, -1, 'WITHSCORES')
+      local top = redis.call('ZRANGE', KEYS[(i - 1) * stride + 3], -1, -1, 'WITHSCORES')
       local v = tonumber(top[2])
       if v and v > last and v < 2 ^ 53 then last = v end
     end
@@ -91,7 +95,7 @@ local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs,
   if c < tk then redis.call('SET', KEYS[#KEYS], int(tk)) end
   local deadline = int(math.floor(nowUs / 1000) + waiterTTL)
   for i = 1, n do
-    local b = (i - 1) * 8
+    local b = (i - 1) * stride
     if not redis.call('ZSCORE', KEYS[b + 3], owner) then
       redis.call('HSET', KEYS[b + 5], owner, nowUsStr .. ' ' .. holder)
     end
@@ -101,4 +105,94 @@ local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs,
     for j = 3, 5 do redis.call('PEXPIRE', KEYS[b + j], int(waiterTTL * 2)) end
   end
   return tk
+end
+
+-- isReplaced tells whether owner's place in the queue of the lock key at b was
+-- taken by a newer request with Replace, less than its mark's lifetime ago:
+-- its member in the replaced zset scores past nowMs.
+local function isReplaced(b, owner, nowMs)
+  local mark = redis.call('ZSCORE', KEYS[b + 9], owner)
+  return mark and tonumber(mark) > nowMs
+end
+
+-- replaceOlder applies Request.Replace for owner: on each of the n lock keys
+-- with a queue (queued[i]), the waiters queued before it (a smaller ticket
+-- than its own: its place where it is queued, else the client's ticket, else
+-- every waiter) leave the queue and are marked replaced for two waiter TTLs
+-- (replaced zset: owner -> until, server milliseconds), so that their next
+-- calls learn it instead of joining again. The replaced zset lives as long as
+-- its latest mark.
+local function replaceOlder(n, queued, owner, ticket, nowMs, waiterTTL)
+  local mine = 0
+  for i = 1, n do
+    if queued[i] then
+      local s = tonumber(redis.call('ZSCORE', KEYS[(i - 1) * stride + 3], owner) or '0') or 0
+      if s > mine then mine = s end
+    end
+  end
+  if mine == 0 then mine = ticket end
+  local below = '+inf'
+  if mine > 0 then below = '(' .. int(mine) end
+  local mark = int(nowMs + 2 * waiterTTL)
+  for i = 1, n do
+    if queued[i] then
+      local b = (i - 1) * stride
+      local dropped = false
+      for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[b + 3], '-inf', below)) do
+        if w ~= owner then
+          redis.call('ZREM', KEYS[b + 3], w)
+          redis.call('ZREM', KEYS[b + 4], w)
+          redis.call('HDEL', KEYS[b + 5], w)
+          redis.call('ZADD', KEYS[b + 9], mark, w)
+          dropped = true
+        end
+      end
+      if dropped then
+        -- Marks past their time go (with the commands of the minimal ACL:
+        -- no ZREMRANGEBYSCORE), and the zset lives as long as its latest
+        -- mark: never shortened by a Locker with a shorter waiter TTL.
+        for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[b + 9], '-inf', int(nowMs))) do
+          redis.call('ZREM', KEYS[b + 9], w)
+        end
+        if redis.call('PTTL', KEYS[b + 9]) < 2 * waiterTTL then
+          redis.call('PEXPIRE', KEYS[b + 9], int(2 * waiterTTL))
+        end
+      end
+    end
+  end
+end
+
+-- preemptUpTo raises the preemption mark of the lock key at b (its preempted
+-- key: the largest fencing token a request with Preempt stopped) to fence, for
+-- a holding that lives pttl more milliseconds: the mark lives as long as the
+-- longest-lived holding it stops. A holding whose token is at or below the
+-- mark is not renewed (renew.lua, semrenew.lua).
+local function preemptUpTo(b, fence, pttl)
+  if pttl <= 0 then return end
+  local pk = KEYS[b + 10]
+  local old = tonumber(redis.call('GET', pk) or '0') or 0
+  local left = redis.call('PTTL', pk)
+  if old >= fence and left >= pttl then return end
+  redis.call('SET', pk, int(math.max(old, fence)), 'PX', int(math.max(left, pttl)))
+end
+
+-- preemptHolders applies Request.Preempt for the owner whose tag is tag: on
+-- each of the n lock keys, the mutex lease and the live semaphore slots of
+-- other owners are preempted (preemptUpTo).
+local function preemptHolders(n, tag, owner, nowMs)
+  for i = 1, n do
+    local b = (i - 1) * stride
+    local cur = redis.call('GET', KEYS[b + 1])
+    if cur and not holds(cur, tag) then
+      local f = leaseFields(cur)
+      preemptUpTo(b, tonumber(f), redis.call('PTTL', KEYS[b + 1]))
+    end
+    local live = redis.call('ZRANGEBYSCORE', KEYS[b + 6], '(' .. int(nowMs), '+inf', 'WITHSCORES')
+    for j = 1, #live, 2 do
+      if live[j] ~= owner then
+        local f = tonumber(redis.call('ZSCORE', KEYS[b + 7], live[j]) or '0') or 0
+        preemptUpTo(b, f, tonumber(live[j + 1]) - nowMs)
+      end
+    end
+  end
 end

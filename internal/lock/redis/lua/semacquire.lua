@@ -1,7 +1,7 @@
 -- semacquire.lua: take one slot of a counting semaphore on every key of one
 -- lease for one owner, or none of them.
 --
--- KEYS: eight per lock key (as acquire.lua), and then one shared key:
+-- KEYS: ten per lock key (as acquire.lua), and then one shared key:
 --   lock       string  a mutex holder's lease (Limit 1; lease.lua)
 --   counter    string  last fencing token issued for the key (no TTL; shared with the mutex)
 --   queue      zset    waiting owner -> ticket (FIFO order)
@@ -10,11 +10,14 @@
 --   slots      zset    holding owner -> expiry (server milliseconds)
 --   slotfences zset    holding owner -> fencing token (acquisition order)
 --   slotmeta   hash    holding owner -> "<fence> <acquired us> <limit> <holder>"
+--   replaced   zset    owner a newer request dropped from the queue -> until
+--   preempted  string  largest token a request with Preempt stopped (unused here)
 --   KEYS[#KEYS] string ticket counter shared by every key under the prefix
 -- The three slot keys live as long as their longest-lived holder; a holder
 -- past its expiry is pruned by the next semaphore script that sees it.
 -- ARGV: 1-8 as acquire.lua (tickets too), but 1 is the owner token itself, and
---   9 limit: how many holders the key admits (at least 2)
+--   9 limit: how many holders the key admits (at least 2). ARGV 4 is at most
+--   "2" (join and replace): a semaphore request does not preempt.
 -- A key is free for the owner when it holds a slot already, or when no mutex
 -- holds it and the owner's position in the live queue (its rank, or the queue
 -- length when it is not queued) is below the free slots: the smallest limit
@@ -22,19 +25,21 @@
 -- with a larger limit never takes a key past the bound a holder acquired with.
 -- Returns the fencing token (a string) when every key was taken, otherwise
 --   {0, busy key index, oldest holder, its fence, position (-1: not queued),
---    queue length, PTTL ms of the first slot to expire, ticket, holder count}.
+--    queue length, PTTL ms of the first slot to expire, ticket, holder count},
+--   or {2, key index} when the owner was replaced there (acquire.lua).
 local owner = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local holder = ARGV[3]
-local join = ARGV[4] == '1'
+local policy = tonumber(ARGV[4]) or 0
+local join = policy >= 1
 local waiterTTL = tonumber(ARGV[5])
 local ticket = tonumber(ARGV[6])
 local maxFence = tonumber(ARGV[7])
 local proposal = tonumber(ARGV[8]) or 0
 local limit = tonumber(ARGV[9])
-local n = (#KEYS - 1) / 8
+local n = (#KEYS - 1) / stride
 
-local function key(i, j) return KEYS[(i - 1) * 8 + j] end
+local function key(i, j) return KEYS[(i - 1) * stride + j] end
 
 local nowUs, nowUsStr = serverNow()
 local nowMsStr = string.sub(nowUsStr, 1, -4)
@@ -45,9 +50,10 @@ local queued = {}
 -- prunedSelf: this call found the owner's own place expired (it missed its heartbeats).
 local prunedSelf = false
 for i = 1, n do
-  if redis.call('EXISTS', key(i, 3), key(i, 4), key(i, 5)) > 0 then
+  if redis.call('EXISTS', key(i, 3), key(i, 4), key(i, 5), key(i, 9)) > 0 then
     queued[i] = true
-    if pruneWaiters((i - 1) * 8, owner, '(' .. nowMsStr) then prunedSelf = true end
+    if isReplaced((i - 1) * stride, owner, nowMs) then return {2, i} end
+    if pruneWaiters((i - 1) * stride, owner, '(' .. nowMsStr) then prunedSelf = true end
   end
   local gone = redis.call('ZRANGEBYSCORE', key(i, 6), '-inf', nowMsStr)
   for _, o in ipairs(gone) do
@@ -55,6 +61,12 @@ for i = 1, n do
     redis.call('ZREM', key(i, 7), o)
     redis.call('HDEL', key(i, 8), o)
   end
+end
+
+if policy >= 2 then
+  local tk = 0
+  if not prunedSelf then tk = ticket end
+  replaceOlder(n, queued, owner, tk, nowMs, waiterTTL)
 end
 
 local busy, bHolder, bFence, bPttl, bHolders = 0, '', 0, 0, 0
