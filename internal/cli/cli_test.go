@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
@@ -204,6 +206,14 @@ func TestWhyExplainsAJob(t *testing.T) {
 		locksv1alpha1.AnnotationLost:         "2026-12-01T10:00:00Z: the lease expired during a backend outage",
 		locksv1alpha1.AnnotationFencingToken: "12",
 	})
+	cancelledJob := createJob(ctx, t, ns, "report-cancelled", "billing", false, map[string]string{locksv1alpha1.AnnotationFencingToken: "15"})
+	now := metav1.Now()
+	cancelledJob.Status.StartTime = &now
+	cancelledJob.Status.Conditions = []batchv1.JobCondition{{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: locksv1alpha1.JobReasonCancelled,
+		Message: "A newer Job of lock billing asked for its key (contention CancelInProgress)", LastProbeTime: now, LastTransitionTime: now}}
+	if err := env.Client.Status().Update(ctx, cancelledJob); err != nil {
+		t.Fatalf("cancel Job report-cancelled: %v", err)
+	}
 	createJob(ctx, t, ns, "plain", "", true, nil)
 	makeLock("idle", ns).create(ctx, t)
 	createJob(ctx, t, ns, "idle-1", "idle", true, map[string]string{locksv1alpha1.AnnotationQueuePosition: "1/1"})
@@ -228,6 +238,10 @@ func TestWhyExplainsAJob(t *testing.T) {
 			"the lease expired during a backend outage",
 			"It held the lock with fencing token 12",
 			"The lock's onLost is Ignore",
+		},
+		"report-cancelled": {
+			fmt.Sprintf("Job %s/report-cancelled was cancelled: a newer Job of lock billing with contention CancelInProgress asked for its key while it ran with fencing token 15.", ns),
+			"Its pods are being stopped (within their termination grace period); the lock is released once they have",
 		},
 		"idle-1": {
 			"Lock idle (keys idle/main) is free: nobody holds it.",

@@ -204,6 +204,15 @@ func whyJob(ctx context.Context, c client.Client, job *batchv1.Job, out io.Write
 		say("%s did not run: it waited for lock %s longer than its maximum wait and ended Failed, reason %s: %s", ref, lockName, reason, message)
 	case finished && reason == locksv1alpha1.JobReasonSuperseded:
 		say("%s did not run: a newer Job of its CronJob joined the queue of lock %s (contention QueueLatest) and it ended Failed, reason %s: %s", ref, lockName, reason, message)
+	case finished && reason == locksv1alpha1.JobReasonReplaced:
+		say("%s did not run: a newer workload joined the queue of its key of lock %s (contention ReplaceQueued or CancelInProgress) and replaced it; it ended Failed, reason %s: %s", ref, lockName, reason, message)
+	case cancelled(job):
+		say("%s was cancelled: a newer Job of lock %s with contention CancelInProgress asked for its key while it ran with fencing token %s.", ref, lockName, a[locksv1alpha1.AnnotationFencingToken])
+		if finished {
+			say("Its pods were stopped and it ended Failed, reason %s; the lock was released once they had stopped.", reason)
+		} else {
+			say("Its pods are being stopped (within their termination grace period); the lock is released once they have, and the newer Job starts.")
+		}
 	case a[locksv1alpha1.AnnotationLost] != "":
 		lost := a[locksv1alpha1.AnnotationLost]
 		say("%s lost its lease on lock %s (%s: %s).", ref, lockName, locksv1alpha1.AnnotationLost, lost)
@@ -309,6 +318,17 @@ func finishedCondition(job *batchv1.Job) (finished bool, reason, message string)
 		}
 	}
 	return false, "", ""
+}
+
+// cancelled tells whether a newer Job with contention CancelInProgress
+// cancelled the Job (its FailureTarget or Failed reason is Cancelled).
+func cancelled(job *batchv1.Job) bool {
+	for _, c := range job.Status.Conditions {
+		if (c.Type == batchv1.JobFailureTarget || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue && c.Reason == locksv1alpha1.JobReasonCancelled {
+			return true
+		}
+	}
+	return false
 }
 
 // backendProblem says why a lock's backend cannot be used, or "" when it
