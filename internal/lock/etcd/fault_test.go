@@ -161,6 +161,7 @@ func etcdFaults(cfg Config, nemeses []locktest.Nemesis, limit int) locktest.Faul
 		// lease would ever expire under a stalled client.
 		FaultGap: 3 * time.Second,
 		Limit:    limit,
+		Policies: true,
 	}
 }
 

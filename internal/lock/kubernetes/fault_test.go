@@ -70,6 +70,7 @@ func TestFaultsFencedRegister(t *testing.T) {
 		locktest.RunFaults(t, "mutex", seed, &tally, locktest.Faults{
 			NewLocker: newLocker,
 			Nemeses:   kubeNemeses(t, links),
+			Policies:  true,
 		})
 	}
 	tally.Check(t)

@@ -3,10 +3,12 @@ package locktest
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/lockwarden/lockwarden/internal/lock"
@@ -185,4 +187,89 @@ func (m *lateExpiry) RenewAll(ctx context.Context, leases []*lock.Lease, ttl tim
 		out[i], _ = m.late(out[i], nil)
 	}
 	return out, errs
+}
+
+// PreemptTakesOver returns a factory of Lockers on newLocker's store that
+// behave as a store that ends a preempted lease at once instead of letting
+// it run to its Expires: a request with Preempt that finds its key held
+// releases the holder's lease, behind the holder's back, and takes the key.
+// It is the mutant of the preemption rule (Faults.Policies): the fault
+// harness must catch it, as two valid holders. The Lockers of one factory
+// share what they hold, as one store's clients do.
+func PreemptTakesOver(newLocker func(t *testing.T) lock.Locker) func(t *testing.T) lock.Locker {
+	shared := &heldLeases{by: map[string]heldLease{}}
+	return func(t *testing.T) lock.Locker {
+		return &preemptTakesOver{Locker: newLocker(t), held: shared}
+	}
+}
+
+// heldLeases is the lease each key was last granted, and through which
+// Locker, for PreemptTakesOver.
+type heldLeases struct {
+	mu sync.Mutex
+	by map[string]heldLease
+}
+
+type heldLease struct {
+	locker lock.Locker
+	lease  *lock.Lease
+}
+
+type preemptTakesOver struct {
+	lock.Locker
+	held *heldLeases
+}
+
+func (m *preemptTakesOver) granted(lease *lock.Lease, err error) (*lock.Lease, error) {
+	if err == nil {
+		m.held.mu.Lock()
+		m.held.by[lease.Keys[0]] = heldLease{m.Locker, lease}
+		m.held.mu.Unlock()
+	}
+	return lease, err
+}
+
+// takeOver tries req; when a Preempt request finds its key held, it
+// releases the holder's lease and tries again. It tells whether it
+// answered (ok false: the caller goes on as the store would).
+func (m *preemptTakesOver) takeOver(ctx context.Context, req lock.Request) (lease *lock.Lease, err error, ok bool) {
+	if !req.Preempt {
+		return nil, nil, false
+	}
+	lease, err = m.Locker.TryAcquire(ctx, req)
+	if err == nil || !errors.As(err, new(*lock.HeldError)) {
+		return lease, err, true
+	}
+	m.held.mu.Lock()
+	h, held := m.held.by[req.Keys[0]]
+	m.held.mu.Unlock()
+	if held {
+		_ = h.locker.Release(ctx, h.lease)
+	}
+	lease, err = m.Locker.TryAcquire(ctx, req)
+	return lease, err, err == nil
+}
+
+func (m *preemptTakesOver) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	if req.Owner == "" {
+		req.Owner, _ = lock.NewOwnerToken()
+	}
+	if lease, err, ok := m.takeOver(ctx, req); ok {
+		return m.granted(lease, err)
+	}
+	return m.granted(m.Locker.TryAcquire(ctx, req))
+}
+
+func (m *preemptTakesOver) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	if req.Owner == "" {
+		req.Owner, _ = lock.NewOwnerToken() // one owner for every attempt, as the store's
+	}
+	if lease, err, ok := m.takeOver(ctx, req); ok {
+		return m.granted(lease, err)
+	}
+	return m.granted(m.Locker.Acquire(ctx, req))
+}
+
+func (m *preemptTakesOver) Renew(ctx context.Context, lease *lock.Lease, ttl time.Duration) (*lock.Lease, error) {
+	return m.granted(m.Locker.Renew(ctx, lease, ttl))
 }

@@ -2,6 +2,7 @@ package locktest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"maps"
@@ -193,6 +194,17 @@ type Faults struct {
 	// first round the long one came first in every run of a series now and
 	// then, and the short one was never injected.
 	ListedFirst bool
+	// Policies makes the clients also use the queue rules of contention
+	// ReplaceQueued and CancelInProgress: a quarter of the acquisitions
+	// ask with Request.Replace (a replaced waiter gives up), half of a
+	// mutex's with Request.Preempt too (the holder's renewals then fail with
+	// lock.ErrPreempted, and it writes on until its lease expires, as a
+	// holder that is slow to stop does). Exclusion and the fencing tokens
+	// must hold as without them: a preempted lease stays valid until its
+	// Expires, so no store may hand its keys to another before then.
+	// FaultTally.Check then also fails when no run replaced a waiter or
+	// preempted a lease.
+	Policies bool
 
 	record func(nemesis string) // set by RunFaults: counts a fault in the tally
 }
@@ -253,6 +265,10 @@ const extraRunFactor = 3
 // FaultTally counts what the fault runs exercised.
 type FaultTally struct {
 	acquired, rejected atomic.Int64
+	// Faults.Policies runs: waiters replaced and renewals refused as
+	// preempted.
+	replaced, preempted atomic.Int64
+	policies            atomic.Bool
 	// Runs whose history was checked, and the stretches of validity their
 	// exclusion checks covered.
 	runs, stretches atomic.Int64
@@ -296,6 +312,9 @@ func (c *FaultTally) exercised() bool {
 	if len(c.missing()) > 0 {
 		return false
 	}
+	if c.policies.Load() && (c.replaced.Load() == 0 || (!c.semaphore.Load() && c.preempted.Load() == 0)) {
+		return false
+	}
 	if c.semaphore.Load() {
 		return c.acquired.Load() > 0 && c.expired.Load() > 0 && c.full.Load() > 0
 	}
@@ -312,6 +331,12 @@ func (c *FaultTally) Check(t *testing.T) {
 	t.Log(c.Table())
 	if m := c.missing(); len(m) > 0 && !t.Failed() {
 		t.Errorf("the runs never injected %s: the faults did not exercise every nemesis", strings.Join(m, ", "))
+	}
+	if c.policies.Load() {
+		t.Logf("queue rules: %d waiters replaced, %d renewals refused as preempted", c.replaced.Load(), c.preempted.Load())
+		if !t.Failed() && (c.replaced.Load() == 0 || (!c.semaphore.Load() && c.preempted.Load() == 0)) {
+			t.Errorf("the runs replaced %d waiters and preempted %d leases: they did not exercise the queue rules", c.replaced.Load(), c.preempted.Load())
+		}
 	}
 	if c.semaphore.Load() {
 		t.Logf("%d acquisitions, %d leases ran out in a stall, %d runs with every slot taken", c.acquired.Load(), c.expired.Load(), c.full.Load())
@@ -371,6 +396,9 @@ func RunFaults(t *testing.T, name string, seed uint64, tally *FaultTally, f Faul
 		if tally != nil {
 			f.record = tally.record
 			tally.expect(f.Nemeses)
+			if f.Policies {
+				tally.policies.Store(true)
+			}
 		}
 		if f.Limit > 1 {
 			st, err := semFaultRun(t, seed, f)
@@ -383,6 +411,7 @@ func RunFaults(t *testing.T, name string, seed uint64, tally *FaultTally, f Faul
 				tally.semaphore.Store(true)
 				tally.acquired.Add(st.acquired)
 				tally.expired.Add(st.expired)
+				tally.replaced.Add(st.replaced)
 				if st.peak >= f.Limit {
 					tally.full.Add(1)
 				}
@@ -398,6 +427,8 @@ func RunFaults(t *testing.T, name string, seed uint64, tally *FaultTally, f Faul
 			tally.stretches.Add(st.stretches)
 			tally.acquired.Add(st.acquired)
 			tally.rejected.Add(st.rejected)
+			tally.replaced.Add(st.replaced)
+			tally.preempted.Add(st.preempted)
 		}
 	})
 }
@@ -432,13 +463,47 @@ func FindViolation(t *testing.T, runs int, f Faults) error {
 	return nil
 }
 
+// renew renews a client's lease called at call and returns it renewed, or
+// as it was when the renewal failed; a refusal as preempted is counted.
+func renew(ctx context.Context, l lock.Locker, lease *lock.Lease, ttl time.Duration, call int64, v *leaseValidity, preempted *atomic.Int64) *lock.Lease {
+	renewed, err := l.Renew(ctx, lease, ttl)
+	switch {
+	case err == nil:
+		v.renewed(call, renewed)
+		return renewed
+	case errors.Is(err, lock.ErrPreempted):
+		preempted.Add(1)
+	}
+	return lease
+}
+
 // faultStats is what one mutex fault run exercised.
 type faultStats struct {
 	acquired, rejected, stretches int64
+	// replaced and preempted count ErrReplaced and ErrPreempted answers
+	// (Faults.Policies).
+	replaced, preempted int64
+}
+
+// policyRequest adds the queue rules of Faults.Policies to req, as rng
+// chooses: Replace for a quarter of the requests, Replace and Preempt for
+// a half (a mutex's only: Preempt is for exclusive requests).
+func policyRequest(req lock.Request, f Faults, rng *rand.Rand) lock.Request {
+	if !f.Policies {
+		return req
+	}
+	switch rng.IntN(4) {
+	case 0:
+		req.Queue, req.Replace = true, true
+	case 1, 2:
+		req.Queue, req.Replace, req.Preempt = true, true, req.Limit <= 1
+	}
+	return req
 }
 
 func faultRun(t *testing.T, seed uint64, f Faults) (faultStats, error) {
 	var acquired, rejected int64
+	var replaced, preempted atomic.Int64
 	f = f.withDefaults(t, 4)
 	ttl := f.TTL
 	key := fmt.Sprintf("register-%d", seed)
@@ -459,8 +524,11 @@ func faultRun(t *testing.T, seed uint64, f Faults) (faultStats, error) {
 			for ctx.Err() == nil {
 				call := h.now()
 				actx, acancel := context.WithTimeout(ctx, f.AcquireTimeout)
-				lease, err := l.Acquire(actx, lock.Request{Keys: []string{key}, TTL: ttl, Holder: fmt.Sprintf("client-%d", c), Queue: rng.IntN(2) == 0})
+				lease, err := l.Acquire(actx, policyRequest(lock.Request{Keys: []string{key}, TTL: ttl, Holder: fmt.Sprintf("client-%d", c), Queue: rng.IntN(2) == 0}, f, rng))
 				acancel()
+				if errors.Is(err, lock.ErrReplaced) {
+					replaced.Add(1)
+				}
 				if err != nil {
 					continue
 				}
@@ -475,10 +543,13 @@ func faultRun(t *testing.T, seed uint64, f Faults) (faultStats, error) {
 						time.Sleep(time.Until(lease.Expires) + ttl/2)
 					case p < 0.5:
 						call := h.now()
-						if renewed, err := l.Renew(ctx, lease, ttl); err == nil {
-							lease = renewed
-							v.renewed(call, lease)
-						}
+						lease = renew(ctx, l, lease, ttl, call, v, &preempted)
+					case f.Policies && p < 0.75:
+						// Work for a while within the lease, then renew: a
+						// newer request has the time to preempt the lease,
+						// and the renewal tells the holder.
+						time.Sleep(time.Duration(rng.Int64N(int64(ttl / 3))))
+						lease = renew(ctx, l, lease, ttl, h.now(), v, &preempted)
 					}
 					n := int(values.Add(1))
 					call := h.now()
@@ -520,16 +591,17 @@ func faultRun(t *testing.T, seed uint64, f Faults) (faultStats, error) {
 		for _, op := range h.ops {
 			t.Logf("client %d [%d, %d] %s", op.ClientId, op.Call, op.Return, fencedRegisterModel.DescribeOperation(op.Input, op.Output))
 		}
-		return faultStats{acquired, rejected, 0}, fmt.Errorf("history of %d operations is %s: a stale write was accepted or a fencing token went backwards", len(h.ops), res)
+		return faultStats{acquired: acquired, rejected: rejected}, fmt.Errorf("history of %d operations is %s: a stale write was accepted or a fencing token went backwards", len(h.ops), res)
 	}
 	stretches := valid.all()
-	st := faultStats{acquired, rejected, int64(checkedStretches(stretches, f))}
+	st := faultStats{acquired, rejected, int64(checkedStretches(stretches, f)), replaced.Load(), preempted.Load()}
 	if !f.EmptyRestarts {
 		if err := checkExclusion(stretches, 1); err != nil {
 			return st, err
 		}
 	}
-	t.Logf("%d operations: %d acquisitions, %d stale writes rejected, %d stretches of validity checked for exclusion", len(h.ops), acquired, rejected, st.stretches)
+	t.Logf("%d operations: %d acquisitions, %d stale writes rejected, %d stretches of validity checked for exclusion; %d waiters replaced, %d renewals refused as preempted",
+		len(h.ops), acquired, rejected, st.stretches, st.replaced, st.preempted)
 	return st, nil
 }
 

@@ -3,6 +3,7 @@ package locktest
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -51,7 +52,9 @@ var tokenModel = porcupine.Model{
 
 type semFaultStats struct {
 	acquired, expired, stretches int64
-	peak                         int // most leases within their validity at once
+	// replaced counts ErrReplaced answers (Faults.Policies).
+	replaced int64
+	peak     int // most leases within their validity at once
 }
 
 func semFaultRun(t *testing.T, seed uint64, f Faults) (semFaultStats, error) {
@@ -62,10 +65,11 @@ func semFaultRun(t *testing.T, seed uint64, f Faults) (semFaultStats, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), f.Duration)
 	defer cancel()
 	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		expired int64
-		valid   = &validityLog{}
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		expired  int64
+		replaced int64
+		valid    = &validityLog{}
 	)
 	injectFaults(ctx, &wg, f, seed)
 	for c := range f.Clients {
@@ -75,8 +79,13 @@ func semFaultRun(t *testing.T, seed uint64, f Faults) (semFaultStats, error) {
 			for ctx.Err() == nil {
 				call := h.now()
 				actx, acancel := context.WithTimeout(ctx, f.AcquireTimeout)
-				lease, err := l.Acquire(actx, lock.Request{Keys: []string{key}, TTL: ttl, Holder: fmt.Sprintf("client-%d", c), Queue: rng.IntN(2) == 0, Limit: f.Limit})
+				lease, err := l.Acquire(actx, policyRequest(lock.Request{Keys: []string{key}, TTL: ttl, Holder: fmt.Sprintf("client-%d", c), Queue: rng.IntN(2) == 0, Limit: f.Limit}, f, rng))
 				acancel()
+				if errors.Is(err, lock.ErrReplaced) {
+					mu.Lock()
+					replaced++
+					mu.Unlock()
+				}
 				if err != nil {
 					continue
 				}
@@ -117,7 +126,7 @@ func semFaultRun(t *testing.T, seed uint64, f Faults) (semFaultStats, error) {
 	wg.Wait()
 
 	stretches := valid.all()
-	st := semFaultStats{acquired: int64(len(h.ops)), expired: expired, peak: peakOverlap(stretches), stretches: int64(checkedStretches(stretches, f))}
+	st := semFaultStats{acquired: int64(len(h.ops)), expired: expired, replaced: replaced, peak: peakOverlap(stretches), stretches: int64(checkedStretches(stretches, f))}
 	res, info := porcupine.CheckOperationsVerbose(tokenModel, h.ops, 30*time.Second)
 	if res != porcupine.Ok {
 		path := filepath.Join(t.TempDir(), "history.html")

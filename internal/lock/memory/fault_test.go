@@ -33,6 +33,7 @@ func TestFaultsFencedRegister(t *testing.T) {
 		locktest.RunFaults(t, "mutex", seed, &tally, locktest.Faults{
 			NewLocker: lockerFactory(s, WithWaiterTTL(time.Second)),
 			Nemeses:   memoryNemeses(t, s),
+			Policies:  true,
 		})
 	}
 	tally.Check(t)
@@ -50,6 +51,7 @@ func TestFaultsSemaphore(t *testing.T) {
 			NewLocker: lockerFactory(s, WithWaiterTTL(time.Second)),
 			Nemeses:   memoryNemeses(t, s),
 			Limit:     limit,
+			Policies:  true,
 		})
 	}
 	tally.Check(t)
@@ -59,8 +61,10 @@ func TestFaultsSemaphore(t *testing.T) {
 // harness: a client that reports every lease as valid 200ms longer than the
 // store keeps it (locktest.LateExpiry), and a store that frees leases half
 // their TTL early (earlyExpiry), must each fail the exclusion check, in
-// mutex and in semaphore runs. A harness that passed them would prove
-// nothing about the store that passes it.
+// mutex and in semaphore runs; so must a store that ends a preempted
+// lease at once (locktest.PreemptTakesOver) instead of at its Expires. A
+// harness that passed them would prove nothing about the store that passes
+// it.
 func TestFaultHarnessCatchesAMutant(t *testing.T) {
 	mutants := map[string]func(t *testing.T) func(t *testing.T) lock.Locker{
 		"late-expiry": func(t *testing.T) func(t *testing.T) lock.Locker {
@@ -75,6 +79,15 @@ func TestFaultHarnessCatchesAMutant(t *testing.T) {
 			return lockerFactory(s)
 		},
 	}
+	t.Run("preempt-takes-over/mutex", func(t *testing.T) {
+		t.Parallel()
+		s := newTestStore(t)
+		err := locktest.FindViolation(t, 5, locktest.Faults{NewLocker: locktest.PreemptTakesOver(lockerFactory(s)), Policies: true})
+		var ex *locktest.ExclusionError
+		if !errors.As(err, &ex) {
+			t.Fatalf("the fault harness passed a store that ends a preempted lease before it expires (%v): it cannot catch two valid holders", err)
+		}
+	})
 	for name, mutant := range mutants {
 		for kind, limit := range map[string]int{"mutex": 1, "semaphore": 2} {
 			t.Run(name+"/"+kind, func(t *testing.T) {

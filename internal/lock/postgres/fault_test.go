@@ -46,7 +46,9 @@ func TestFaultsFencedRegister(t *testing.T) {
 	nemeses := serverNemeses(t, s, link)
 	var tally locktest.FaultTally
 	for seed := range tally.Seeds(t, 4) {
-		locktest.RunFaults(t, "single", seed, &tally, serverFaults(newLocker, nemeses, 1))
+		f := serverFaults(newLocker, nemeses, 1)
+		f.Policies = true
+		locktest.RunFaults(t, "single", seed, &tally, f)
 	}
 	tally.Check(t)
 }

@@ -42,7 +42,8 @@ func TestFaultsFencedRegister(t *testing.T) {
 			NewLocker: func(t *testing.T) lock.Locker {
 				return newTestLocker(t, Config{Addrs: locktest.Addrs(links[mode])})
 			},
-			Nemeses: append(redisNemeses(t, servers), locktest.LinkNemeses(links[mode], 400*time.Millisecond)...),
+			Nemeses:  append(redisNemeses(t, servers), locktest.LinkNemeses(links[mode], 400*time.Millisecond)...),
+			Policies: true,
 		})
 	}
 	tally.Check(t)

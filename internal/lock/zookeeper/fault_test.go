@@ -70,6 +70,7 @@ func TestFaultsFencedRegister(t *testing.T) {
 			// Long enough for both nemeses, the longest (session expiry,
 			// quorum loss) taking the session timeout and a restart.
 			Duration: 4500 * time.Millisecond,
+			Policies: true,
 		})
 		// The next run starts with every server up and one leader.
 		if err := e.WaitLeader(60 * time.Second); err != nil {
