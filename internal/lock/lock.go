@@ -86,7 +86,21 @@ type Request struct {
 	// while others wait: it is refused like anyone else. Exclusive
 	// requests only (Limit 0 or 1).
 	Preempt bool
+	// Boost, with Queue, is the request's priority as a head start in the
+	// queues: it queues as if it had arrived Boost earlier than it did.
+	// A key's queue is ordered by arrival minus Boost (arrival on the
+	// store's clock, kept monotonic, so that equal boosts keep exact FIFO
+	// order): a waiter is overtaken only by requests that arrive less
+	// than their Boost after it, and once it has waited as long as the
+	// largest Boost its keys' requests use (MaxBoost at most), no later
+	// arrival goes ahead of it. That is priority with aging, the bypass
+	// bounded by the largest Boost. A waiter keeps the place it joined
+	// with while it calls again. 0 to MaxBoost; default 0 (FIFO).
+	Boost time.Duration
 }
+
+// MaxBoost is the largest Request.Boost: a day.
+const MaxBoost = 24 * time.Hour
 
 // MaxLimit is the largest Request.Limit.
 const MaxLimit = 1000

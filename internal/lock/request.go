@@ -38,6 +38,12 @@ func ValidateRequest(req Request) error {
 	if req.Replace && !req.Queue {
 		return &InvalidRequestError{Field: "replace", Reason: "needs queue: only a request that waits in the queue replaces the older waiters"}
 	}
+	switch {
+	case req.Boost < 0 || req.Boost > MaxBoost:
+		return &InvalidRequestError{Field: "boost", Reason: fmt.Sprintf("%v is outside 0 to %v (the head start a waiter gets in the queue)", req.Boost, MaxBoost)}
+	case req.Boost > 0 && !req.Queue:
+		return &InvalidRequestError{Field: "boost", Reason: "needs queue: only a request that waits in the queue gets a head start in it"}
+	}
 	if req.Preempt {
 		switch {
 		case !req.Replace || !req.Queue:

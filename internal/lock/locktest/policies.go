@@ -17,10 +17,7 @@ import (
 // so they hold between Lockers (operators) that share the store. newLocker
 // is as for Run.
 func RunPolicies(t *testing.T, newLocker func(t *testing.T) lock.Locker, opts ...Option) {
-	s := &suite{cfg: config{waiterTTL: time.Second, rounds: 10, racers: 100}, newLocker: newLocker}
-	for _, o := range opts {
-		o(&s.cfg)
-	}
+	s := caseSuite(newLocker, opts)
 	t.Run("ReplaceDropsOlderWaiters", s.replaceDropsOlder)
 	t.Run("ReplaceTakesAFreeKeyAtOnce", s.replaceTakesFree)
 	t.Run("ReplaceOnEveryKey", s.replaceEveryKey)
@@ -31,6 +28,16 @@ func RunPolicies(t *testing.T, newLocker func(t *testing.T) lock.Locker, opts ..
 	t.Run("PreemptedOwnerCannotTakeTheKeyAgain", s.preemptedOwnerAgain)
 	t.Run("RenewAllReportsPreemption", s.renewAllPreempted)
 	t.Run("InvalidPolicies", s.invalidPolicies)
+}
+
+// caseSuite is the suite of the queue-rule cases (RunPolicies,
+// RunPriority): a waiter TTL of a second unless opts say otherwise.
+func caseSuite(newLocker func(t *testing.T) lock.Locker, opts []Option) *suite {
+	s := &suite{cfg: config{waiterTTL: time.Second, rounds: 10, racers: 100}, newLocker: newLocker}
+	for _, o := range opts {
+		o(&s.cfg)
+	}
+	return s
 }
 
 // queueOnce makes one queued TryAcquire that must be refused with the key

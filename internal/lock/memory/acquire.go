@@ -225,27 +225,33 @@ func (e *entry) busyFor(owner string, limit int) bool {
 // ticket is the largest it has on any of the keys, or else a new one at the
 // back of every queue; a waiter keeps the since time it joined with.
 func (s *Store) join(now time.Time, req lock.Request, waiterTTL time.Duration) {
-	var ticket int64
+	var ticket, rank int64
 	for _, k := range req.Keys {
 		if e := s.keys[k]; e != nil {
-			if i := e.position(req.Owner); i >= 0 {
-				ticket = max(ticket, e.queue[i].ticket)
+			if i := e.position(req.Owner); i >= 0 && e.queue[i].ticket > ticket {
+				ticket, rank = e.queue[i].ticket, e.queue[i].rank
 			}
 		}
 	}
 	if ticket == 0 {
 		s.tickets++
 		ticket = s.tickets
+		// Arrival on a clock that never goes back, in microseconds, less
+		// the head start (Request.Boost).
+		s.arrival = max(s.arrival+1, now.UnixMicro())
+		rank = s.arrival - req.Boost.Microseconds()
 	}
 	deadline := now.Add(waiterTTL)
 	for _, k := range req.Keys {
 		e := s.entryOf(k)
 		if i := e.position(req.Owner); i >= 0 {
-			e.queue[i].ticket, e.queue[i].deadline = ticket, deadline
+			e.queue[i].ticket, e.queue[i].rank, e.queue[i].deadline = ticket, rank, deadline
 		} else {
-			e.queue = append(e.queue, &waiter{owner: req.Owner, holder: req.Holder, ticket: ticket, since: now, deadline: deadline})
+			e.queue = append(e.queue, &waiter{owner: req.Owner, holder: req.Holder, ticket: ticket, rank: rank, since: now, deadline: deadline})
 		}
-		slices.SortStableFunc(e.queue, func(a, b *waiter) int { return cmp.Compare(a.ticket, b.ticket) })
+		slices.SortStableFunc(e.queue, func(a, b *waiter) int {
+			return cmp.Or(cmp.Compare(a.rank, b.rank), cmp.Compare(a.ticket, b.ticket))
+		})
 	}
 }
 

@@ -52,6 +52,11 @@ func TestConformancePolicies(t *testing.T) {
 	locktest.RunPolicies(t, lockerFactory(s, WithWaiterTTL(time.Second)), locktest.WithWaiterTTL(time.Second))
 }
 
+func TestConformancePriority(t *testing.T) {
+	s := newTestStore(t)
+	locktest.RunPriority(t, lockerFactory(s, WithWaiterTTL(time.Second)), locktest.WithWaiterTTL(time.Second))
+}
+
 // TestQueueVisibility: CheckQueueVisibility runs for several seconds and
 // needs waiters that keep their places meanwhile (a waiter TTL of at least
 // 10s).

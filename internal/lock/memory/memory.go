@@ -22,7 +22,8 @@
 //   - An acquisition is identified by its owner token and its fencing token:
 //     Renew and Release act on that acquisition only. An owner that acquires
 //     keys it holds already replaces its lease with a new one (a new token).
-//   - A key's queue is FIFO by ticket. A waiter keeps its place by calling
+//   - A key's queue is FIFO by arrival less the request's Boost (then by
+//     ticket): equal boosts are served in arrival order. A waiter keeps its place by calling
 //     again within the waiter TTL of its Locker; one that does not is pruned
 //     and joins at the back when it calls again.
 //   - A request with Replace drops the waiters with a smaller ticket from
@@ -69,6 +70,7 @@ type Store struct {
 	mu       sync.Mutex
 	keys     map[string]*entry
 	tickets  int64         // the last queue ticket handed out, for every key
+	arrival  int64         // the last waiter's arrival (µs), never going back
 	resumed  chan struct{} // non-nil while paused; Resume closes it
 	dropping bool          // replies (and release notifications) are lost
 	stalled  int           // calls waiting for the store to resume
@@ -313,8 +315,11 @@ func (h *holding) mutex() bool { return h.limit <= 1 }
 
 // waiter is one place in a key's queue.
 type waiter struct {
-	owner, holder   string
-	ticket          int64
+	owner, holder string
+	// ticket is the waiter's arrival (Replace drops the smaller ones);
+	// rank orders the queue: its arrival in microseconds less its
+	// Request.Boost, then the ticket.
+	ticket, rank    int64
 	since, deadline time.Time
 }
 
