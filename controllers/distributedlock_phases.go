@@ -586,6 +586,16 @@ func (r *DistributedLockReconciler) acquire(ctx context.Context, dl *locksv1alph
 			}
 		}
 		log.V(1).Info("Waiting for lock", "holder", h.Identity, "heldBy", busy.Holder, "position", busy.Position)
+	case errors.Is(err, lock.ErrReplaced):
+		// A newer Job with ReplaceQueued or CancelInProgress dropped the
+		// manual holder from the queue: the store refuses it until the
+		// replacement lapses (two waiter TTLs at most), then it joins the
+		// queue again at the back.
+		metrics.Acquisitions.WithLabelValues(lockKind, metrics.ResultBusy).Inc()
+		obs.waiting, obs.busy = true, &lock.HeldError{Key: obs.keys[0], Position: -1}
+		obs.event(locksv1alpha1.EventReplaced, "Acquire",
+			"%s lost its place in the queue: a newer workload with contention ReplaceQueued or CancelInProgress replaced it; it joins the queue again at the back within a minute", h.Identity)
+		log.Info("Manual holder replaced in the queue; joining again when the replacement lapses", "holder", h.Identity)
 	case errors.As(err, new(*lock.InvalidRequestError)):
 		// The lock asks for what its backend refuses (every store has
 		// semaphores today; a store may still refuse a request): say so,

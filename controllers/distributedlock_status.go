@@ -242,6 +242,10 @@ func setManual(dl *locksv1alpha1.DistributedLock, obs *observation, st *locksv1a
 // waitingFor says where a waiter stands: its position and whom it waits behind.
 func waitingFor(busy *lock.HeldError, st *locksv1alpha1.DistributedLockStatus) string {
 	pos := fmt.Sprintf("position %d of %d", max(busy.Position, 0)+1, max(busy.Waiters, busy.Position+1, 1))
+	if busy.Position < 0 {
+		// Replaced in the queue (ErrReplaced): it joins again shortly.
+		pos = "no place in the queue yet"
+	}
 	switch {
 	case busy.Holder != "":
 		return fmt.Sprintf("%s, behind %s (fencing token %d)", pos, holder.Decode(busy.Holder).Shown().Identity, busy.Fence)

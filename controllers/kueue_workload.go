@@ -348,6 +348,9 @@ func (r *WorkloadReconciler) admit(ctx context.Context, g *workloadLock) (ctrl.R
 			msg += fmt.Sprintf(" (queue position %s)", position)
 		}
 		return r.setPending(ctx, g, msg, waitingRequeue)
+	case errors.Is(err, lock.ErrReplaced):
+		metrics.Acquisitions.WithLabelValues(workloadKind, metrics.ResultBusy).Inc()
+		return r.setPending(ctx, g, fmt.Sprintf("Waiting for lock %s: a newer Job with contention ReplaceQueued or CancelInProgress replaced this Workload in the queue; it joins the queue again at the back within a minute", g.dl.Name), lockMissingRequeue)
 	default:
 		metrics.Acquisitions.WithLabelValues(workloadKind, metrics.ResultError).Inc()
 		logf.FromContext(ctx).Error(err, "Acquiring lock for Workload failed", "lock", g.dl.Name)

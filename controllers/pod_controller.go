@@ -344,6 +344,14 @@ func (r *PodReconciler) reconcileWaiting(ctx context.Context, g *gatedPod) (ctrl
 		}
 		r.checkRollout(ctx, g, busy)
 		return ctrl.Result{RequeueAfter: podRetry(busy)}, nil
+	case errors.Is(err, lock.ErrReplaced):
+		// Contention applies to Jobs; a waiting Pod that a newer Job with
+		// ReplaceQueued or CancelInProgress dropped from the queue joins
+		// it again at the back once the replacement lapses.
+		metrics.Acquisitions.WithLabelValues(podKind, metrics.ResultBusy).Inc()
+		r.eventf(pod, corev1.EventTypeWarning, locksv1alpha1.EventReplaced, "Acquire",
+			"Lock %s: a newer Job with contention ReplaceQueued or CancelInProgress replaced the Pod in the queue; it joins the queue again at the back within a minute", g.dl.Name)
+		return ctrl.Result{RequeueAfter: lockMissingRequeue}, nil
 	case errors.As(err, &invalid):
 		metrics.Acquisitions.WithLabelValues(podKind, metrics.ResultError).Inc()
 		r.eventf(pod, corev1.EventTypeWarning, locksv1alpha1.ReasonInvalidBackend, "Acquire",

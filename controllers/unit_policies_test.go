@@ -201,3 +201,41 @@ func TestReplacedAndCancelledJobsAreDone(t *testing.T) {
 		}
 	}
 }
+
+// A manual holder waiting behind a running Job, replaced in the queue by a
+// newer Job with ReplaceQueued, says so (an Event, no place in the queue in
+// its Held condition) instead of reporting its backend as unreachable, and
+// joins the queue again once the replacement lapses.
+func TestReplacedManualHolderSaysSoAndJoinsAgain(t *testing.T) {
+	t.Parallel()
+	e := newUnitEnv(t)
+	e.createLock(policyLock(locksv1alpha1.ContentionReplaceQueued))
+	e.submitJob("deploy-0", unitLockName)
+	e.reconcileJob("deploy-0")
+	e.updateLock(unitLockName, func(dl *locksv1alpha1.DistributedLock) {
+		dl.Spec.Holder = &locksv1alpha1.ManualHolder{Identity: "maintenance"}
+	})
+	e.reconcileLock(unitLockName)
+	e.submitJob("deploy-1", unitLockName)
+	e.reconcileJob("deploy-1")
+
+	e.reconcileLock(unitLockName)
+	dl := e.lock(unitLockName)
+	if ev := e.events.on("DistributedLock/"+unitLockName, locksv1alpha1.EventReplaced); len(ev) == 0 || !strings.Contains(ev[0], "maintenance lost its place in the queue") {
+		t.Errorf("Replaced Events on the lock: %q", ev)
+	}
+	if c := findCondition(dl, locksv1alpha1.ConditionBackendReady); c == nil || c.Status != "True" {
+		t.Errorf("BackendReady after the replacement: %+v, want True", c)
+	}
+	if c := findCondition(dl, locksv1alpha1.ConditionManualHolderHeld); c == nil || !strings.Contains(c.Message, "maintenance waits: no place in the queue yet") {
+		t.Errorf("ManualHolderHeld after the replacement: %+v, want it to say the holder has no place in the queue", c)
+	}
+	// The replacement lapses (two waiter TTLs at most; deploy-0's lease
+	// has run out meanwhile, and deploy-1 took the key): it joins again.
+	e.clock.Step(3 * lock.DefaultWaiterTTL)
+	e.reconcileJob("deploy-1")
+	e.reconcileLock(unitLockName)
+	if c := findCondition(e.lock(unitLockName), locksv1alpha1.ConditionManualHolderHeld); c == nil || !strings.Contains(c.Message, "maintenance waits: position 1 of 1, behind "+jobHolder(e.job("deploy-1")).Identity) {
+		t.Errorf("ManualHolderHeld once the replacement lapsed: %+v, want the holder back in the queue, behind deploy-1", c)
+	}
+}
