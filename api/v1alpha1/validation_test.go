@@ -83,7 +83,10 @@ func TestInvalidSpecsAreRefusedNamingTheField(t *testing.T) {
 			[]string{"spec.backend.redis.username", "should match"}},
 		"ttl above the maximum": {func(s *locksv1alpha1.DistributedLockSpec) { s.TTLSeconds = 86401 }, []string{"spec.ttlSeconds", "less than or equal to 86400"}},
 		"unknown scope":         {func(s *locksv1alpha1.DistributedLockSpec) { s.Scope = "Cluster" }, []string{"spec.scope", `"Namespace", "Global"`}},
-		"unknown contention":    {func(s *locksv1alpha1.DistributedLockSpec) { s.Contention = "Wait" }, []string{"spec.contention", `"Queue", "QueueLatest", "Skip"`}},
+		"unknown contention":    {func(s *locksv1alpha1.DistributedLockSpec) { s.Contention = "Wait" }, []string{"spec.contention", `"Queue", "QueueLatest", "ReplaceQueued", "CancelInProgress", "Skip"`}},
+		"cancel in progress on a semaphore": {func(s *locksv1alpha1.DistributedLockSpec) {
+			s.Contention, s.MaxHolders = locksv1alpha1.ContentionCancelInProgress, 3
+		}, []string{"spec.contention CancelInProgress needs maxHolders 1", "ReplaceQueued"}},
 		"too many holders":      {func(s *locksv1alpha1.DistributedLockSpec) { s.MaxHolders = 101 }, []string{"spec.maxHolders", "100"}},
 		"negative holders":      {func(s *locksv1alpha1.DistributedLockSpec) { s.MaxHolders = -1 }, []string{"spec.maxHolders", "1"}},
 		"negative maximum wait": {func(s *locksv1alpha1.DistributedLockSpec) { s.MaxWaitSeconds = -5 }, []string{"spec.maxWaitSeconds", "1"}},
