@@ -377,8 +377,12 @@ type state struct {
 	Fence int64 `json:"fence"`
 	// Holders are the leases holding it, oldest first.
 	Holders []holding `json:"holders,omitempty"`
-	// Queue is its FIFO queue, by ticket.
+	// Queue is its queue, by rank (see waiterOrder).
 	Queue []waiter `json:"queue,omitempty"`
+	// Arrival is the largest ticket a waiter joined the queue with, so
+	// that tickets never go back (see arrival). Absent from states written
+	// before Request.Boost.
+	Arrival int64 `json:"arrival,omitempty"`
 	// Replaced are the owners a request with Replace dropped from the
 	// queue: their calls are told so (lock.ErrReplaced) until the mark's
 	// Until. Absent from states written before Request.Replace.
@@ -423,14 +427,22 @@ func (h holding) mutex() bool { return h.Limit <= 1 }
 type waiter struct {
 	Owner  string `json:"owner"` // digest
 	Holder string `json:"holder,omitempty"`
-	// Ticket orders the queue: when the waiter first joined (Unix ns, its
-	// own clock), the same on every key of its request.
+	// Ticket is when the waiter first joined (Unix ns, its own clock, and
+	// after the key's last arrival), the same on every key of its request.
 	Ticket int64 `json:"ticket"`
+	// Boost is its head start (Request.Boost, µs): the queue is ordered by
+	// rank, Ticket less Boost. Absent (0) without a boost, and from
+	// states written before Request.Boost.
+	Boost int64 `json:"boost,omitempty"`
 	// Since is when it joined this key's queue; Until when it loses its
 	// place unless it calls again (Unix ms, its own clock).
 	Since int64 `json:"since"`
 	Until int64 `json:"until"`
 }
+
+// rank orders a key's queue: the waiter's arrival less its head start
+// (Unix ns). A waiter written before Request.Boost ranks by its ticket.
+func (w waiter) rank() int64 { return w.Ticket - w.Boost*int64(time.Microsecond) }
 
 // keyLease is a key's Lease as read: obj nil when it does not exist yet.
 type keyLease struct {
