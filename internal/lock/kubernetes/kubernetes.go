@@ -26,15 +26,36 @@
 //     of their Lease names, and takes them back when a later one is busy.
 //     Its fencing token is larger than the last token of every key, checked
 //     in each key's own write.
-//   - A key's queue is FIFO by ticket (the time the waiter first joined, on
-//     its own clock, and its owner): the same ticket on every key of a
-//     request, so that queues never order two waiters differently. A waiter
-//     keeps its place by calling again within the waiter TTL.
+//   - A key's queue is ordered by rank: the waiter's ticket less its head
+//     start (Request.Boost, kept with the waiter), then the ticket and the
+//     owner. A ticket is the time the waiter first joined, on its joiner's
+//     clock, or else just after the key's last arrival (kept in the state)
+//     and every ticket queued, whichever is later: tickets never go back on
+//     a key, so equal boosts are served in the order the joins were
+//     written, between operators too. The rank is written by the join's
+//     compare-and-swap and is the same on every key of a request, so that
+//     queues never order two waiters differently. A waiter keeps its place
+//     (ticket and boost) by calling again within the waiter TTL.
+//   - The clock of a ticket is the joining Locker's (the API server stamps
+//     a write to the second at best): a joiner's clock running d behind the
+//     others' only makes its ticket the key's last arrival plus 1ns, and one running d
+//     ahead moves the key's arrivals d ahead until the others' clocks catch
+//     up, so the waiters that join meanwhile seem to have arrived together.
+//     Skew thus never breaks FIFO between equal boosts, but shifts what a
+//     boost passes by up to the skew: a waiter can be passed by a boost up
+//     to the skew shorter than its wait. The last arrival has one copy,
+//     in the Lease behind the API server's etcd quorum, like the marks
+//     below.
+//   - Waiters written before Request.Boost have a ticket only: they rank by
+//     it (as if without a boost), and new waiters join after them. A Locker
+//     that predates Request.Boost writing a key drops the boosts and the
+//     last arrival (the queue is then by ticket again).
 //   - The queue rules (Request.Replace and Request.Preempt) live in the same
 //     state and are written by the same compare-and-swap as the join or the
 //     acquisition that applies them, so they hold between operators. A
-//     request with Replace drops from each key's queue the waiters ordered
-//     before it (everyone queued when it is not) and lists their owners as
+//     request with Replace drops from each key's queue the waiters that
+//     joined before it (a smaller ticket, whatever their boost; everyone
+//     queued when it is not) and lists their owners as
 //     replaced until two waiter TTLs of its clock later; a listed owner's
 //     calls fail with lock.ErrReplaced. A request with Preempt raises each
 //     busy key's preemption mark to the largest token of its other owners'
