@@ -8,9 +8,6 @@ import (
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/lockwarden/lockwarden/internal/lock"
 )
 
@@ -31,14 +28,7 @@ func TestBoostNextToWaitersQueuedBeforeIt(t *testing.T) {
 	past, ahead := now.Add(-time.Minute).UnixNano(), now.Add(10*time.Minute).UnixNano()
 	raw := fmt.Sprintf(`{"key":%q,"fence":3,"queue":[{"owner":%q,"holder":"old-past","ticket":%d,"since":1,"until":%d},{"owner":%q,"holder":"old-ahead","ticket":%d,"since":1,"until":%d}]}`,
 		key, digest("old-past-"+key), past, until, digest("old-ahead-"+key), ahead, until)
-	obj := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
-		Name:        l.leaseName(key),
-		Labels:      map[string]string{LabelStore: l.store, LabelRole: roleKey},
-		Annotations: map[string]string{AnnotationState: raw},
-	}}
-	if _, err := l.leases.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createKeyLease(t, l, key, raw)
 	for _, w := range []struct {
 		name  string
 		boost time.Duration
