@@ -187,15 +187,16 @@ func (l *Locker) prune(ctx context.Context, op string, kl *keyLease, now time.Ti
 }
 
 // replaceOlder applies Request.Replace to the pruned states kls, which the
-// attempt then writes (its join or its acquisition): the waiters ordered
-// before owner's place (everyone queued when it has none) leave the
-// queues, and their owners are marked replaced for two waiter TTLs.
+// attempt then writes (its join or its acquisition): the waiters that
+// joined before owner (a smaller ticket, whatever their rank; everyone
+// queued when it has no place) leave the queues, and their owners are
+// marked replaced for two waiter TTLs.
 func (l *Locker) replaceOlder(kls []*keyLease, owner string, now time.Time) {
 	// owner's place: its ticket is the same on every key it joined (the
 	// largest when a join was cut short, as join takes it).
 	var mine *waiter
 	for _, kl := range kls {
-		if i := position(&kl.st, owner); i >= 0 && (mine == nil || waiterOrder(kl.st.Queue[i], *mine) > 0) {
+		if i := position(&kl.st, owner); i >= 0 && (mine == nil || arrivalOrder(kl.st.Queue[i], *mine) > 0) {
 			w := kl.st.Queue[i]
 			mine = &w
 		}
@@ -204,7 +205,7 @@ func (l *Locker) replaceOlder(kls []*keyLease, owner string, now time.Time) {
 	for _, kl := range kls {
 		st := &kl.st
 		st.Queue = slices.DeleteFunc(st.Queue, func(w waiter) bool {
-			if w.Owner == owner || mine != nil && waiterOrder(w, *mine) >= 0 {
+			if w.Owner == owner || mine != nil && arrivalOrder(w, *mine) >= 0 {
 				return false
 			}
 			st.Replaced = slices.DeleteFunc(st.Replaced, func(m mark) bool { return m.Owner == w.Owner })
@@ -267,34 +268,55 @@ func position(st *state, owner string) int {
 }
 
 // join puts req's owner in every key's queue, or keeps its place there
-// with a new deadline, and writes the keys. Its ticket is the one it has
-// on any key already, or else now.
+// with a new deadline, and writes the keys. Its place is the one it has on
+// any key already (the latest ticket, with its boost), or else a new
+// ticket, its arrival (see arrival), with req.Boost as its head start.
 func (l *Locker) join(ctx context.Context, op string, kls []*keyLease, req lock.Request, owner string, now time.Time) error {
-	var ticket int64
+	var place *waiter
 	for _, kl := range kls {
-		if i := position(&kl.st, owner); i >= 0 {
-			ticket = max(ticket, kl.st.Queue[i].Ticket)
+		if i := position(&kl.st, owner); i >= 0 && (place == nil || kl.st.Queue[i].Ticket > place.Ticket) {
+			w := kl.st.Queue[i]
+			place = &w
 		}
 	}
-	if ticket == 0 {
-		ticket = now.UnixNano()
+	if place == nil {
+		place = &waiter{Ticket: arrival(kls, now), Boost: req.Boost.Microseconds()}
 	}
 	until := now.Add(l.opts.WaiterTTL).UnixMilli()
 	for _, kl := range l.byName(kls) {
 		if i := position(&kl.st, owner); i >= 0 {
-			kl.st.Queue[i].Ticket, kl.st.Queue[i].Until = ticket, until
+			w := &kl.st.Queue[i]
+			w.Ticket, w.Boost, w.Until = place.Ticket, place.Boost, until
 		} else {
 			if len(kl.st.Queue) >= MaxQueue {
 				return fmt.Errorf("%s: %w: key %q has %d waiters already, the most the kubernetes store keeps in one Lease", op, lock.ErrNotAcquired, kl.key, len(kl.st.Queue))
 			}
-			kl.st.Queue = append(kl.st.Queue, waiter{Owner: owner, Holder: req.Holder, Ticket: ticket, Since: now.UnixMilli(), Until: until})
+			kl.st.Queue = append(kl.st.Queue, waiter{Owner: owner, Holder: req.Holder, Ticket: place.Ticket, Boost: place.Boost, Since: now.UnixMilli(), Until: until})
 		}
+		kl.st.Arrival = max(kl.st.Arrival, place.Ticket)
 		sortQueue(kl.st.Queue)
 		if err := l.put(ctx, op, kl); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// arrival is the ticket of a new waiter on kls: now (Unix ns, the
+// joiner's clock), or else just after the last arrival on any of the keys
+// and every ticket in their queues, so that tickets never go back on a
+// key whatever the clocks of the Lockers that join it (equal boosts are
+// served in the order their joins were written), and a new waiter comes
+// after the ones queued by a Locker that predates the last arrival.
+func arrival(kls []*keyLease, now time.Time) int64 {
+	last := int64(0)
+	for _, kl := range kls {
+		last = max(last, kl.st.Arrival)
+		for _, w := range kl.st.Queue {
+			last = max(last, w.Ticket)
+		}
+	}
+	return max(now.UnixNano(), last+1)
 }
 
 // takeBack removes the holdings (owner, fence) an acquisition wrote to
@@ -368,13 +390,20 @@ func (l *Locker) update(ctx context.Context, op, key string, change func(*state)
 	return fmt.Errorf("%s: %w: the Lease of key %q changed under each of %d attempts", op, lock.ErrBackendUnavailable, key, maxConflicts)
 }
 
-// sortQueue orders a queue by ticket, and owner among equal tickets.
+// sortQueue orders a queue by rank (see waiterOrder).
 func sortQueue(q []waiter) {
 	slices.SortStableFunc(q, waiterOrder)
 }
 
-// waiterOrder is the queues' order: by ticket, and owner among equal
-// tickets.
+// waiterOrder is the queues' order: by rank (arrival less the head start,
+// Request.Boost), then by arrival.
 func waiterOrder(a, b waiter) int {
+	return cmp.Or(cmp.Compare(a.rank(), b.rank()), arrivalOrder(a, b))
+}
+
+// arrivalOrder is the order in which waiters joined: by ticket, and owner
+// among equal tickets. Request.Replace drops the waiters that joined
+// before it, whatever their rank.
+func arrivalOrder(a, b waiter) int {
 	return cmp.Or(cmp.Compare(a.Ticket, b.Ticket), cmp.Compare(a.Owner, b.Owner))
 }

@@ -38,3 +38,9 @@ func TestConformancePolicies(t *testing.T) {
 	cfg := Config{Prefix: "policies"}
 	locktest.RunPolicies(t, lockerFactory(cfg, WithWaiterTTL(conformanceWaiterTTL)), locktest.WithWaiterTTL(conformanceWaiterTTL))
 }
+
+func TestConformancePriority(t *testing.T) {
+	needEnv(t)
+	cfg := Config{Prefix: "priority"}
+	locktest.RunPriority(t, lockerFactory(cfg, WithWaiterTTL(conformanceWaiterTTL)), locktest.WithWaiterTTL(conformanceWaiterTTL))
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubeclient "k8s.io/client-go/kubernetes"
@@ -67,4 +68,18 @@ func newTestLocker(t testing.TB, cfg Config, opts ...Option) *Locker {
 // operators sharing a cluster.
 func lockerFactory(cfg Config, opts ...Option) func(t *testing.T) lock.Locker {
 	return func(t *testing.T) lock.Locker { return newTestLocker(t, cfg, opts...) }
+}
+
+// createKeyLease creates key's Lease holding the state raw as it is, like
+// a Locker of an older release would have written it.
+func createKeyLease(t testing.TB, l *Locker, key, raw string) {
+	t.Helper()
+	obj := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
+		Name:        l.leaseName(key),
+		Labels:      map[string]string{LabelStore: l.store, LabelRole: roleKey},
+		Annotations: map[string]string{AnnotationState: raw},
+	}}
+	if _, err := l.leases.Create(context.Background(), obj, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -26,15 +26,36 @@
 //     of their Lease names, and takes them back when a later one is busy.
 //     Its fencing token is larger than the last token of every key, checked
 //     in each key's own write.
-//   - A key's queue is FIFO by ticket (the time the waiter first joined, on
-//     its own clock, and its owner): the same ticket on every key of a
-//     request, so that queues never order two waiters differently. A waiter
-//     keeps its place by calling again within the waiter TTL.
+//   - A key's queue is ordered by rank: the waiter's ticket less its head
+//     start (Request.Boost, kept with the waiter), then the ticket and the
+//     owner. A ticket is the time the waiter first joined, on its joiner's
+//     clock, or else just after the key's last arrival (kept in the state)
+//     and every ticket queued, whichever is later: tickets never go back on
+//     a key, so equal boosts are served in the order the joins were
+//     written, between operators too. The rank is written by the join's
+//     compare-and-swap and is the same on every key of a request, so that
+//     queues never order two waiters differently. A waiter keeps its place
+//     (ticket and boost) by calling again within the waiter TTL.
+//   - The clock of a ticket is the joining Locker's (the API server stamps
+//     a write to the second at best): a joiner's clock running d behind the
+//     others' only makes its ticket the key's last arrival plus 1ns, and one running d
+//     ahead moves the key's arrivals d ahead until the others' clocks catch
+//     up, so the waiters that join meanwhile seem to have arrived together.
+//     Skew thus never breaks FIFO between equal boosts, but shifts what a
+//     boost passes by up to the skew: a waiter can be passed by a boost up
+//     to the skew shorter than its wait. The last arrival has one copy,
+//     in the Lease behind the API server's etcd quorum, like the marks
+//     below.
+//   - Waiters written before Request.Boost have a ticket only: they rank by
+//     it (as if without a boost), and new waiters join after them. A Locker
+//     that predates Request.Boost writing a key drops the boosts and the
+//     last arrival (the queue is then by ticket again).
 //   - The queue rules (Request.Replace and Request.Preempt) live in the same
 //     state and are written by the same compare-and-swap as the join or the
 //     acquisition that applies them, so they hold between operators. A
-//     request with Replace drops from each key's queue the waiters ordered
-//     before it (everyone queued when it is not) and lists their owners as
+//     request with Replace drops from each key's queue the waiters that
+//     joined before it (a smaller ticket, whatever their boost; everyone
+//     queued when it is not) and lists their owners as
 //     replaced until two waiter TTLs of its clock later; a listed owner's
 //     calls fail with lock.ErrReplaced. A request with Preempt raises each
 //     busy key's preemption mark to the largest token of its other owners'
@@ -377,8 +398,12 @@ type state struct {
 	Fence int64 `json:"fence"`
 	// Holders are the leases holding it, oldest first.
 	Holders []holding `json:"holders,omitempty"`
-	// Queue is its FIFO queue, by ticket.
+	// Queue is its queue, by rank (see waiterOrder).
 	Queue []waiter `json:"queue,omitempty"`
+	// Arrival is the largest ticket a waiter joined the queue with, so
+	// that tickets never go back (see arrival). Absent from states written
+	// before Request.Boost.
+	Arrival int64 `json:"arrival,omitempty"`
 	// Replaced are the owners a request with Replace dropped from the
 	// queue: their calls are told so (lock.ErrReplaced) until the mark's
 	// Until. Absent from states written before Request.Replace.
@@ -423,14 +448,22 @@ func (h holding) mutex() bool { return h.Limit <= 1 }
 type waiter struct {
 	Owner  string `json:"owner"` // digest
 	Holder string `json:"holder,omitempty"`
-	// Ticket orders the queue: when the waiter first joined (Unix ns, its
-	// own clock), the same on every key of its request.
+	// Ticket is when the waiter first joined (Unix ns, its own clock, and
+	// after the key's last arrival), the same on every key of its request.
 	Ticket int64 `json:"ticket"`
+	// Boost is its head start (Request.Boost, µs): the queue is ordered by
+	// rank, Ticket less Boost. Absent (0) without a boost, and from
+	// states written before Request.Boost.
+	Boost int64 `json:"boost,omitempty"`
 	// Since is when it joined this key's queue; Until when it loses its
 	// place unless it calls again (Unix ms, its own clock).
 	Since int64 `json:"since"`
 	Until int64 `json:"until"`
 }
+
+// rank orders a key's queue: the waiter's arrival less its head start
+// (Unix ns). A waiter written before Request.Boost ranks by its ticket.
+func (w waiter) rank() int64 { return w.Ticket - w.Boost*int64(time.Microsecond) }
 
 // keyLease is a key's Lease as read: obj nil when it does not exist yet.
 type keyLease struct {

@@ -53,14 +53,7 @@ func TestReplaceOnAStateWrittenBeforeIt(t *testing.T) {
 	oldOwner := "old-owner-" + key
 	until := time.Now().Add(time.Hour).UnixMilli()
 	raw := fmt.Sprintf(`{"key":%q,"fence":41,"queue":[{"owner":%q,"holder":"old","ticket":1,"since":1,"until":%d}]}`, key, digest(oldOwner), until)
-	obj := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
-		Name:        l.leaseName(key),
-		Labels:      map[string]string{LabelStore: l.store, LabelRole: roleKey},
-		Annotations: map[string]string{AnnotationState: raw},
-	}}
-	if _, err := l.leases.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createKeyLease(t, l, key, raw)
 	got, err := l.TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: time.Minute, Holder: "r", Owner: "r-" + key, Queue: true, Replace: true})
 	if err != nil {
 		t.Fatalf("TryAcquire with Replace of a key whose old waiter heads the queue: %v, want the key", err)
