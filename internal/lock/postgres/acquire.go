@@ -92,6 +92,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		return c.QueryRow(ctx, l.sql.acquire,
 			encodeKeys(req.Keys), ownerDigest(req.Owner), req.Holder, req.TTL.Milliseconds(),
 			req.Queue, l.opts.WaiterTTL.Milliseconds(), lock.MaxFence-1, limit, req.Replace, req.Preempt,
+			req.Boost.Microseconds(),
 		).Scan(&ok, &fence, &busy, &busyHolder, &busyFence, &position, &queued, &ttlMs, &count, &replaced, &syncCommit)
 	})
 	if err != nil {

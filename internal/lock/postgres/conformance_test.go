@@ -52,3 +52,20 @@ func TestConformancePolicies(t *testing.T) {
 		locktest.RunPolicies(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
 	})
 }
+
+// TestConformancePriority: Request.Boost, for the configurations of
+// TestConformance and TestConformancePasswordTLS. The waiters keep their
+// place for 5 s: a case queues up to eight waiters, each through a new
+// Locker whose first call connects and checks the schema (about 0.1 s on a
+// loaded machine), and no case needs a waiter to expire.
+func TestConformancePriority(t *testing.T) {
+	const waiterTTL = 5 * time.Second
+	s := pgtest.Start(t)
+	locktest.RunPriority(t, lockerFactory(configFor(s), WithWaiterTTL(waiterTTL)), locktest.WithWaiterTTL(waiterTTL))
+	t.Run("PasswordTLS", func(t *testing.T) {
+		s := pgtest.Start(t, pgtest.WithTLS(), pgtest.WithPassword("s3cret'\"x"))
+		cfg := configFor(s)
+		cfg.Schema = "locks_tls"
+		locktest.RunPriority(t, lockerFactory(cfg, WithWaiterTTL(waiterTTL)), locktest.WithWaiterTTL(waiterTTL), locktest.WithRounds(3))
+	})
+}

@@ -242,7 +242,7 @@ func newStatements(schema string) statements {
 		// (the session sets it too, see session.go): the commit, after the
 		// statement, waits for the WAL flush whatever reset the session.
 		acquire: "SELECT o_ok, o_fence, o_busy, o_busy_holder, o_busy_fence, o_position, o_waiters, o_holder_ttl_ms, o_busy_holders, o_replaced, " +
-			syncCommitPin + " FROM " + s + ".acquire($1, $2, $3, $4, $5, $6, $7, $8::int, $9::boolean, $10::boolean)",
+			syncCommitPin + " FROM " + s + ".acquire($1, $2, $3, $4, $5, $6, $7, $8::int, $9::boolean, $10::boolean, $11::bigint)",
 		// One row, of arrays (lease numbers and results, in the same order):
 		// the reply of a batch of renewBatchRows keys is about 1 KiB, far
 		// below the server's 8 KiB output buffer, so nothing reaches the
@@ -255,9 +255,10 @@ func newStatements(schema string) statements {
 		dequeue: "SELECT " + s + ".dequeue($1, $2)",
 		// One row per requested key, in request order: the mutex lease
 		// (when live) or the last fence, the live semaphore slots (the
-		// oldest $3, by fence, and their number), the head of the queue and
-		// the number of waiters in it (live waiters only: a deadline not
-		// passed, the rule acquire prunes by).
+		// oldest $3, by fence, and their number), the head of the queue (in
+		// its order: rank, then ticket) and the number of waiters in it
+		// (live waiters only: a deadline not passed, the rule acquire
+		// prunes by).
 		inspect: `WITH t AS (SELECT clock_timestamp() AS now)
 SELECT l.owner IS NOT NULL AND l.expires > t.now AS held,
        coalesce(l.holder, ''), coalesce(l.fence, 0), l.acquired, l.expires,
@@ -278,11 +279,11 @@ CROSS JOIN LATERAL (
 	WHERE x.key = u.key AND x.expires > t.now
 ) c
 LEFT JOIN LATERAL (
-	SELECT array_agg(q.holder ORDER BY q.ticket, q.owner) AS holders,
-	       array_agg(q.since ORDER BY q.ticket, q.owner) AS sinces
-	FROM (SELECT x.holder, x.since, x.ticket, x.owner FROM ` + s + `.waiters x
+	SELECT array_agg(q.holder ORDER BY q.rank, q.ticket, q.owner) AS holders,
+	       array_agg(q.since ORDER BY q.rank, q.ticket, q.owner) AS sinces
+	FROM (SELECT x.holder, x.since, x.rank, x.ticket, x.owner FROM ` + s + `.waiters x
 	      WHERE x.key = u.key AND x.deadline >= t.now
-	      ORDER BY x.ticket, x.owner LIMIT $2) q
+	      ORDER BY x.rank, x.ticket, x.owner LIMIT $2) q
 ) w ON true
 CROSS JOIN LATERAL (
 	SELECT count(*)::int AS queued FROM ` + s + `.waiters x

@@ -24,13 +24,14 @@
 //
 // # Tables (in Config.Schema, default "lockwarden")
 //
-//	locks(key bytea PK, fence, owner, holder, version, acquired, expires, preempted)
+//	locks(key bytea PK, fence, owner, holder, version, acquired, expires, preempted, arrival)
 //	    one row per key ever used; owner NULL when released; preempted the
-//	    largest token a request with Preempt stopped on the key
+//	    largest token a request with Preempt stopped on the key; arrival
+//	    the last waiter's arrival on the key (µs), never going back
 //	slots(key, owner, fence, holder, lim, acquired, expires), PK (key, owner)
 //	    the holders of semaphores (Limit > 1), one row per holder and key
-//	waiters(key, owner, ticket, holder, since, deadline), PK (key, owner)
-//	    the FIFO queues, ordered by ticket
+//	waiters(key, owner, ticket, rank, holder, since, deadline), PK (key, owner)
+//	    the queues, ordered by rank (arrival less Boost), then ticket
 //	replaced(key, owner, until), PK (key, owner)
 //	    the owners a request with Replace dropped from a key's queue
 //	tickets                       sequence of queue tickets, shared by all keys
@@ -102,17 +103,17 @@
 // # Queue and wake-ups
 //
 // A Request with Queue that finds a key busy inserts (or refreshes) a waiters
-// row per key with the same ticket from the tickets sequence, so multi-key
-// waiters keep one order on every key, and a deadline of the database's now +
-// the waiter TTL; a waiter whose deadline passed is pruned by the next
-// acquisition of the key. Release, a renewal that finds its lease lost, and a
-// Dequeue ahead of others on a key with room (no mutex lease, a slot free)
-// send NOTIFY on the channel "<schema>_released" with the key, hex-encoded,
-// as payload; the notification
-// is delivered when the transaction commits. Each Locker keeps one dedicated
-// listening connection (opened on the first Watch or waiting Acquire,
-// reconnected with backoff, checked with a round trip when idle) that
-// dispatches notifications to Watch channels and waiting Acquire calls. A
+// row per key with the same ticket from the tickets sequence and the same
+// rank (see Priority below), so multi-key waiters keep one order on every
+// key, and a deadline of the database's now + the waiter TTL; a waiter whose
+// deadline passed is pruned by the next acquisition of the key. Release, a
+// renewal that finds its lease lost, and a Dequeue ahead of others on a key
+// with room (no mutex lease, a slot free) send NOTIFY on the channel
+// "<schema>_released" with the key, hex-encoded, as payload; the
+// notification is delivered when the transaction commits. Each Locker
+// keeps one dedicated listening connection (opened on the first Watch or
+// waiting Acquire, reconnected with backoff, checked with a round trip when
+// idle) that dispatches notifications to Watch channels and waiting Acquire calls. A
 // lease that expires without a release sends nothing: Acquire then wakes by a
 // timer at the holder's expiry (the database returns its remaining TTL), and
 // polls with exponential backoff and jitter as a fallback.
@@ -154,6 +155,50 @@
 // is one database, so no partition splits a mark: an operator cut off from
 // the database can neither set nor read one, and its calls fail with
 // lock.ErrBackendUnavailable.
+//
+// # Priority: Boost
+//
+// A key's queue is ordered by (rank, ticket): a waiter's rank is its arrival
+// less its Request.Boost, in microseconds, drawn by the acquire function
+// (migration 5) when the waiter joins, in the transaction that inserts its
+// rows, under its keys' row locks, so the order is one rule for every
+// operator sharing the database. The arrival is the database's
+// clock_timestamp() at the join, or the largest locks.arrival of its keys
+// plus one when that is later, and is written back to the keys' rows: it
+// never goes back on a key, so equal boosts keep the exact order of
+// arrival on every queue, whatever the server's clock does and whichever
+// operator calls. A waiter that calls again within its waiter TTL keeps
+// its ticket and rank, whatever Boost it brings; the admission to a free
+// key or slot, HeldError.Position, Inspect and the wake-up a Dequeue sends
+// all count the waiters ahead in that order. Request.Replace still drops
+// the waiters with a smaller ticket (that arrived before it), not a smaller
+// rank.
+//
+// There is one clock, the primary's: the operators' clocks play no part.
+// A step of it, or a failover to a standby whose clock differs by d, moves
+// the arrivals after it by up to d against those before it: a waiter that
+// joined before a step back (or on the old primary, when the new one is
+// behind) can be passed by a boosted request arriving up to its boost plus
+// d after it, and one that joined before a step forward by up to its boost
+// minus d; requests with the same boost never pass each other (the last
+// arrival of each key is a committed row, replicated with the queue), and
+// the bypass is exact again once the clock has caught up with the keys'
+// last arrivals.
+// An asynchronous standby can lose the last joins, arrivals with them: the
+// waiters join again when they call, at their new arrival.
+//
+// Upgrade: migration 5 gives the waiters queued by an older version the
+// time they joined (since) as rank, as if they had joined without a boost,
+// and each key the largest of them as its last arrival: they keep their
+// order, a request without a boost queues behind them and a boosted one
+// passes them by at most its boost. An operator of version 4 still running
+// calls its acquire, which goes through the new one with no boost; its
+// Inspect lists the queue by ticket until it is gone.
+//
+// Cost: a request without Boost pays what a boosted one does, inside the
+// same statement: its joins write the arrival of its keys' rows (locked
+// already) once, and the queue lookups compare (rank, ticket, owner) on the
+// waiters_rank index instead of (ticket, owner). No round trip is added.
 //
 // # Recovery and server failures
 //
