@@ -75,13 +75,20 @@ func (l *Locker) semAttempt(ctx context.Context, req lock.Request, tag, value st
 			cmps = append(cmps,
 				clientv3.Compare(clientv3.CreateRevision(l.holderKey(k)), "=", 0),
 				clientv3.Compare(clientv3.ModRevision(sp).WithRange(clientv3.GetPrefixRangeEnd(sp)), "<", rev+1))
-			if own := views[i].own; own != nil {
-				// Its turn was decided from the read: waiters join at the
-				// back, so nobody got ahead of it since; it must still be
-				// queued.
-				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(l.waiterKey(k, tag)), "=", views[i].ownRev))
-			} else {
-				cmps = append(cmps, l.queueCmps(req, k, tag, 0)...)
+			switch v := views[i]; {
+			case v.own == nil:
+				cmps = append(cmps, l.queueCmps(req, k, tag, headCheck{})...)
+			case v.pos == 0:
+				// At the head: still queued, and nobody ranked ahead of it.
+				cmps = append(cmps, l.queueCmps(req, k, tag, headCheck{rev: v.ownRev, bound: v.ownBound})...)
+			default:
+				// Its turn was decided from the read, with waiters ahead
+				// of it: still queued, and nobody joined since (a boosted
+				// newcomer may rank ahead of it).
+				qp := l.queuePrefix(k)
+				cmps = append(cmps,
+					clientv3.Compare(clientv3.CreateRevision(l.waiterKey(k, tag)), "=", v.ownRev),
+					clientv3.Compare(clientv3.CreateRevision(qp).WithRange(clientv3.GetPrefixRangeEnd(qp)), "<", rev+1))
 			}
 			// The owner was not replaced since the read.
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(l.markKey(k, tag)), "=", 0))
