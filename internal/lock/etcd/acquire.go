@@ -436,7 +436,7 @@ func (l *Locker) parseViews(req lock.Request, tag string, resp *clientv3.TxnResp
 		if req.Queue {
 			if kvs := rs[4].GetResponseRange().GetKvs(); len(kvs) > 0 {
 				var rec waiterRecord
-				_, p, ranked, err := decodeWaiter(kvs[0].Value, &rec)
+				p, ranked, err := decodeWaiter(kvs[0].Value, &rec)
 				if err != nil {
 					return nil, fmt.Errorf("waiter of key %q: %w", k, err)
 				}

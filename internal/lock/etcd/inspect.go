@@ -114,7 +114,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 			st.Queued = int(queue.GetCount())
 			for _, kv := range queue.GetKvs() {
 				var rec waiterRecord
-				if _, _, _, err := decodeWaiter(kv.Value, &rec); err != nil {
+				if _, _, err := decodeWaiter(kv.Value, &rec); err != nil {
 					return nil, l.unavailable(op, fmt.Errorf("waiter of key %q: %w", k, err))
 				}
 				w := lock.Waiter{Holder: rec.Holder}

@@ -44,7 +44,7 @@ type place struct {
 // encode is the place's prefix of a waiter value.
 func (p place) encode() string {
 	const flip = 1 << 63
-	return fmt.Sprintf("%c%016x%016x", rankMark, uint64(p.rank)^flip, uint64(p.arrival)^flip)
+	return fmt.Sprintf("%c%016x%016x", rankMark, uint64(p.rank)^flip, uint64(p.arrival)^flip) //nolint:gosec // G115: the bits are kept, the sign bit flipped
 }
 
 // encodeWaiter is a ranked waiter key's value.
@@ -52,20 +52,20 @@ func encodeWaiter(tag string, p place, rec waiterRecord) string {
 	return p.encode() + " " + encodeValue(tag, rec)
 }
 
-// decodeWaiter splits a waiter key's value into its owner tag, record and
+// decodeWaiter reads a waiter key's value into its record and returns its
 // place; ranked is false for a value of an earlier version (no place).
-func decodeWaiter(v []byte, rec *waiterRecord) (tag string, p place, ranked bool, err error) {
+func decodeWaiter(v []byte, rec *waiterRecord) (p place, ranked bool, err error) {
 	if len(v) > placeLen && v[0] == rankMark && v[placeLen] == ' ' {
 		r, err1 := strconv.ParseUint(string(v[1:17]), 16, 64)
 		a, err2 := strconv.ParseUint(string(v[17:placeLen]), 16, 64)
 		if err1 != nil || err2 != nil {
-			return "", p, false, fmt.Errorf("malformed waiter place in %q", v)
+			return p, false, fmt.Errorf("malformed waiter place in %q", v)
 		}
 		const flip = 1 << 63
-		p, ranked, v = place{rank: int64(r ^ flip), arrival: int64(a ^ flip)}, true, v[placeLen+1:]
+		p, ranked, v = place{rank: int64(r ^ flip), arrival: int64(a ^ flip)}, true, v[placeLen+1:] //nolint:gosec // G115: as encode
 	}
-	tag, err = decodeValue(v, rec)
-	return tag, p, ranked, err
+	_, err = decodeValue(v, rec)
+	return p, ranked, err
 }
 
 // queued is one waiter key of a queue as read.
@@ -87,7 +87,7 @@ func sortQueue(kvs []*mvccpb.KeyValue) ([]queued, error) {
 		q := queued{key: string(kv.Key), rev: kv.CreateRevision, order: unranked}
 		if len(kv.Value) > 0 {
 			var rec waiterRecord
-			_, p, ranked, err := decodeWaiter(kv.Value, &rec)
+			p, ranked, err := decodeWaiter(kv.Value, &rec)
 			if err != nil {
 				return nil, err
 			}
