@@ -26,7 +26,9 @@ import (
 // transaction that puts its slot keys on the condition that no holder key
 // appeared and no slot key of the key was created or written after R (a
 // range compare of ModRevision): the count it decided on can only have
-// fallen. An owner that holds a slot already writes over it, which is a new
+// fallen. A queued request also compares its waiter key unchanged and, at
+// the head, no waiter ranked ahead of it (see queueCmps), else nobody
+// joined since R (a boosted newcomer may rank ahead of it). An owner that holds a slot already writes over it, which is a new
 // acquisition with a new token.
 
 // semAttempt is one acquisition of semaphore slots (see attempt): value is
