@@ -581,8 +581,8 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 		}
 		waiterLease, granted = g.ID, true
 	}
-	now := l.opts.Now()
-	value := encodeWaiter(tag, l.placeOf(req, views, now), waiterRecord{Holder: req.Holder, Lease: int64(waiterLease), Since: now.UnixMilli()})
+	p := l.placeOf(req, views, l.opts.Now())
+	value := encodeWaiter(tag, p, waiterRecord{Holder: req.Holder, Lease: int64(waiterLease), Since: p.arrival / 1000})
 	busy := slices.Index(req.Keys, held.Key)
 	var cmps []clientv3.Cmp
 	var puts []clientv3.Op

@@ -615,7 +615,9 @@ func parseSlots(kvs []*mvccpb.KeyValue) ([]slot, error) {
 type waiterRecord struct {
 	Holder string `json:"holder,omitempty"`
 	Lease  int64  `json:"lease"`
-	// Since is the joining client's clock (unix ms).
+	// Since is when it joined: its arrival (unix ms; see placeOf), which
+	// a waiter keeps when it calls again. Values of earlier versions have
+	// the joining client's clock.
 	Since int64 `json:"sinceMs"`
 }
 
