@@ -150,3 +150,41 @@ func TestWaiterOfAnEarlierVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// skewedClock is the host clock off by d.
+type skewedClock struct{ d time.Duration }
+
+func (c skewedClock) Now() time.Time                  { return time.Now().Add(c.d) }
+func (c skewedClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
+// TestEqualBoostsStayFIFOAcrossSkewedClocks: Lockers whose clocks are an
+// hour ahead, right, and an hour behind join one after the other: the
+// arrivals follow the queue, not the clocks, so they keep the order they
+// came in.
+func TestEqualBoostsStayFIFOAcrossSkewedClocks(t *testing.T) {
+	m := etcdtest.Start(t)
+	cfg := Config{Endpoints: []string{m.Addr}, Prefix: "/skew/"}
+	key := "ns/skew/job"
+	l := newTestLocker(t, cfg, WithWaiterTTL(10*time.Second))
+	h := mustTake(t, l, lock.Request{Keys: []string{key}, TTL: time.Minute, Owner: ownerToken(t), Holder: "holder"})
+	names := []string{"ahead", "right", "behind", "ahead again"}
+	skews := []time.Duration{time.Hour, 0, -time.Hour, time.Hour}
+	for i, name := range names {
+		w := newTestLocker(t, cfg, WithWaiterTTL(10*time.Second), WithClock(skewedClock{skews[i]}))
+		mustQueue(t, w, lock.Request{Keys: []string{key}, TTL: time.Minute, Owner: ownerToken(t), Holder: name, Queue: true})
+	}
+	st, err := l.Inspect(ctxT(t, 10*time.Second), []string{key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, w := range st[0].Waiters {
+		got = append(got, w.Holder)
+	}
+	if !slices.Equal(got, names) {
+		t.Fatalf("queue %q, want the order they joined in, %q", got, names)
+	}
+	if err := l.Release(ctxT(t, 10*time.Second), h); err != nil {
+		t.Fatal(err)
+	}
+}
