@@ -239,7 +239,7 @@ func (l *Locker) acquireTxn(ctx context.Context, req lock.Request, tag, value st
 	for i, k := range req.Keys {
 		hk, sp := l.holderKey(k), l.slotPrefix(k)
 		var head headCheck
-		if heads != nil {
+		if i < len(heads) {
 			head = heads[i]
 		}
 		// The key is free of holders of either kind: no holder key, and

@@ -188,3 +188,62 @@ func TestEqualBoostsStayFIFOAcrossSkewedClocks(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestHeadCheckSeesABoostedNewcomer: a waiter that read itself at the head
+// of a free key does not take it when a boosted request joined ahead of it
+// since (the range compare of the values), and does once that one left.
+func TestHeadCheckSeesABoostedNewcomer(t *testing.T) {
+	m := etcdtest.Start(t)
+	cfg := Config{Endpoints: []string{m.Addr}, Prefix: "/headcheck/"}
+	l := newTestLocker(t, cfg, WithWaiterTTL(10*time.Second))
+	ctx := ctxT(t, time.Minute)
+	key := "ns/head/job"
+	h := mustTake(t, l, lock.Request{Keys: []string{key}, TTL: time.Minute, Owner: ownerToken(t), Holder: "holder"})
+	head := lock.Request{Keys: []string{key}, TTL: time.Minute, Owner: ownerToken(t), Holder: "head", Queue: true}
+	mustQueue(t, l, head)
+
+	// What the head's attempt reads: itself at the head, behind the holder.
+	s, err := l.sessionFor(ctx, head.TTL, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag := ownerTag(head.Owner)
+	value := encodeValue(tag, holderRecord{Holder: head.Holder, Lease: int64(s.id), TTLMilli: head.TTL.Milliseconds(), Session: true, Attempt: 1})
+	resp, err := l.acquireTxn(ctx, head, tag, value, s.id, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	views, err := l.parseViews(head, tag, resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Succeeded || views[0].pos != 0 || views[0].ownBound == "" {
+		t.Fatalf("the head's read: succeeded %v, view %+v; want it refused, at the head, ranked", resp.Succeeded, views[0])
+	}
+	heads := []headCheck{{rev: views[0].ownRev, bound: views[0].ownBound}}
+	if err := l.Release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+
+	// A boosted request joins ahead of it in between.
+	boosted := lock.Request{Keys: []string{key}, TTL: time.Minute, Owner: ownerToken(t), Holder: "boosted", Queue: true, Boost: time.Hour}
+	mustQueue(t, newTestLocker(t, cfg, WithWaiterTTL(10*time.Second)), boosted)
+	resp, err = l.acquireTxn(ctx, head, tag, value, s.id, heads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Succeeded {
+		t.Fatal("the head took the key although a boosted waiter joined ahead of it since its read")
+	}
+
+	if err := l.Dequeue(ctx, boosted.Keys, boosted.Owner); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = l.acquireTxn(ctx, head, tag, value, s.id, heads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.Succeeded {
+		t.Fatal("the head did not take the key once the boosted waiter left")
+	}
+}
