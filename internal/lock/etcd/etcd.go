@@ -23,9 +23,9 @@
 // The owner token is secret; etcd only ever stores its tag T, the first 128
 // bits of its SHA-256 in hex. Holder values are "T {json}", the JSON
 // recording holder identity, etcd lease ID, TTL and the client time of the
-// acquisition; waiter values are "!RA T {json}" (the same for joining the
-// queue), RA the waiter's place: its rank R and arrival A as 16 hex digits
-// each (see Queues). Owner checks are made inside
+// acquisition; waiter values are "!RA T {json}", the JSON recording the
+// waiter's holder identity, etcd lease ID and when it joined, and RA its
+// place: its rank R and arrival A as 16 hex digits each (see Queues). Owner checks are made inside
 // transactions by comparing the value with the range ["T ", "T!"), which
 // holds exactly the values that start with "T ".
 //
