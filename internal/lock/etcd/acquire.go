@@ -78,13 +78,20 @@ type keyView struct {
 	held      bool
 	holderTag string
 	holder    holderRecord
-	holderMod int64 // the holder key's ModRevision
-	fence     int64 // ModRevision of the fence record: the holder's fencing token (0 when absent)
-	queue     []string
-	queueRevs []int64 // the CreateRevision of each waiter key of queue
-	pos       int     // index of the caller's waiter key in queue, -1 when absent
-	own       *waiterRecord
-	ownRev    int64
+	holderMod int64    // the holder key's ModRevision
+	fence     int64    // ModRevision of the fence record: the holder's fencing token (0 when absent)
+	queue     []string // the waiter keys, in the queue's order (see sortQueue)
+	queueRevs []int64  // the CreateRevision of each waiter key of queue
+	pos       int      // index of the caller's waiter key in queue, -1 when absent
+	// last is the largest arrival of the ranked waiters read (Queue only).
+	last   int64
+	own    *waiterRecord
+	ownRev int64
+	// ownPlace is the place of the caller's waiter key; ownBound its
+	// headBound ("" when it is unranked, of an earlier version).
+	ownPlace  place
+	ownRanked bool
+	ownBound  string
 	// slots are the key's semaphore holders, oldest token first.
 	slots []slot
 	// replaced: a request with Replace dropped the caller's owner from
@@ -157,10 +164,10 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 	if req.Limit > 1 {
 		return l.semAttempt(ctx, req, tag, value, s, start, failed)
 	}
-	var myRevs []int64
+	var heads []headCheck
 	passes := policyPasses(req)
 	for pass := range passes {
-		resp, err := l.acquireTxn(ctx, req, tag, value, s.id, myRevs)
+		resp, err := l.acquireTxn(ctx, req, tag, value, s.id, heads)
 		if err != nil {
 			return failed(err)
 		}
@@ -177,7 +184,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 		}
 		if reread {
 			// The keys may be free for it now.
-			myRevs = nil
+			heads = nil
 			continue
 		}
 		rev := resp.Header.Revision
@@ -204,9 +211,9 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 		held, hint := l.firstBusy(req, tag, views, rev)
 		if held == nil {
 			if req.Queue {
-				myRevs = make([]int64, len(views))
+				heads = make([]headCheck, len(views))
 				for i, v := range views {
-					myRevs[i] = v.ownRev
+					heads[i] = headCheck{rev: v.ownRev, bound: v.ownBound}
 				}
 			}
 			continue
@@ -222,25 +229,25 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 }
 
 // acquireTxn takes every key of req (a mutex) when it is free for req, or
-// reads the keys' state. myRevs (Queue only) are the caller's waiter
-// revisions once it knows it heads every queue; nil on the first pass.
-func (l *Locker) acquireTxn(ctx context.Context, req lock.Request, tag, value string, leaseID clientv3.LeaseID, myRevs []int64) (*clientv3.TxnResponse, error) {
+// reads the keys' state. heads (Queue only) are the caller's places once it
+// knows it heads every queue; nil on the first pass.
+func (l *Locker) acquireTxn(ctx context.Context, req lock.Request, tag, value string, leaseID clientv3.LeaseID, heads []headCheck) (*clientv3.TxnResponse, error) {
 	var (
 		cmps     []clientv3.Cmp
 		then, el []clientv3.Op
 	)
 	for i, k := range req.Keys {
 		hk, sp := l.holderKey(k), l.slotPrefix(k)
-		var myRev int64
-		if myRevs != nil {
-			myRev = myRevs[i]
+		var head headCheck
+		if i < len(heads) {
+			head = heads[i]
 		}
 		// The key is free of holders of either kind: no holder key, and
 		// no semaphore slot (an empty range compares as CreateRevision 0).
 		cmps = append(cmps,
 			clientv3.Compare(clientv3.CreateRevision(hk), "=", 0),
 			clientv3.Compare(clientv3.CreateRevision(sp).WithRange(clientv3.GetPrefixRangeEnd(sp)), "=", 0))
-		cmps = append(cmps, l.queueCmps(req, k, tag, myRev)...)
+		cmps = append(cmps, l.queueCmps(req, k, tag, head)...)
 		// The owner was not replaced in this key's queue.
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(l.markKey(k, tag)), "=", 0))
 		then = append(then,
@@ -328,7 +335,7 @@ func (l *Locker) keyReads(req lock.Request, k, tag string) []clientv3.Op {
 	ops := []clientv3.Op{
 		clientv3.OpGet(l.holderKey(k)),
 		clientv3.OpGet(l.fenceKey(k), clientv3.WithKeysOnly()),
-		clientv3.OpGet(l.queuePrefix(k), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithKeysOnly()),
+		l.queueRead(k, req.Queue),
 		clientv3.OpGet(l.slotPrefix(k), clientv3.WithPrefix()),
 	}
 	if req.Queue {
@@ -337,10 +344,31 @@ func (l *Locker) keyReads(req lock.Request, k, tag string) []clientv3.Op {
 	return append(ops, clientv3.OpGet(l.markKey(k, tag), clientv3.WithKeysOnly()))
 }
 
+// queueRead reads the queue of key k, oldest first: with the values (the
+// waiters' places) for a request with Queue, which takes its place in it,
+// else the keys only (a request without Queue only needs to know whether
+// anyone waits).
+func (l *Locker) queueRead(k string, values bool) clientv3.Op {
+	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)}
+	if !values {
+		opts = append(opts, clientv3.WithKeysOnly())
+	}
+	return clientv3.OpGet(l.queuePrefix(k), opts...)
+}
+
+// headCheck is the caller's place in a key's queue that it found at the
+// head: its waiter key's CreateRevision and headBound.
+type headCheck struct {
+	rev   int64
+	bound string
+}
+
 // queueCmps is the queue condition of taking key k: without Queue an empty
-// queue; with Queue and myRev 0 nobody but the caller queued; else the
-// caller's waiter key (created at myRev) is alive and no waiter is older.
-func (l *Locker) queueCmps(req lock.Request, k, tag string, myRev int64) []clientv3.Cmp {
+// queue; with Queue and head.rev 0 nobody but the caller queued; else the
+// caller's waiter key (created at head.rev) is alive and no waiter is ranked
+// ahead of it: every value is above its bound (for a waiter of an earlier
+// version, unranked: no ranked waiter and none older).
+func (l *Locker) queueCmps(req lock.Request, k, tag string, head headCheck) []clientv3.Cmp {
 	qp := l.queuePrefix(k)
 	qend := clientv3.GetPrefixRangeEnd(qp)
 	own := l.waiterKey(k, tag)
@@ -348,15 +376,20 @@ func (l *Locker) queueCmps(req lock.Request, k, tag string, myRev int64) []clien
 	case !req.Queue:
 		// An empty range compares as a key with CreateRevision 0.
 		return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(qp).WithRange(qend), "=", 0)}
-	case myRev == 0:
+	case head.rev == 0:
 		// Nobody but the caller queued: everything before and after its key is empty.
 		return []clientv3.Cmp{
 			clientv3.Compare(clientv3.CreateRevision(qp).WithRange(own), "=", 0),
 			clientv3.Compare(clientv3.CreateRevision(own+"\x00").WithRange(qend), "=", 0)}
+	case head.bound != "":
+		return []clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(own), "=", head.rev),
+			clientv3.Compare(clientv3.Value(qp).WithRange(qend), ">", head.bound)}
 	default:
 		return []clientv3.Cmp{
-			clientv3.Compare(clientv3.CreateRevision(own), "=", myRev),
-			clientv3.Compare(clientv3.CreateRevision(qp).WithRange(qend), ">", myRev-1)}
+			clientv3.Compare(clientv3.CreateRevision(own), "=", head.rev),
+			noRanked(qp, qend),
+			clientv3.Compare(clientv3.CreateRevision(qp).WithRange(qend), ">", head.rev-1)}
 	}
 }
 
@@ -383,10 +416,15 @@ func (l *Locker) parseViews(req lock.Request, tag string, resp *clientv3.TxnResp
 			v.fence = kvs[0].ModRevision
 		}
 		own := l.waiterKey(k, tag)
-		for j, kv := range rs[2].GetResponseRange().GetKvs() {
-			v.queue = append(v.queue, string(kv.Key))
-			v.queueRevs = append(v.queueRevs, kv.CreateRevision)
-			if string(kv.Key) == own {
+		queue, err := sortQueue(rs[2].GetResponseRange().GetKvs())
+		if err != nil {
+			return nil, fmt.Errorf("queue of key %q: %w", k, err)
+		}
+		for j, q := range queue {
+			v.queue = append(v.queue, q.key)
+			v.queueRevs = append(v.queueRevs, q.rev)
+			v.last = max(v.last, q.arrival)
+			if q.key == own {
 				v.pos = j
 			}
 		}
@@ -398,10 +436,12 @@ func (l *Locker) parseViews(req lock.Request, tag string, resp *clientv3.TxnResp
 		if req.Queue {
 			if kvs := rs[4].GetResponseRange().GetKvs(); len(kvs) > 0 {
 				var rec waiterRecord
-				if _, err := decodeValue(kvs[0].Value, &rec); err != nil {
+				p, ranked, err := decodeWaiter(kvs[0].Value, &rec)
+				if err != nil {
 					return nil, fmt.Errorf("waiter of key %q: %w", k, err)
 				}
 				v.own, v.ownRev = &rec, kvs[0].CreateRevision
+				v.ownPlace, v.ownRanked, v.ownBound = p, ranked, headBound(kvs[0].Value)
 			}
 		}
 		v.replaced = len(rs[stride-1].GetResponseRange().GetKvs()) > 0
@@ -507,11 +547,12 @@ func freeSlots(slots []slot, tag string, limit int) int {
 // busy key's position in held and the predecessor in hint.
 func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, views []keyView, held *lock.HeldError, hint *waitHint) error {
 	var waiterLease clientv3.LeaseID
-	var missing []int
+	var missing []int // no place in that queue, or one without its rank
 	for i, v := range views {
 		if v.own != nil {
 			waiterLease = clientv3.LeaseID(v.own.Lease)
-		} else {
+		}
+		if !v.ownRanked {
 			missing = append(missing, i)
 		}
 	}
@@ -540,7 +581,8 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 		}
 		waiterLease, granted = g.ID, true
 	}
-	value := encodeValue(tag, waiterRecord{Holder: req.Holder, Lease: int64(waiterLease), Since: l.opts.Now().UnixMilli()})
+	p := l.placeOf(req, views, l.opts.Now())
+	value := encodeWaiter(tag, p, waiterRecord{Holder: req.Holder, Lease: int64(waiterLease), Since: p.arrival / 1000})
 	busy := slices.Index(req.Keys, held.Key)
 	var cmps []clientv3.Cmp
 	var puts []clientv3.Op
@@ -550,13 +592,14 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 	}
 	for _, i := range missing {
 		own := l.waiterKey(req.Keys[i], tag)
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(own), "=", 0))
+		// Absent, or (joined with an earlier version) unchanged: it gets
+		// its rank and keeps its CreateRevision.
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(own), "=", views[i].ownRev))
 		puts = append(puts, clientv3.OpPut(own, value, clientv3.WithLease(waiterLease)))
 	}
-	qp := l.queuePrefix(held.Key)
 	qIndex := len(puts)
 	puts = append(puts,
-		clientv3.OpGet(qp, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithKeysOnly()),
+		l.queueRead(held.Key, true),
 		clientv3.OpGet(l.holderKey(held.Key), clientv3.WithKeysOnly()))
 	tctx, cancel := l.opCtx(ctx)
 	resp, err := l.etcd().Txn(tctx).If(cmps...).Then(puts...).Commit()
@@ -582,9 +625,12 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 	// holder that left in between means: try again at once.
 	rev := resp.Header.Revision
 	own := l.waiterKey(held.Key, tag)
-	kvs := resp.Responses[qIndex].GetResponseRange().GetKvs()
-	held.Waiters = len(kvs)
-	pos := slices.IndexFunc(kvs, func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == own })
+	queue, err := sortQueue(resp.Responses[qIndex].GetResponseRange().GetKvs())
+	if err != nil {
+		return fmt.Errorf("queue of key %q: %w", held.Key, err)
+	}
+	held.Waiters = len(queue)
+	pos := slices.IndexFunc(queue, func(q queued) bool { return q.key == own })
 	if pos < 0 {
 		// Not in this queue after all (a concurrent Dequeue): keep the read's answer.
 		return nil
@@ -598,7 +644,7 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 		// saw the slots.
 		*hint = waitHint{key: l.slotPrefix(held.Key), prefix: true, rev: hint.rev}
 	case pos > 0:
-		*hint = waitHint{key: string(kvs[pos-1].Key), rev: rev}
+		*hint = waitHint{key: queue[pos-1].key, rev: rev}
 	case views[busy].held:
 		gone := len(resp.Responses[qIndex+1].GetResponseRange().GetKvs()) == 0
 		*hint = waitHint{key: l.holderKey(held.Key), rev: rev, retry: gone}

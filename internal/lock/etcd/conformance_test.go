@@ -89,6 +89,25 @@ func TestConformancePolicies(t *testing.T) {
 	})
 }
 
+// TestConformancePriority runs the cases of priority with aging
+// (Request.Boost) on every configuration the conformance suite runs on.
+func TestConformancePriority(t *testing.T) {
+	t.Run("Single", func(t *testing.T) {
+		m := etcdtest.Start(t)
+		cfg := Config{Endpoints: []string{m.Addr}}
+		locktest.RunPriority(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second))
+	})
+	t.Run("Cluster3Auth", func(t *testing.T) {
+		newLocker, opts := cluster3Auth(t)
+		locktest.RunPriority(t, newLocker, opts...)
+	})
+	t.Run("TLSDial", func(t *testing.T) {
+		newLocker, opts, check := tlsDial(t)
+		locktest.RunPriority(t, newLocker, opts...)
+		check()
+	})
+}
+
 func TestLockerReadsItsClock(t *testing.T) {
 	m := etcdtest.Start(t)
 	locktest.CheckClock(t, func(t *testing.T, c *testingclock.FakeClock) lock.Locker {

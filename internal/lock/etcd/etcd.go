@@ -21,9 +21,11 @@
 //	               lease of two waiter TTLs (see Queue policies).
 //
 // The owner token is secret; etcd only ever stores its tag T, the first 128
-// bits of its SHA-256 in hex. Holder and waiter values are "T {json}", the
-// JSON recording holder identity, etcd lease ID, TTL and the client time of
-// the acquisition (or of joining the queue). Owner checks are made inside
+// bits of its SHA-256 in hex. Holder values are "T {json}", the JSON
+// recording holder identity, etcd lease ID, TTL and the client time of the
+// acquisition; waiter values are "!RA T {json}", the JSON recording the
+// waiter's holder identity, etcd lease ID and when it joined, and RA its
+// place: its rank R and arrival A as 16 hex digits each (see Queues). Owner checks are made inside
 // transactions by comparing the value with the range ["T ", "T!"), which
 // holds exactly the values that start with "T ".
 //
@@ -109,14 +111,54 @@
 //
 // A request with Queue that cannot take its keys joins the queue of every
 // key with one transaction that puts all its waiter keys together, so they
-// share one CreateRevision and the waiter has the same global order on every
-// key: queues are FIFO by CreateRevision. Its waiter keys carry one etcd
-// lease of the waiter TTL; calling TryAcquire again refreshes it
-// (KeepAliveOnce), and a waiter that stops calling loses its place when the
-// lease expires (etcd prunes dead waiters by itself). A queued request takes
-// the keys when it is the oldest waiter of each (its transaction compares
-// every waiter key of the queue to have a CreateRevision at least its own);
-// a request without Queue takes them only when the queues are empty.
+// share one CreateRevision (its arrival ticket, which Replace compares) and
+// one place. Its waiter keys carry one etcd lease of the waiter TTL; calling
+// TryAcquire again refreshes it (KeepAliveOnce) and keeps its place, and a
+// waiter that stops calling loses its place when the lease expires (etcd
+// prunes dead waiters by itself). A request without Queue takes the keys
+// only when the queues are empty.
+//
+// A queue is ordered by rank, the waiter's arrival less its Request.Boost
+// (priority with aging: a boosted waiter goes ahead of those that arrived
+// less than its boost before it, never ahead of one that waited longer),
+// then by arrival. The place is written at the front of the waiter value
+// ("!" then the rank and the arrival, µs, as 16 hex digits each with the
+// sign bit flipped), so the values' byte order is the queue's order (rank,
+// arrival, then owner tag). A queued request takes the keys when no waiter
+// of each is ranked ahead of it: its transaction compares its waiter key's
+// CreateRevision unchanged and every waiter value of the queue above its
+// own place and tag (one range compare on the values; a semaphore waiter
+// whose turn comes with waiters ahead of it compares instead that nobody
+// joined since its read).
+//
+// etcd offers no clock to a transaction, so the arrival is the joining
+// client's clock in µs, made monotonic by the queue: above every arrival
+// the join read on its keys (max(now, last + 1)). A join that starts after
+// another one ended therefore arrives later, from any Locker on the prefix,
+// and equal boosts keep exact FIFO order whatever the clocks of the
+// operators' hosts; the members' clocks play no part (the order is the
+// values, replicated by raft with the queue). Skew between the hosts of two
+// operators shifts their boosts against each other by up to the skew: a
+// waiter may be overtaken by a boost of b from a host whose clock is d
+// behind when it has waited less than b + d, and a waiter from a host ahead
+// ranks up to that much later. Two joins that overlap may be ordered
+// either way.
+//
+// Cost: a request with Queue reads the waiter values of its keys' queues
+// (in the transactions it made already, with no extra round trip) and its
+// values are 34 bytes longer; the head check is still one compare per key,
+// and a refresh is still one keepalive. A request without Queue pays
+// nothing. A Boost costs nothing more.
+//
+// Waiter values of earlier versions have no place (they start with the
+// owner tag, above "!" in byte order): this version serves them after the
+// ranked waiters, among themselves in CreateRevision order (an earlier
+// version still takes a key when its waiter is the oldest by CreateRevision,
+// so both may go for a free key; ordering them by the time they joined
+// could make a ranked waiter and an older one wait for each other for
+// ever). When the owner of such a waiter calls again with this version, the
+// join rewrites its value with a place (same key and etcd lease, so the same
+// CreateRevision): ranked without boost at the time it joined.
 //
 // # Wake-ups
 //
@@ -573,7 +615,9 @@ func parseSlots(kvs []*mvccpb.KeyValue) ([]slot, error) {
 type waiterRecord struct {
 	Holder string `json:"holder,omitempty"`
 	Lease  int64  `json:"lease"`
-	// Since is the joining client's clock (unix ms).
+	// Since is when it joined: its arrival (unix ms; see placeOf), which
+	// a waiter keeps when it calls again. Values of earlier versions have
+	// the joining client's clock.
 	Since int64 `json:"sinceMs"`
 }
 

@@ -46,7 +46,9 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 			gets = append(gets,
 				clientv3.OpGet(l.holderKey(k)),
 				clientv3.OpGet(l.fenceKey(k), clientv3.WithKeysOnly()),
-				clientv3.OpGet(l.queuePrefix(k), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(lock.MaxInspectWaiters)),
+				// In the queue's order: ranked waiters by their values,
+				// then those of earlier versions (by owner tag here).
+				clientv3.OpGet(l.queuePrefix(k), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByValue, clientv3.SortAscend), clientv3.WithLimit(lock.MaxInspectWaiters)),
 				clientv3.OpGet(l.slotPrefix(k), clientv3.WithPrefix()))
 		}
 		tctx, cancel := l.opCtx(ctx)
@@ -112,7 +114,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 			st.Queued = int(queue.GetCount())
 			for _, kv := range queue.GetKvs() {
 				var rec waiterRecord
-				if _, err := decodeValue(kv.Value, &rec); err != nil {
+				if _, _, err := decodeWaiter(kv.Value, &rec); err != nil {
 					return nil, l.unavailable(op, fmt.Errorf("waiter of key %q: %w", k, err))
 				}
 				w := lock.Waiter{Holder: rec.Holder}

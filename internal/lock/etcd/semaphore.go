@@ -26,7 +26,9 @@ import (
 // transaction that puts its slot keys on the condition that no holder key
 // appeared and no slot key of the key was created or written after R (a
 // range compare of ModRevision): the count it decided on can only have
-// fallen. An owner that holds a slot already writes over it, which is a new
+// fallen. A queued request also compares its waiter key unchanged and, at
+// the head, no waiter ranked ahead of it (see queueCmps), else nobody
+// joined since R (a boosted newcomer may rank ahead of it). An owner that holds a slot already writes over it, which is a new
 // acquisition with a new token.
 
 // semAttempt is one acquisition of semaphore slots (see attempt): value is
@@ -75,13 +77,20 @@ func (l *Locker) semAttempt(ctx context.Context, req lock.Request, tag, value st
 			cmps = append(cmps,
 				clientv3.Compare(clientv3.CreateRevision(l.holderKey(k)), "=", 0),
 				clientv3.Compare(clientv3.ModRevision(sp).WithRange(clientv3.GetPrefixRangeEnd(sp)), "<", rev+1))
-			if own := views[i].own; own != nil {
-				// Its turn was decided from the read: waiters join at the
-				// back, so nobody got ahead of it since; it must still be
-				// queued.
-				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(l.waiterKey(k, tag)), "=", views[i].ownRev))
-			} else {
-				cmps = append(cmps, l.queueCmps(req, k, tag, 0)...)
+			switch v := views[i]; {
+			case v.own == nil:
+				cmps = append(cmps, l.queueCmps(req, k, tag, headCheck{})...)
+			case v.pos == 0:
+				// At the head: still queued, and nobody ranked ahead of it.
+				cmps = append(cmps, l.queueCmps(req, k, tag, headCheck{rev: v.ownRev, bound: v.ownBound})...)
+			default:
+				// Its turn was decided from the read, with waiters ahead
+				// of it: still queued, and nobody joined since (a boosted
+				// newcomer may rank ahead of it).
+				qp := l.queuePrefix(k)
+				cmps = append(cmps,
+					clientv3.Compare(clientv3.CreateRevision(l.waiterKey(k, tag)), "=", v.ownRev),
+					clientv3.Compare(clientv3.CreateRevision(qp).WithRange(clientv3.GetPrefixRangeEnd(qp)), "<", rev+1))
 			}
 			// The owner was not replaced since the read.
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(l.markKey(k, tag)), "=", 0))
