@@ -292,6 +292,8 @@ type Locker struct {
 	log  logr.Logger
 
 	root, keysPath, ticketPath string
+	arrivalPath                string
+	arrival                    arrivalClock // what this Locker knows of arrivalPath (state.go)
 	sessionsPath               string
 	sess                       sessions // renewal nodes created (session.go)
 	acl                        []zk.ACL
@@ -367,6 +369,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	l.Acquisitions = lock.Acquisitions[string]{Attempt: l.attempt, Wait: l.wait}
 	l.keysPath = l.root + "/keys"
 	l.ticketPath = l.root + "/ticket"
+	l.arrivalPath = l.root + "/arrival"
 	l.sessionsPath = l.root + "/sessions"
 	l.acl = zk.WorldACL(zk.PermAll)
 	if cfg.Digest != "" {
@@ -684,7 +687,8 @@ func rawCall[T any](ctx context.Context, l *Locker, fn func(c *zk.Conn) (T, erro
 }
 
 // ready authenticates the session (once: the client re-sends the credentials
-// on every reconnect) and creates the Root, keys and ticket nodes.
+// on every reconnect) and creates the Root, keys, ticket, arrival and
+// sessions nodes.
 func (l *Locker) ready(ctx context.Context) error {
 	if l.isReady.Load() {
 		return nil // every call passes here: no lock once ready
@@ -701,7 +705,7 @@ func (l *Locker) ready(ctx context.Context) error {
 			return fmt.Errorf("digest authentication: %w", err)
 		}
 	}
-	for _, p := range append(ancestors(l.root), l.root, l.keysPath, l.ticketPath, l.sessionsPath) {
+	for _, p := range append(ancestors(l.root), l.root, l.keysPath, l.ticketPath, l.arrivalPath, l.sessionsPath) {
 		if err := l.createPersistent(ctx, p, nil); err != nil {
 			return fmt.Errorf("create %s: %w", p, err)
 		}
@@ -894,24 +898,63 @@ func ownerHash(owner string) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// waiterName is the name of a waiter node: ticket (zero-padded so names sort
-// by ticket) and owner hash.
-func waiterName(ticket int64, hash string) string {
+// waiterName is the name of a waiter node: rank, ticket (both zero-padded,
+// so names sort by rank, then ticket) and owner hash.
+func waiterName(rank, ticket int64, hash string) string {
+	return fmt.Sprintf("%s%019d-%019d-%s", waiterPrefix, rank, ticket, hash)
+}
+
+// legacyWaiterName is the name of a waiter node an earlier release makes:
+// ticket and owner hash, no rank.
+func legacyWaiterName(ticket int64, hash string) string {
 	return fmt.Sprintf("%s%019d-%s", waiterPrefix, ticket, hash)
 }
 
 // parseWaiter splits a waiter node name; ok is false for other names.
 func parseWaiter(name string) (ticket int64, hash string, ok bool) {
-	rest, found := strings.CutPrefix(name, waiterPrefix)
-	if !found || len(rest) < 21 || rest[19] != '-' {
-		return 0, "", false
-	}
-	ticket, err := strconv.ParseInt(rest[:19], 10, 64)
-	if err != nil || ticket < 0 {
-		return 0, "", false
-	}
-	return ticket, rest[20:], true
+	_, ticket, hash, ok = parseRanked(name)
+	return ticket, hash, ok
 }
+
+// parseRanked splits a waiter node name (waiterName, or legacyWaiterName,
+// whose rank is its ticket: see the package documentation, Priority); ok
+// is false for other names.
+func parseRanked(name string) (rank, ticket int64, hash string, ok bool) {
+	rest, found := strings.CutPrefix(name, waiterPrefix)
+	if !found {
+		return 0, 0, "", false
+	}
+	first, rest, found := cutNumber(rest)
+	if !found {
+		return 0, 0, "", false
+	}
+	if second, h, found := cutNumber(rest); found {
+		return first, second, h, validHash(h)
+	}
+	return first, first, rest, validHash(rest)
+}
+
+// cutNumber splits "<19 digits>-<rest>" into the number and the rest; found
+// is false when s does not start so.
+func cutNumber(s string) (n int64, rest string, found bool) {
+	if len(s) < 21 || s[19] != '-' {
+		return 0, "", false
+	}
+	for _, c := range s[:19] {
+		if c < '0' || c > '9' {
+			return 0, "", false
+		}
+	}
+	n, err := strconv.ParseInt(s[:19], 10, 64)
+	if err != nil {
+		return 0, "", false
+	}
+	return n, s[20:], true
+}
+
+// validHash tells whether the end of a waiter node name can be an owner
+// hash: not empty, no '-'.
+func validHash(h string) bool { return h != "" && !strings.Contains(h, "-") }
 
 // drift is the clock drift allowance on a lease's validity: 1% plus 2ms.
 func drift(d time.Duration) time.Duration { return d/100 + 2*time.Millisecond }
