@@ -21,7 +21,7 @@ const maxTries = 6
 // ahead of it in the queue) and tries
 // again when that node goes away, or after the next backoff step
 // (WithBackoff), whichever comes first. With req.Queue it waits in the keys'
-// FIFO queues, refreshing its place at least every third of the waiter TTL,
+// queues (by arrival less req.Boost), refreshing its place at least every third of the waiter TTL,
 // and leaves the queues when ctx ends. ZooKeeper errors are retried too; when
 // ctx ends the error wraps both ctx.Err() and the last attempt's error.
 func (l *Locker) wait(ctx context.Context, req lock.Request) (*lock.Lease, error) {
@@ -325,7 +325,7 @@ func (l *Locker) forgetMissing(views []*keyView) bool {
 // node to watch, or nil when every key is free for req: a key is free for
 // req while the live waiters ahead of it are fewer than the room left by
 // the leases holding it (see keyPlan.room), so the first free slots go to
-// the oldest waiters.
+// the best-ranked waiters (arrival less Request.Boost).
 func (l *Locker) busy(req lock.Request, hash string, plans []*keyPlan) (*lock.HeldError, string) {
 	for i, p := range plans {
 		room := p.room(hash, req.Holders(), l.ignoreSlots)
