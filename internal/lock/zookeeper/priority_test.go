@@ -123,3 +123,47 @@ func TestArrivalNeverGoesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRacingJoinsRankInTicketOrder: Lockers (operators) that join one queue
+// at once, without boosts, get arrivals that grow with their tickets, so the
+// queue's order is their arrival order: the arrival node's version check
+// serializes them, and each that loses the race writes again.
+func TestRacingJoinsRankInTicketOrder(t *testing.T) {
+	_, cfg, ctx := policyServer(t)
+	key := testKey("racing-joins")
+	l := newTestLocker(t, cfg)
+	h := mustTry(t, ctx, l, lock.Request{Keys: []string{key}, TTL: 30 * time.Second, Owner: mustOwner(t), Holder: "holder"})
+	const n = 20
+	lockers := make([]*Locker, n)
+	for i := range lockers {
+		lockers[i] = newTestLocker(t, cfg)
+	}
+	errs := parallel(n, func(i int) error {
+		_, err := lockers[i].TryAcquire(ctx, lock.Request{Keys: []string{key}, TTL: 30 * time.Second, Owner: mustOwner(t), Holder: "w", Queue: true})
+		if !errors.Is(err, lock.ErrNotAcquired) {
+			return err
+		}
+		return nil
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("waiter %d joining: %v; want ErrNotAcquired", i, err)
+		}
+	}
+	views, err := l.readKeys(ctx, []string{key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := views[0].waiters
+	if len(ws) != n {
+		t.Fatalf("%d waiter nodes; want %d", len(ws), n)
+	}
+	for i := 1; i < n; i++ {
+		if ws[i].rank <= ws[i-1].rank || ws[i].ticket <= ws[i-1].ticket {
+			t.Fatalf("waiters %d and %d in queue order: ranks %d, %d, tickets %d, %d; want both growing", i-1, i, ws[i-1].rank, ws[i].rank, ws[i-1].ticket, ws[i].ticket)
+		}
+	}
+	if err := l.Release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+}

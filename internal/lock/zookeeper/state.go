@@ -366,9 +366,6 @@ type arrivalClock struct {
 	last    int64
 }
 
-// arrivalTries bounds the writes of one arrival racing with other joins.
-const arrivalTries = 50
-
 // arrive hands out the arrival of a waiter joining the queues: the write
 // of the arrival node, at the version last known, whose mzxid is the
 // waiter's ticket and whose mtime is the ensemble's clock (nowMs). The
@@ -376,12 +373,15 @@ const arrivalTries = 50
 // ensemble's clock made monotonic, so equal boosts rank in ticket order.
 // The node's data is the arrival of the write before it, so a reader
 // computes the last arrival from the node's data and mtime; a Locker that
-// knows the version (its own last join) writes without reading first.
+// knows the version (its own last join) writes without reading first. A
+// write that loses the race to another join reads and writes again, until
+// ctx ends: every lost race is another join's arrival, so the joins that
+// race end, each in turn.
 func (l *Locker) arrive(ctx context.Context) (ticket, arrival, nowMs int64, err error) {
 	l.arrival.mu.Lock()
 	known, version, last := l.arrival.known, l.arrival.version, l.arrival.last
 	l.arrival.mu.Unlock()
-	for range arrivalTries {
+	for ctx.Err() == nil {
 		if !known {
 			type got struct {
 				data []byte
@@ -414,11 +414,13 @@ func (l *Locker) arrive(ctx context.Context) (ticket, arrival, nowMs int64, err 
 		}
 		arrival = max(last+1, st.Mtime*1000)
 		l.arrival.mu.Lock()
-		l.arrival.known, l.arrival.version, l.arrival.last = true, st.Version, arrival
+		if !l.arrival.known || st.Version > l.arrival.version { // not behind a join of this Locker's that ended first
+			l.arrival.known, l.arrival.version, l.arrival.last = true, st.Version, arrival
+		}
 		l.arrival.mu.Unlock()
 		return st.Mzxid, arrival, st.Mtime, nil
 	}
-	return 0, 0, 0, fmt.Errorf("write %s: %d joins raced ahead: %w", l.arrivalPath, arrivalTries, zk.ErrBadVersion)
+	return 0, 0, 0, fmt.Errorf("write %s: other joins kept winning the race: %w", l.arrivalPath, ctx.Err())
 }
 
 // nextArrival is the last arrival the arrival node handed out, from its
