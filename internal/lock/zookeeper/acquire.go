@@ -21,9 +21,10 @@ const maxTries = 6
 // ahead of it in the queue) and tries
 // again when that node goes away, or after the next backoff step
 // (WithBackoff), whichever comes first. With req.Queue it waits in the keys'
-// queues (by arrival less req.Boost), refreshing its place at least every third of the waiter TTL,
-// and leaves the queues when ctx ends. ZooKeeper errors are retried too; when
-// ctx ends the error wraps both ctx.Err() and the last attempt's error.
+// queues (by arrival less req.Boost), refreshing its place at least every
+// third of the waiter TTL, and leaves the queues when ctx ends. ZooKeeper
+// errors are retried too; when ctx ends the error wraps both ctx.Err() and
+// the last attempt's error.
 func (l *Locker) wait(ctx context.Context, req lock.Request) (*lock.Lease, error) {
 	log := l.opts.Log.WithValues("keys", req.Keys, "holder", req.Holder)
 	// The node last watched and the watch's channel, while it has not fired.
