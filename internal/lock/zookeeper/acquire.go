@@ -21,9 +21,10 @@ const maxTries = 6
 // ahead of it in the queue) and tries
 // again when that node goes away, or after the next backoff step
 // (WithBackoff), whichever comes first. With req.Queue it waits in the keys'
-// FIFO queues, refreshing its place at least every third of the waiter TTL,
-// and leaves the queues when ctx ends. ZooKeeper errors are retried too; when
-// ctx ends the error wraps both ctx.Err() and the last attempt's error.
+// queues (by arrival less req.Boost), refreshing its place at least every
+// third of the waiter TTL, and leaves the queues when ctx ends. ZooKeeper
+// errors are retried too; when ctx ends the error wraps both ctx.Err() and
+// the last attempt's error.
 func (l *Locker) wait(ctx context.Context, req lock.Request) (*lock.Lease, error) {
 	log := l.opts.Log.WithValues("keys", req.Keys, "holder", req.Holder)
 	// The node last watched and the watch's channel, while it has not fired.
@@ -180,7 +181,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 				p.live = append(p.live, w)
 			}
 			for _, w := range p.live {
-				if p.mine == nil || w.ticket < p.mine.ticket {
+				if w.aheadOf(p.mine) {
 					othersQueued = true
 				}
 			}
@@ -257,7 +258,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 		}
 		for _, p := range plans {
 			for _, w := range p.live {
-				if p.mine == nil || w.ticket < p.mine.ticket {
+				if w.aheadOf(p.mine) {
 					p.ahead = append(p.ahead, w)
 				}
 			}
@@ -325,7 +326,7 @@ func (l *Locker) forgetMissing(views []*keyView) bool {
 // node to watch, or nil when every key is free for req: a key is free for
 // req while the live waiters ahead of it are fewer than the room left by
 // the leases holding it (see keyPlan.room), so the first free slots go to
-// the oldest waiters.
+// the best-ranked waiters (arrival less Request.Boost).
 func (l *Locker) busy(req lock.Request, hash string, plans []*keyPlan) (*lock.HeldError, string) {
 	for i, p := range plans {
 		room := p.room(hash, req.Holders(), l.ignoreSlots)
@@ -409,21 +410,26 @@ func mightBeStale(plans []*keyPlan, hash string, now time.Time) bool {
 
 // heartbeat joins req to the queue of every key, or refreshes its waiter
 // nodes, in one transaction, and returns the ensemble's time of the write.
+// A waiter joins every queue with one ticket and one rank: those of its
+// oldest waiter node when it has one (it keeps its place), else a new
+// arrival (arrive) less req.Boost.
 func (l *Locker) heartbeat(ctx context.Context, req lock.Request, hash string, plans []*keyPlan) (int64, error) {
-	var ticket, nowMs int64
+	var ticket, rank, nowMs int64
 	missing := false
 	for _, p := range plans {
 		if p.mine == nil {
 			missing = true
 		} else if ticket == 0 || p.mine.ticket < ticket {
-			ticket = p.mine.ticket
+			ticket, rank = p.mine.ticket, p.mine.rank
 		}
 	}
 	if missing && ticket == 0 {
+		var arrival int64
 		var err error
-		if ticket, nowMs, err = l.serverNow(ctx); err != nil {
+		if ticket, arrival, nowMs, err = l.arrive(ctx); err != nil {
 			return 0, err
 		}
+		rank = arrival - req.Boost.Microseconds()
 	}
 	data := mustJSON(waiterData{Owner: hash, Holder: req.Holder})
 	session := l.conn.SessionID()
@@ -434,7 +440,7 @@ func (l *Locker) heartbeat(ctx context.Context, req lock.Request, hash string, p
 		kp := l.keyPath(p.view.key)
 		switch {
 		case p.mine == nil:
-			name := waiterName(ticket, hash)
+			name := waiterName(rank, ticket, hash)
 			ops = append(ops, &zk.CreateRequest{Path: kp + "/" + name, Data: data, Acl: l.acl, Flags: zk.FlagEphemeral})
 		case p.mine.stat != nil && (p.mine.stat.EphemeralOwner != session || session == 0):
 			// Another session's node (an earlier Locker of this operator,
@@ -456,8 +462,8 @@ func (l *Locker) heartbeat(ctx context.Context, req lock.Request, hash string, p
 	}
 	for i, p := range plans {
 		if p.mine == nil {
-			name := waiterName(ticket, hash)
-			p.mine = &waiterView{name: name, ticket: ticket, hash: hash}
+			name := waiterName(rank, ticket, hash)
+			p.mine = &waiterView{name: name, rank: rank, ticket: ticket, hash: hash}
 			continue
 		}
 		if k := setOps[i]; k >= 0 && k < len(res) && res[k].Stat != nil && res[k].Stat.Mtime > nowMs {

@@ -213,7 +213,7 @@ func WithLogger(l logr.Logger) Option { return func(o *options) { o.Log = l } }
 // lock.ErrBackendUnavailable. Default: DefaultOperationTimeout.
 func WithOperationTimeout(d time.Duration) Option { return func(o *options) { o.opTimeout = d } }
 
-// WithWaiterTTL sets how long a queued waiter keeps its place in a key's FIFO
+// WithWaiterTTL sets how long a queued waiter keeps its place in a key's
 // queue without calling TryAcquire again; past it, measured on the
 // ensemble's clock, the next acquirer of the key prunes it. Acquire refreshes
 // its place at least every third of it. Default: lock.DefaultWaiterTTL; at least lock.MinWaiterTTL.

@@ -11,7 +11,7 @@ import (
 )
 
 // suite is one of locktest's conformance suites (Run, RunSemaphore,
-// RunPolicies).
+// RunPolicies, RunPriority).
 type suite func(t *testing.T, newLocker func(t *testing.T) lock.Locker, opts ...locktest.Option)
 
 // ensembleWaiterTTL is the waiter TTL of the runs on the ensemble. A queued
@@ -61,6 +61,18 @@ func TestConformancePolicies(t *testing.T) {
 		runSuite(t, 3, Config{Root: "/conformance"}, locktest.RunPolicies, locktest.WithRounds(5))
 	})
 	t.Run("Digest", func(t *testing.T) { runSuite(t, 1, digestConfig, locktest.RunPolicies, locktest.WithRounds(3)) })
+}
+
+// TestConformancePriority runs the priority suite (Request.Boost) in every
+// configuration the conformance suite runs in: standalone, the ensemble
+// (the ranks come from the leader's clock, reads from followers) and
+// digest ACLs (the arrival node is written under them).
+func TestConformancePriority(t *testing.T) {
+	t.Run("Standalone", func(t *testing.T) { runSuite(t, 1, Config{Root: "/conformance"}, locktest.RunPriority) })
+	t.Run("Ensemble", func(t *testing.T) {
+		runSuite(t, 3, Config{Root: "/conformance"}, locktest.RunPriority, locktest.WithRounds(5))
+	})
+	t.Run("Digest", func(t *testing.T) { runSuite(t, 1, digestConfig, locktest.RunPriority, locktest.WithRounds(3)) })
 }
 
 // TestSemaphore runs the counting-semaphore suite (Request.Limit > 1: slot

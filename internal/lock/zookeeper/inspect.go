@@ -17,10 +17,11 @@ import (
 // them all), each with its fencing token, acquisition time and expiry on the
 // ensemble's clock (its node's or renewal node's last write plus the lease
 // TTL); Holder, Fence, Acquired and Expires are the oldest's (for a free
-// key, Fence is its last acquisition's token); the head of the FIFO queue (at most lock.MaxInspectWaiters
-// waiters, oldest first, Since being when the waiter node was created) and
-// the exact number of waiters (Queued). Both count live waiters only, by the
-// rule acquisitions prune by: a waiter node not refreshed for the waiter TTL
+// key, Fence is its last acquisition's token); the head of the queue (at
+// most lock.MaxInspectWaiters waiters, in queue order: by arrival less
+// Request.Boost, Since being when the waiter node was created) and the exact
+// number of waiters (Queued). Both count live waiters only, by the rule
+// acquisitions prune by: a waiter node not refreshed for the waiter TTL
 // before the ensemble's clock is dead. When any key has waiters, the clock is
 // read by writing the ticket node (as a request that finds a key queued for
 // does), pipelined with the other reads.

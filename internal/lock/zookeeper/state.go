@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -153,12 +155,23 @@ func (h *holderView) acquiredMs() int64 {
 
 // waiterView is a waiter node as read.
 type waiterView struct {
-	name   string
-	ticket int64
-	hash   string
-	data   waiterData
-	stat   *zk.Stat
+	name string
+	// rank orders the queue (then ticket): arrival less Request.Boost, in
+	// microseconds; a legacy waiter's is its ticket (see Priority).
+	rank, ticket int64
+	hash         string
+	data         waiterData
+	stat         *zk.Stat
 }
+
+// compare orders w and o in the queue: by rank, then ticket.
+func (w *waiterView) compare(o *waiterView) int {
+	return cmp.Or(cmp.Compare(w.rank, o.rank), cmp.Compare(w.ticket, o.ticket))
+}
+
+// aheadOf tells whether w is ahead of mine in the queue (of everyone when
+// mine is nil: the request has no place yet).
+func (w *waiterView) aheadOf(mine *waiterView) bool { return mine == nil || w.compare(mine) < 0 }
 
 // markView is a replacement mark as read.
 type markView struct {
@@ -175,7 +188,7 @@ type keyView struct {
 	kstat   *zk.Stat      // the key node's stat (when it exists)
 	holder  *holderView   // the holder node (a mutex), if any
 	slots   []*holderView // the slot nodes (a semaphore), oldest first
-	waiters []*waiterView // sorted by ticket
+	waiters []*waiterView // in queue order: by rank, then ticket
 	// marks are the replacement marks, by owner hash (nil when none).
 	marks map[string]*markView
 }
@@ -303,8 +316,8 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 			t.view.marks[hash] = &markView{name: t.name, hash: hash, ttlMs: d.TTLMs, stat: g.stat}
 			continue
 		}
-		ticket, hash, _ := parseWaiter(t.name)
-		w := &waiterView{name: t.name, ticket: ticket, hash: hash, stat: g.stat}
+		rank, ticket, hash, _ := parseRanked(t.name)
+		w := &waiterView{name: t.name, rank: rank, ticket: ticket, hash: hash, stat: g.stat}
 		_ = json.Unmarshal(g.data, &w.data) // only the holder identity is read from it
 		t.view.waiters = append(t.view.waiters, w)
 	}
@@ -318,7 +331,7 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 	for _, v := range views {
 		slices.SortFunc(v.slots, func(a, b *holderView) int { return cmp.Compare(a.fence(), b.fence()) })
 		slices.SortFunc(v.waiters, func(a, b *waiterView) int {
-			return cmp.Or(cmp.Compare(a.ticket, b.ticket), cmp.Compare(a.hash, b.hash))
+			return cmp.Or(a.compare(b), cmp.Compare(a.hash, b.hash))
 		})
 	}
 	return views, nil
@@ -342,6 +355,83 @@ func (l *Locker) serverNow(ctx context.Context) (ticket, nowMs int64, err error)
 		return 0, 0, fmt.Errorf("write %s: %w", l.ticketPath, err)
 	}
 	return st.Mzxid, st.Mtime, nil
+}
+
+// arrivalClock is what a Locker knows of the arrival node: the version it
+// last wrote or read, and the arrival that write handed out (see arrive).
+type arrivalClock struct {
+	mu      sync.Mutex
+	known   bool
+	version int32
+	last    int64
+}
+
+// arrive hands out the arrival of a waiter joining the queues: the write
+// of the arrival node, at the version last known, whose mzxid is the
+// waiter's ticket and whose mtime is the ensemble's clock (nowMs). The
+// arrival, in microseconds, is max(previous arrival + 1, mtime): the
+// ensemble's clock made monotonic, so equal boosts rank in ticket order.
+// The node's data is the arrival of the write before it, so a reader
+// computes the last arrival from the node's data and mtime; a Locker that
+// knows the version (its own last join) writes without reading first. A
+// write that loses the race to another join reads and writes again, until
+// ctx ends: every lost race is another join's arrival, so the joins that
+// race end, each in turn.
+func (l *Locker) arrive(ctx context.Context) (ticket, arrival, nowMs int64, err error) {
+	l.arrival.mu.Lock()
+	known, version, last := l.arrival.known, l.arrival.version, l.arrival.last
+	l.arrival.mu.Unlock()
+	for ctx.Err() == nil {
+		if !known {
+			type got struct {
+				data []byte
+				stat *zk.Stat
+			}
+			g, err := call(ctx, l, func(c *zk.Conn) (got, error) {
+				d, st, err := c.Get(l.arrivalPath)
+				return got{d, st}, err
+			})
+			if errors.Is(err, zk.ErrNoNode) {
+				err = l.createPersistent(ctx, l.arrivalPath, nil) // deleted by hand
+			}
+			if err != nil {
+				return 0, 0, 0, fmt.Errorf("read %s: %w", l.arrivalPath, err)
+			}
+			if g.stat == nil {
+				continue
+			}
+			version, last = g.stat.Version, nextArrival(g.data, g.stat)
+		}
+		st, err := call(ctx, l, func(c *zk.Conn) (*zk.Stat, error) {
+			return c.Set(l.arrivalPath, []byte(strconv.FormatInt(last, 10)), version)
+		})
+		if errors.Is(err, zk.ErrBadVersion) || errors.Is(err, zk.ErrNoNode) {
+			known = false // another join came first
+			continue
+		}
+		if err != nil {
+			return 0, 0, 0, fmt.Errorf("write %s: %w", l.arrivalPath, err)
+		}
+		arrival = max(last+1, st.Mtime*1000)
+		l.arrival.mu.Lock()
+		if !l.arrival.known || st.Version > l.arrival.version { // not behind a join of this Locker's that ended first
+			l.arrival.known, l.arrival.version, l.arrival.last = true, st.Version, arrival
+		}
+		l.arrival.mu.Unlock()
+		return st.Mzxid, arrival, st.Mtime, nil
+	}
+	return 0, 0, 0, fmt.Errorf("write %s: other joins kept winning the race: %w", l.arrivalPath, ctx.Err())
+}
+
+// nextArrival is the last arrival the arrival node handed out, from its
+// data (the arrival of the write before) and stat: none (0) for a node
+// never written, else max(data + 1, mtime in microseconds).
+func nextArrival(data []byte, st *zk.Stat) int64 {
+	if st.Version == 0 {
+		return 0
+	}
+	prev, _ := strconv.ParseInt(string(data), 10, 64) // unreadable: 0
+	return max(prev+1, st.Mtime*1000)
 }
 
 // isConflict tells whether a write failed because the nodes changed since

@@ -151,15 +151,27 @@ func TestWaiterNames(t *testing.T) {
 	if len(h) != 32 || h == ownerHash("owner2") {
 		t.Fatalf("ownerHash = %q: want 32 hex characters, distinct per owner", h)
 	}
-	a, b := waiterName(9, h), waiterName(10, h)
+	a, b := waiterName(5, 9, h), waiterName(5, 10, h)
 	if a >= b {
-		t.Fatalf("waiter names do not sort by ticket: %q >= %q", a, b)
+		t.Fatalf("waiter names of one rank do not sort by ticket: %q >= %q", a, b)
 	}
-	ticket, hash, ok := parseWaiter(b)
-	if !ok || ticket != 10 || hash != h {
-		t.Fatalf("parseWaiter(%q) = %d, %q, %v", b, ticket, hash, ok)
+	if c := waiterName(4, 11, h); c >= a {
+		t.Fatalf("waiter names do not sort by rank: %q >= %q", c, a)
 	}
-	for _, bad := range []string{"holder", "w-12-x", "w-abcdefghijklmnopqrs-x", "k-1"} {
+	rank, ticket, hash, ok := parseRanked(b)
+	if !ok || rank != 5 || ticket != 10 || hash != h {
+		t.Fatalf("parseRanked(%q) = %d, %d, %q, %v", b, rank, ticket, hash, ok)
+	}
+	// An earlier release's name: its rank is its ticket, so it sorts (as a
+	// name too) before every rank in microseconds since 1970.
+	legacy := legacyWaiterName(12, h)
+	if rank, ticket, hash, ok := parseRanked(legacy); !ok || rank != 12 || ticket != 12 || hash != h {
+		t.Fatalf("parseRanked(%q) = %d, %d, %q, %v; want rank and ticket 12", legacy, rank, ticket, hash, ok)
+	}
+	if now := waiterName(time.Now().UnixMicro()-lock.MaxBoost.Microseconds(), 13, h); legacy >= now {
+		t.Fatalf("a legacy waiter's name does not sort before a new one's: %q >= %q", legacy, now)
+	}
+	for _, bad := range []string{"holder", "w-12-x", "w-abcdefghijklmnopqrs-x", "k-1", waiterName(1, 2, ""), legacyWaiterName(1, "a-b")} {
 		if _, _, ok := parseWaiter(bad); ok {
 			t.Errorf("parseWaiter(%q) accepted a name that is not a waiter's", bad)
 		}

@@ -1,8 +1,8 @@
 // Package zookeeper implements lock.Locker on an Apache ZooKeeper ensemble
 // (3.5 or newer), with the classic recipe: ephemeral nodes that vanish with a
-// crashed holder's session, a FIFO queue of ephemeral waiter nodes in which
-// each waiter watches only the node ahead of it, and multi-key leases taken in
-// one transaction (multi), so a lease holds all its keys or none and two
+// crashed holder's session, a queue of ephemeral waiter nodes (FIFO, or by
+// arrival less Request.Boost: see Priority) in which each waiter watches only
+// the node ahead of it, and multi-key leases taken in one transaction (multi), so a lease holds all its keys or none and two
 // multi-key requests never deadlock. A key is held by one lease (a mutex:
 // Request.Limit 0 or 1) or by up to Limit leases at once (a counting
 // semaphore: Limit > 1), each with its own fencing token.
@@ -11,8 +11,12 @@
 //
 // For Config.Root R (default /lockwarden) and a lock key K:
 //
-//	R/ticket                  data unused: its mzxid and mtime are a ticket
-//	                          counter and the ensemble's clock (see below)
+//	R/ticket                  data unused: its mtime is the ensemble's clock
+//	                          (see below); its mzxid was the queue's ticket
+//	                          counter before R/arrival
+//	R/arrival                 data: the last arrival but one handed out (µs,
+//	                          decimal); written by every join, its mzxid is
+//	                          the joiner's ticket (see Priority)
 //	R/keys/k-<enc K>          one persistent node per key ever used; data
 //	                          (JSON): K, and after a recovery move the lease's
 //	                          token. Every acquisition and every move writes
@@ -31,11 +35,13 @@
 //	                          EPHEMERAL: a renewal node, one per Locker and
 //	                          TTL; its mtime is the last renewal of every
 //	                          lease on it (see session.go)
-//	R/keys/k-<enc K>/w-<ticket>-<owner hash>
+//	R/keys/k-<enc K>/w-<rank>-<ticket>-<owner hash>
 //	                          EPHEMERAL: one queued waiter; data: owner hash,
-//	                          holder. The place is the ticket in the name, not
-//	                          a sequence number, so the node can be moved into
-//	                          another session under the same name (see Queue)
+//	                          holder. The place is the rank and ticket in the
+//	                          name (19 digits each), not a sequence number, so
+//	                          the node can be moved into another session under
+//	                          the same name (see Queue); an earlier release's
+//	                          are w-<ticket>-<owner hash> (see Priority)
 //	R/keys/k-<enc K>/r-<owner hash>
 //	                          persistent: a replacement mark, the owner's
 //	                          waiter was dropped by a request with Replace;
@@ -151,9 +157,10 @@
 // # Queue
 //
 // A queued request (Request.Queue) that cannot take its keys joins the queue
-// of every key with one ticket, the mzxid of a write to R/ticket: one global
-// order, so a multi-key waiter has the same rank in every queue and no two
-// waiters can each be ahead of the other. Waiter node names sort by ticket.
+// of every key with one ticket, the mzxid of its write to R/arrival, and one
+// rank (see Priority): one global order, so a multi-key waiter has the same
+// place in every queue and no two waiters can each be ahead of the other.
+// Waiter node names sort by rank, then ticket: the queue's order.
 // Calling TryAcquire again refreshes the waiter nodes (setData), which moves
 // their mtime. A waiter node of another session (queued through an earlier
 // Locker: before an operator restart or failover) is refreshed by moving it
@@ -169,7 +176,7 @@
 // wrote, so dead waiters are pruned by the ensemble's clock, never the
 // client's. A waiter takes a key only while the live waiters ahead of it are
 // fewer than the free slots (one for a free mutex), so the first free slots
-// go to the oldest waiters. Acquire waits on a ZooKeeper watch: at the head
+// go to the best-ranked waiters. Acquire waits on a ZooKeeper watch: at the head
 // of the queue, on a node whose deletion makes room (the holder node, or a
 // slot of another owner), else on the live waiter just ahead of it, so a
 // release wakes one waiter, not the herd (a request without Queue watches
@@ -180,6 +187,52 @@
 // own renewals and releases are one multi without reads (check the key node's
 // version, write or delete the holder node at its version); when anything
 // changed in between the check fails and it falls back to reading.
+//
+// # Priority
+//
+// A waiter's rank is its arrival less its Request.Boost, in microseconds:
+// the queue is ordered by rank, then ticket, so a boosted waiter goes ahead
+// of those that arrived less than its boost before it, and equal boosts keep
+// arrival order. The arrival is the ensemble's clock at the join, made
+// monotonic by the arrival node: a join writes R/arrival at the version it
+// knows, and its arrival is max(last + 1, the write's mtime in µs), where
+// last, the previous arrival, is what the node's data and mtime say (the
+// data is the arrival of the write before: max(data + 1, mtime)). The
+// version check serializes the joins of every Locker sharing the ensemble,
+// so arrivals grow with tickets, and the rank comes from the clock of the
+// leader, where the queue lives; the waiter nodes then carry it in their
+// names. A write that finds another version (another Locker joined since)
+// reads the node and writes again; a Locker that joined last writes at the
+// version it knows without reading. So a join costs what it did before
+// ranks, one write of a counter node (R/ticket then) and the multi that
+// creates the waiter nodes, plus a read and a write when another Locker
+// joined since (or for a Locker's first join), again for each join that
+// wins the race meanwhile. A refresh keeps the name, so the rank: a waiter
+// that calls again keeps its place whatever boost it asks for. Requests
+// that do not queue never touch the arrival node. Replace compares
+// tickets, not ranks: it drops the waiters that arrived before it.
+//
+// Clock skew between the servers: the rank uses the clock of the leader
+// that committed the join. After an election to a leader whose clock is
+// behind, arrivals go on from the last one (1 µs apart) until its clock
+// catches up, so equal boosts keep their order and a boost is measured
+// against a clock that stood still for the difference; a leader whose clock
+// is ahead makes the waiters that joined before the election look earlier
+// by the difference, which shortens the head start of a boosted waiter
+// against them by as much (never the order of equal boosts). Within the
+// skew allowance (see Consistency) that is milliseconds against boosts of
+// seconds to a day.
+//
+// Upgrades: a waiter node an earlier release made (w-<ticket>-<owner hash>)
+// ranks by its ticket, a zxid (the election epoch times 2^32 plus a
+// counter), far below any arrival in microseconds since 1970, so the
+// waiters queued before the upgrade are served first, in ticket order, then
+// the ranked ones. An earlier release reads a ranked name as
+// w-<ticket>-<hash> with the rank as its ticket, so during a rolling upgrade
+// both releases see the same order; it never recognizes such a node as its
+// owner's, so an operator rolled back queues its waiters again (the old
+// nodes are pruned after the waiter TTL). A legacy waiter that calls again
+// through this release keeps its name, so its place.
 //
 // # Replace and Preempt
 //
@@ -292,6 +345,8 @@ type Locker struct {
 	log  logr.Logger
 
 	root, keysPath, ticketPath string
+	arrivalPath                string
+	arrival                    arrivalClock // what this Locker knows of arrivalPath (state.go)
 	sessionsPath               string
 	sess                       sessions // renewal nodes created (session.go)
 	acl                        []zk.ACL
@@ -367,6 +422,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	l.Acquisitions = lock.Acquisitions[string]{Attempt: l.attempt, Wait: l.wait}
 	l.keysPath = l.root + "/keys"
 	l.ticketPath = l.root + "/ticket"
+	l.arrivalPath = l.root + "/arrival"
 	l.sessionsPath = l.root + "/sessions"
 	l.acl = zk.WorldACL(zk.PermAll)
 	if cfg.Digest != "" {
@@ -684,7 +740,8 @@ func rawCall[T any](ctx context.Context, l *Locker, fn func(c *zk.Conn) (T, erro
 }
 
 // ready authenticates the session (once: the client re-sends the credentials
-// on every reconnect) and creates the Root, keys and ticket nodes.
+// on every reconnect) and creates the Root, keys, ticket, arrival and
+// sessions nodes.
 func (l *Locker) ready(ctx context.Context) error {
 	if l.isReady.Load() {
 		return nil // every call passes here: no lock once ready
@@ -701,7 +758,7 @@ func (l *Locker) ready(ctx context.Context) error {
 			return fmt.Errorf("digest authentication: %w", err)
 		}
 	}
-	for _, p := range append(ancestors(l.root), l.root, l.keysPath, l.ticketPath, l.sessionsPath) {
+	for _, p := range append(ancestors(l.root), l.root, l.keysPath, l.ticketPath, l.arrivalPath, l.sessionsPath) {
 		if err := l.createPersistent(ctx, p, nil); err != nil {
 			return fmt.Errorf("create %s: %w", p, err)
 		}
@@ -894,24 +951,63 @@ func ownerHash(owner string) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// waiterName is the name of a waiter node: ticket (zero-padded so names sort
-// by ticket) and owner hash.
-func waiterName(ticket int64, hash string) string {
+// waiterName is the name of a waiter node: rank, ticket (both zero-padded,
+// so names sort by rank, then ticket) and owner hash.
+func waiterName(rank, ticket int64, hash string) string {
+	return fmt.Sprintf("%s%019d-%019d-%s", waiterPrefix, rank, ticket, hash)
+}
+
+// legacyWaiterName is the name of a waiter node an earlier release makes:
+// ticket and owner hash, no rank.
+func legacyWaiterName(ticket int64, hash string) string {
 	return fmt.Sprintf("%s%019d-%s", waiterPrefix, ticket, hash)
 }
 
 // parseWaiter splits a waiter node name; ok is false for other names.
 func parseWaiter(name string) (ticket int64, hash string, ok bool) {
-	rest, found := strings.CutPrefix(name, waiterPrefix)
-	if !found || len(rest) < 21 || rest[19] != '-' {
-		return 0, "", false
-	}
-	ticket, err := strconv.ParseInt(rest[:19], 10, 64)
-	if err != nil || ticket < 0 {
-		return 0, "", false
-	}
-	return ticket, rest[20:], true
+	_, ticket, hash, ok = parseRanked(name)
+	return ticket, hash, ok
 }
+
+// parseRanked splits a waiter node name (waiterName, or legacyWaiterName,
+// whose rank is its ticket: see the package documentation, Priority); ok
+// is false for other names.
+func parseRanked(name string) (rank, ticket int64, hash string, ok bool) {
+	rest, found := strings.CutPrefix(name, waiterPrefix)
+	if !found {
+		return 0, 0, "", false
+	}
+	first, rest, found := cutNumber(rest)
+	if !found {
+		return 0, 0, "", false
+	}
+	if second, h, found := cutNumber(rest); found {
+		return first, second, h, validHash(h)
+	}
+	return first, first, rest, validHash(rest)
+}
+
+// cutNumber splits "<19 digits>-<rest>" into the number and the rest; found
+// is false when s does not start so.
+func cutNumber(s string) (n int64, rest string, found bool) {
+	if len(s) < 21 || s[19] != '-' {
+		return 0, "", false
+	}
+	for _, c := range s[:19] {
+		if c < '0' || c > '9' {
+			return 0, "", false
+		}
+	}
+	n, err := strconv.ParseInt(s[:19], 10, 64)
+	if err != nil {
+		return 0, "", false
+	}
+	return n, s[20:], true
+}
+
+// validHash tells whether the end of a waiter node name can be an owner
+// hash: not empty, no '-'.
+func validHash(h string) bool { return h != "" && !strings.Contains(h, "-") }
 
 // drift is the clock drift allowance on a lease's validity: 1% plus 2ms.
 func drift(d time.Duration) time.Duration { return d/100 + 2*time.Millisecond }
