@@ -23,7 +23,7 @@ import (
 
 // The concurrency sample's CronJob stops its pods within this (its
 // terminationGracePeriodSeconds).
-const concurrencyGrace = 20 * time.Second
+const concurrencyGrace = 10 * time.Second
 
 // applyConcurrencySample applies the "GitHub Actions concurrency" sample as
 // written (its lock, contention CancelInProgress, and its CronJob) and
@@ -105,8 +105,9 @@ func TestCancelInProgressOnACronJobLane(t *testing.T) {
 	kubectl(t, "", "create", "job", "--from=cronjob/search-index-refresh", "refresh-2", "-n", ns)
 	created := time.Now()
 
-	// The lock's TTL is 15 s: its holder learns it is cancelled at its next
-	// renewal (5 s at most), then its pods get their grace period.
+	// The lock's TTL is 30 s: its holder learns it is cancelled at its next
+	// renewal (10 s at most), then its pods get their grace period, within
+	// the 20 s its lease has left at least.
 	old := waitJobFailed(t, ns, "refresh-1", 2*time.Minute)
 	failed := jobCondition(old, batchv1.JobFailed)
 	if failed.Reason != locksv1alpha1.JobReasonCancelled || !strings.Contains(failed.Message, "CancelInProgress") {
