@@ -72,6 +72,12 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 		// argument sent is parsed on every acquisition.
 		args = args[:3]
 	}
+	if req.Boost > 0 {
+		// The head start (ARGV 9, or 10 after a semaphore's limit): sent
+		// only when there is one, so a request without Boost costs what it
+		// did.
+		args = append(args, req.Boost.Microseconds())
+	}
 	needsAck := granted
 	if req.Replace {
 		// A refusal of a request with Replace wrote the marks of the queue

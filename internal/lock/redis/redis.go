@@ -15,9 +15,10 @@
 //	P{K}:lock       the mutex lease, with its TTL:
 //	                "<length of owner>:<owner> <fence> <acquired us> <holder>" (lua/lease.lua)
 //	P{K}:fence      last fencing token issued for K (no TTL: must outlive leases)
-//	P{K}:queue      FIFO queue: waiting owner -> ticket
+//	P{K}:queue      the queue: waiting owner -> rank (arrival less Boost)
 //	P{K}:deadlines  waiting owner -> heartbeat deadline (server milliseconds)
-//	P{K}:waiters    waiting owner -> "<since microseconds> <holder>"
+//	P{K}:waiters    waiting owner -> "<since microseconds> <holder>", since
+//	                being the waiter's arrival (its ticket)
 //	P{K}:slots      semaphore holder owner -> expiry (server milliseconds)
 //	P{K}:slotfences semaphore holder owner -> fencing token (acquisition order)
 //	P{K}:slotmeta   semaphore holder owner -> "<fence> <acquired us> <limit> <holder>"
@@ -26,12 +27,50 @@
 //	P{K}:preempted  largest fencing token a request with Preempt stopped;
 //	                TTL: the longest-lived holding it stopped
 //	P{K}:released   pub/sub channel of K's releases
-//	Plockwarden:ticket  ticket counter shared by all keys under P
+//	Plockwarden:ticket  ticket counter shared by all keys under P: the last
+//	                arrival handed out (server microseconds)
 //	P{S}:ticket     with Config.Scopes, the ticket counter of the keys of scope S
 //
-// A waiter's ticket is above every ticket queued on its keys, whatever the
+// A waiter's ticket is above every rank queued on its keys, whatever the
 // counter says (a counter that is new, reset or not a number orders nobody
 // ahead of those already waiting).
+//
+// # Priority
+//
+// A key's queue is ordered by rank: the waiter's arrival less its
+// lock.Request.Boost, in microseconds (ties by owner). The arrival is the
+// waiter's ticket: in standalone and Sentinel mode the server's TIME when it
+// joins, made monotonic by the ticket counter (max(counter + 1, TIME)), so
+// that equal boosts keep exact FIFO order between Lockers and operators
+// sharing the server; in Redlock mode the client's proposal (its clock plus
+// a lead) kept within each node's TIME +- 20ms, as before, so that the nodes
+// give the same arrival and rank. The rank is computed in the acquisition
+// script with the join, and a waiter that calls again within the waiter TTL
+// keeps the arrival and rank it joined with, on every key (that of its
+// latest arrival among them). Replace compares arrivals, not ranks. Clock
+// skew: in standalone and Sentinel mode the order comes from the one
+// master's clock (a failover to a replica whose clock is behind only delays
+// new arrivals behind the counter, never reorders them); in Redlock mode
+// arrivals are the clients' clocks within the window of each node's, so
+// requests of operators whose clocks differ by d can be ordered up to d (at
+// most the window) out of their real order, and a client skewed past the
+// window gets a clamped, different arrival on each node until the nodes
+// converge on the largest. The cost: a request without Boost sends the same
+// arguments and makes the same calls as before; a waiter's join reads its
+// waiters entry (one HGET per key) for its arrival; a request with Boost
+// sends one more argument; Replace reads every waiter's arrival on its keys
+// (one HGET each) instead of one range by score.
+//
+// Upgrade: places queued by an older release have their ticket as score and
+// a since time that is not their ticket; they keep their score as their rank
+// and their since time as their arrival (Replace). In standalone and Sentinel
+// mode their tickets (small counter values) rank ahead of every arrival in
+// microseconds, so they are served first, in their order, and then the new
+// waiters; in Redlock mode their tickets were already client clocks, so old
+// and new waiters are served in arrival order. An older release that joins
+// after this one takes the counter (now an arrival) + 1, behind every
+// waiter, and its Replace compares scores: during a rolling upgrade Boost
+// holds only between operators of this release.
 //
 // A mutex (Limit 0 or 1) holds lock; a semaphore holder (Limit N > 1)
 // holds one member of each slot key instead, expiring by the score in slots

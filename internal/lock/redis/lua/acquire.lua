@@ -3,9 +3,10 @@
 -- KEYS: ten per lock key, in this order, and then one shared key:
 --   lock       string  the lease (lease.lua), with the lease TTL
 --   counter    string  last fencing token issued for the key (no TTL)
---   queue      zset    waiting owner -> ticket (FIFO order)
+--   queue      zset    waiting owner -> rank: arrival less head start (queue order)
 --   deadlines  zset    waiting owner -> heartbeat deadline (server milliseconds)
---   waiters    hash    waiting owner -> "<since microseconds> <holder>"
+--   waiters    hash    waiting owner -> "<since microseconds> <holder>", since
+--                      being its arrival (ticket)
 --   slots      zset    semaphore holder -> expiry (server milliseconds); see semacquire.lua
 --   slotfences zset    semaphore holder -> fencing token (acquisition order)
 --   slotmeta   hash    semaphore holder -> "<fence> <acquired us> <limit> <holder>"
@@ -31,18 +32,27 @@
 -- ARGV 4 to 8 may be left out together (a standalone or Sentinel request that
 -- does not queue): then 4 is "0", 6 and 8 are 0 and 7 is maxFence
 -- (acquirefast.lua).
--- Tickets order a key's queue. Where the owner is queued, it keeps its place
--- (raised to ARGV[6] when that is larger, so that the nodes converge on the
--- client's ticket). Where it is not, it takes ARGV[6] (a node that missed the
--- join or restarted empty learns the place the other nodes gave it), unless
--- this very call pruned its expired place: a waiter that missed its
--- heartbeats loses its place. Otherwise it draws a new ticket: the shared
--- counter + 1 (the back of the queue) or, with a proposal (Redlock), the
--- proposal kept within TIME +- window. The proposal is the client's clock,
--- the same for every node, so the nodes an attempt reaches give the same
--- ticket, whatever joins each of them saw or missed before and in whatever
--- order a slow node runs the scripts; waiters are ordered by their clients'
--- clocks, within the window. The counter is raised to every ticket handed out.
+-- A waiter's ticket is its arrival, and its rank (its score in queue) the
+-- arrival less its head start (ARGV 9): ranks order a key's queue, so that
+-- equal head starts are served in arrival order (ties: by owner). Where the
+-- owner is queued, it keeps its arrival and rank (the arrival raised to
+-- ARGV[6] when that is larger, so that the nodes converge on the client's
+-- ticket; then the rank is the new arrival less the head start). Where it is
+-- not, it takes ARGV[6] (a node that missed the join or restarted empty
+-- learns the place the other nodes gave it), unless this very call pruned its
+-- expired place: a waiter that missed its heartbeats loses its place.
+-- Otherwise it draws a new arrival: this server's TIME in microseconds, made
+-- monotonic by the shared counter + 1 (so that equal head starts keep exact
+-- FIFO order between Lockers sharing the server) or, with a proposal
+-- (Redlock), the proposal kept within TIME +- window. The proposal is the
+-- client's clock, the same for every node, so the nodes an attempt reaches
+-- give the same ticket, whatever joins each of them saw or missed before and
+-- in whatever order a slow node runs the scripts; waiters are ordered by
+-- their clients' clocks, within the window. The counter is raised to every
+-- ticket handed out. Request.Replace compares arrivals, not ranks. A place
+-- queued by an older release (its ticket as its score: a counter value in
+-- standalone and Sentinel mode, far below any arrival in microseconds, or a
+-- proposal in Redlock mode) keeps its score as its rank and its ticket.
 -- The fencing token is the largest of: every key's counter + 1; this server's
 -- TIME in microseconds; the proposal, capped at TIME + window. With a
 -- proposal, a key without a counter (never used, or lost in an empty restart)
@@ -175,7 +185,7 @@ end
 if busy > 0 then
   local tk = 0
   if policy >= 1 then
-    tk = joinQueues(n, owner, ARGV[3], tonumber(ARGV[6]), proposal, prunedSelf, nowUs, nowUsStr, tonumber(ARGV[5]))
+    tk = joinQueues(n, owner, ARGV[3], tonumber(ARGV[6]), proposal, prunedSelf, nowUs, nowUsStr, tonumber(ARGV[5]), tonumber(ARGV[9]) or 0)
   end
   local qk = KEYS[(busy - 1) * stride + 3]
   local position = redis.call('ZRANK', qk, owner)

@@ -1,7 +1,7 @@
 -- queue.lua: what acquire.lua and semacquire.lua share (prepended to both,
--- after lease.lua): the server's clock, the FIFO queues of lock keys, and
--- the fencing token's rule per key, and the queue rules of Request.Replace and
--- Request.Preempt. Each lock key has ten Redis keys (stride), in acquire.lua's
+-- after lease.lua): the server's clock, the queues of lock keys (ordered by
+-- rank: arrival less Request.Boost), the fencing token's rule per key, and
+-- the queue rules of Request.Replace and Request.Preempt. Each lock key has ten Redis keys (stride), in acquire.lua's
 -- order; b is the index before a lock key's first one: (i - 1) * stride for
 -- the i-th.
 
@@ -57,22 +57,42 @@ local function pruneWaiters(b, owner, afterNowMs)
   return self
 end
 
+-- arrivalOf is waiter w's arrival in the queue of the lock key at b, its
+-- ticket: the since time of its waiters entry ("<since us> <holder>"), nil
+-- when it has none.
+local function arrivalOf(b, w)
+  return tonumber(string.match(redis.call('HGET', KEYS[b + 5], w) or '', '^(%d+) '))
+end
+
 -- joinQueues puts owner, refused, in the queue of each of the n lock keys
 -- (or refreshes its place and heartbeat deadline there) and returns its
--- ticket: its place where it is queued (raised to the client's ticket, so
--- that the nodes converge on it), the client's ticket where it is not (a
--- node that missed the join or restarted empty learns the place the other
--- nodes gave it) unless this call pruned its expired place, and otherwise a
--- new one at the back: the counter (KEYS[#KEYS]) + 1, and above every ticket
--- queued on its keys (so that a counter that is new, was reset, or holds no
--- number orders nobody ahead of those already waiting), or, with a proposal
+-- ticket, its arrival: its arrival where it is queued (raised to the
+-- client's ticket, so that the nodes converge on it), the client's ticket
+-- where it is not (a node that missed the join or restarted empty learns the
+-- place the other nodes gave it) unless this call pruned its expired place,
+-- and otherwise a new arrival: this server's TIME in microseconds, made
+-- monotonic by the counter (KEYS[#KEYS]) + 1 and above every score queued on
+-- its keys (so that a counter that is new, was reset, or holds no number
+-- orders nobody ahead of those already waiting), or, with a proposal
 -- (Redlock), the proposal kept within TIME +- window. The counter is raised
--- to every ticket handed out. See acquire.lua's header.
-local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs, nowUsStr, waiterTTL)
-  local have = 0
+-- to every ticket handed out.
+-- A queue's score is the waiter's rank: its arrival less its head start
+-- boost (Request.Boost, microseconds). A waiter that keeps its arrival keeps
+-- the rank it joined with (that of its latest arrival among its keys); a new
+-- or raised arrival ranks at arrival - boost. The arrival is the since time of
+-- the waiters entry (arrivalOf). See acquire.lua's header.
+local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs, nowUsStr, waiterTTL, boost)
+  local have, rank = 0, 0
+  local arrived = {}
   for i = 1, n do
-    local s = redis.call('ZSCORE', KEYS[(i - 1) * stride + 3], owner)
-    if s and tonumber(s) > have then have = tonumber(s) end
+    local b = (i - 1) * stride
+    local s = tonumber(redis.call('ZSCORE', KEYS[b + 3], owner) or '')
+    if s then
+      -- A place queued by an older release has its ticket as its score.
+      local a = arrivalOf(b, owner) or s
+      arrived[i] = a
+      if a > have then have, rank = a, s end
+    end
   end
   local c = tonumber(redis.call('GET', KEYS[#KEYS]) or '0')
   if not c or c < 0 or c >= 2 ^ 53 then c = 0 end
@@ -84,7 +104,7 @@ local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs,
   elseif proposal > 0 then
     tk = math.min(math.max(proposal, nowUs - window), nowUs + window)
   else
-    local last = c
+    local last = math.max(c, nowUs - 1)
     for i = 1, n do
       local top = redis.call('ZRANGE', KEYS[(i - 1) * stride + 3], -1, -1, 'WITHSCORES')
       local v = tonumber(top[2])
@@ -92,14 +112,18 @@ local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs,
     end
     tk = last + 1
   end
+  if tk > have then rank = tk - boost end
   if c < tk then redis.call('SET', KEYS[#KEYS], int(tk)) end
+  local tkStr = nowUsStr
+  if tk ~= nowUs then tkStr = int(tk) end
+  local rankStr = int(rank)
   local deadline = int(math.floor(nowUs / 1000) + waiterTTL)
   for i = 1, n do
     local b = (i - 1) * stride
-    if not redis.call('ZSCORE', KEYS[b + 3], owner) then
-      redis.call('HSET', KEYS[b + 5], owner, nowUsStr .. ' ' .. holder)
+    if arrived[i] ~= tk then
+      redis.call('HSET', KEYS[b + 5], owner, tkStr .. ' ' .. holder)
     end
-    redis.call('ZADD', KEYS[b + 3], int(tk), owner)
+    redis.call('ZADD', KEYS[b + 3], rankStr, owner)
     redis.call('ZADD', KEYS[b + 4], deadline, owner)
     -- A queue nobody refreshes disappears on its own.
     for j = 3, 5 do redis.call('PEXPIRE', KEYS[b + j], int(waiterTTL * 2)) end
@@ -116,30 +140,33 @@ local function isReplaced(b, owner, nowMs)
 end
 
 -- replaceOlder applies Request.Replace for owner: on each of the n lock keys
--- with a queue (queued[i]), the waiters queued before it (a smaller ticket
--- than its own: its place where it is queued, else the client's ticket, else
--- every waiter) leave the queue and are marked replaced for two waiter TTLs
--- (replaced zset: owner -> until, server milliseconds), so that their next
--- calls learn it instead of joining again. The replaced zset lives as long as
--- its latest mark.
+-- with a queue (queued[i]), the waiters that arrived before it (a smaller
+-- ticket, arrivalOf, than its own: its arrival where it is queued, else the
+-- client's ticket, else every waiter), whatever their rank, leave the queue
+-- and are marked replaced for two waiter TTLs (replaced zset: owner -> until,
+-- server milliseconds), so that their next calls learn it instead of joining
+-- again. A place queued by an older release has its ticket as its score.
+-- The replaced zset lives as long as its latest mark.
 local function replaceOlder(n, queued, owner, ticket, nowMs, waiterTTL)
   local mine = 0
   for i = 1, n do
     if queued[i] then
-      local s = tonumber(redis.call('ZSCORE', KEYS[(i - 1) * stride + 3], owner) or '0') or 0
-      if s > mine then mine = s end
+      local b = (i - 1) * stride
+      local s = tonumber(redis.call('ZSCORE', KEYS[b + 3], owner) or '')
+      local a = s and (arrivalOf(b, owner) or s) or 0
+      if a > mine then mine = a end
     end
   end
   if mine == 0 then mine = ticket end
-  local below = '+inf'
-  if mine > 0 then below = '(' .. int(mine) end
   local mark = int(nowMs + 2 * waiterTTL)
   for i = 1, n do
     if queued[i] then
       local b = (i - 1) * stride
       local dropped = false
-      for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[b + 3], '-inf', below)) do
-        if w ~= owner then
+      local ws = redis.call('ZRANGE', KEYS[b + 3], 0, -1, 'WITHSCORES')
+      for j = 1, #ws, 2 do
+        local w = ws[j]
+        if w ~= owner and (mine <= 0 or (arrivalOf(b, w) or tonumber(ws[j + 1])) < mine) then
           redis.call('ZREM', KEYS[b + 3], w)
           redis.call('ZREM', KEYS[b + 4], w)
           redis.call('HDEL', KEYS[b + 5], w)

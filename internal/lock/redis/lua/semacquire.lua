@@ -4,7 +4,7 @@
 -- KEYS: ten per lock key (as acquire.lua), and then one shared key:
 --   lock       string  a mutex holder's lease (Limit 1; lease.lua)
 --   counter    string  last fencing token issued for the key (no TTL; shared with the mutex)
---   queue      zset    waiting owner -> ticket (FIFO order)
+--   queue      zset    waiting owner -> rank (queue order; acquire.lua)
 --   deadlines  zset    waiting owner -> heartbeat deadline (server milliseconds)
 --   waiters    hash    waiting owner -> "<since microseconds> <holder>"
 --   slots      zset    holding owner -> expiry (server milliseconds)
@@ -16,8 +16,10 @@
 -- The three slot keys live as long as their longest-lived holder; a holder
 -- past its expiry is pruned by the next semaphore script that sees it.
 -- ARGV: 1-8 as acquire.lua (tickets too), but 1 is the owner token itself, and
---   9 limit: how many holders the key admits (at least 2). ARGV 4 is at most
---   "2" (join and replace): a semaphore request does not preempt.
+--   9 limit: how many holders the key admits (at least 2)
+--   10 head start in the queue (Request.Boost) in microseconds; may be left
+--   out (0). ARGV 4 is at most "2" (join and replace): a semaphore request
+--   does not preempt.
 -- A key is free for the owner when it holds a slot already, or when no mutex
 -- holds it and the owner's position in the live queue (its rank, or the queue
 -- length when it is not queued) is below the free slots: the smallest limit
@@ -115,7 +117,7 @@ end
 if busy > 0 then
   local tk = 0
   if join then
-    tk = joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs, nowUsStr, waiterTTL)
+    tk = joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs, nowUsStr, waiterTTL, tonumber(ARGV[10]) or 0)
   end
   local position = redis.call('ZRANK', key(busy, 3), owner)
   if not position then position = -1 end
