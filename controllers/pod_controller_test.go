@@ -351,10 +351,10 @@ func TestPodThatLosesItsLeaseUnderTerminateIsEvicted(t *testing.T) {
 		}
 		return p.Annotations[locksv1alpha1.AnnotationLost] != "" && p.DeletionTimestamp != nil, fmt.Sprint(p.Annotations, p.DeletionTimestamp)
 	})
-	ok, evs := hasEvent(t, ns, "singleton", locksv1alpha1.EventTerminated)
-	if !ok {
-		t.Fatalf("no Terminated Event on the Pod: %s", evs)
-	}
+	// The Event follows the eviction, which the loop above may see first.
+	eventually(t, 10*time.Second, "a Terminated Event on the Pod", func() (bool, string) {
+		return hasEvent(t, ns, "singleton", locksv1alpha1.EventTerminated)
+	})
 }
 
 func TestRemovingTheGateIsRefusedToTenants(t *testing.T) {
