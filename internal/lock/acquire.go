@@ -70,8 +70,14 @@ func BlockingAcquire[E any](ctx context.Context, o *Options, req Request, s Step
 			// would queue this one again behind it.
 			return nil, err
 		}
-		if ctx.Err() != nil && lastErr != nil {
+		if ctx.Err() != nil {
 			// Cut short by ctx: the attempt before says more about the keys.
+			// Without one, what the cut attempt wrote may have landed (a
+			// queued place, which Dequeue below takes back) but no lease
+			// was granted: the keys were not acquired.
+			if lastErr == nil {
+				lastErr = fmt.Errorf("%w: the attempt was cut short: %w", ErrNotAcquired, err)
+			}
 			break
 		}
 		lastErr = err
