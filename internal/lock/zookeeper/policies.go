@@ -52,6 +52,7 @@ func (l *Locker) checkReplaced(ctx context.Context, req lock.Request, hash strin
 	}
 	for _, p := range own {
 		if l.markLive(p.view.marks[hash], nowMs) {
+			l.leaveQueues(ctx, plans)
 			return fmt.Errorf("%s: %w: a newer request took its place in the queue of key %q", op, lock.ErrReplaced, p.view.key)
 		}
 	}
@@ -59,6 +60,23 @@ func (l *Locker) checkReplaced(ctx context.Context, req lock.Request, hash strin
 		p.deadMarks = append(p.deadMarks, p.view.marks[hash])
 	}
 	return nil
+}
+
+// leaveQueues deletes the waiter nodes of the attempt's owner still in
+// plans (at the versions read) when it was replaced: one it wrote again
+// after its first was dropped, from a read that missed the mark, would
+// otherwise stay in the queue until its waiter TTL ran out. Best effort: a
+// node changed or gone meanwhile is left to that.
+func (l *Locker) leaveQueues(ctx context.Context, plans []*keyPlan) {
+	var ops []any
+	for _, p := range plans {
+		if p.mine != nil && p.mine.stat != nil {
+			ops = append(ops, &zk.DeleteRequest{Path: l.keyPath(p.view.key) + "/" + p.mine.name, Version: p.mine.stat.Version})
+		}
+	}
+	if len(ops) > 0 {
+		_, _ = l.multi(ctx, ops)
+	}
 }
 
 // dropOlder applies Request.Replace to plans (after the attempt joined or

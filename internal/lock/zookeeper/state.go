@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -219,10 +220,32 @@ func (v *keyView) lastFence(keyData []byte) int64 {
 	return v.kstat.Mzxid
 }
 
+// tornReads is how many times readKeys reads again when a node listed was
+// gone by the time it was read.
+const tornReads = 3
+
 // readKeys reads the key nodes' children (the holder or slots and the queue),
 // then the holder, slot and waiter nodes and the replacement marks, all
 // requests of a phase pipelined.
+//
+// A node listed but gone when read means a write landed between the two
+// phases: the listing predates it, so a node that write created (a
+// replacement mark beside the waiter it deleted) may be missing. Such a
+// torn view is read again, up to tornReads times: a waiter whose own node
+// vanished must see the mark that says why, or it would join the queue
+// again at the back after it was replaced.
 func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error) {
+	for i := 0; ; i++ {
+		views, torn, err := l.readKeysOnce(ctx, keys)
+		if err != nil || !torn || i+1 >= tornReads {
+			return views, err
+		}
+	}
+}
+
+// readKeysOnce is one read of readKeys; torn tells whether a node listed
+// was gone when read.
+func (l *Locker) readKeysOnce(ctx context.Context, keys []string) ([]*keyView, bool, error) {
 	views := make([]*keyView, len(keys))
 	names := make([][]string, len(keys))
 	errs := parallel(len(keys), func(i int) error {
@@ -247,7 +270,7 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 		return nil
 	})
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	type task struct {
 		view *keyView
@@ -270,6 +293,7 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 		stat *zk.Stat
 	}
 	results := make([]*got, len(tasks))
+	var gone atomic.Bool
 	errs = parallel(len(tasks), func(i int) error {
 		p := l.keyPath(tasks[i].view.key) + "/" + tasks[i].name
 		g, err := call(ctx, l, func(c *zk.Conn) (*got, error) {
@@ -277,7 +301,8 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 			return &got{d, st}, err
 		})
 		if errors.Is(err, zk.ErrNoNode) {
-			return nil // gone since the listing: as if never seen
+			gone.Store(true) // gone since the listing: as if never seen
+			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("read %s: %w", p, err)
@@ -286,7 +311,7 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 		return nil
 	})
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	for i, t := range tasks {
 		g := results[i]
@@ -326,7 +351,7 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 		holders = append(holders, v.leases()...)
 	}
 	if err := l.readSessions(ctx, holders); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	for _, v := range views {
 		slices.SortFunc(v.slots, func(a, b *holderView) int { return cmp.Compare(a.fence(), b.fence()) })
@@ -334,7 +359,7 @@ func (l *Locker) readKeys(ctx context.Context, keys []string) ([]*keyView, error
 			return cmp.Or(a.compare(b), cmp.Compare(a.hash, b.hash))
 		})
 	}
-	return views, nil
+	return views, gone.Load(), nil
 }
 
 // sync makes the connected server catch up with the leader, so that the
