@@ -93,6 +93,9 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 	req := lock.Request{Keys: g.keys, TTL: lockTTL(g.dl), Owner: g.owner, Holder: g.holder.Encode(),
 		Queue: contention != locksv1alpha1.ContentionSkip, Limit: int(g.dl.Spec.MaxHolders),
 		Replace: contention == locksv1alpha1.ContentionReplaceQueued || contention == locksv1alpha1.ContentionCancelInProgress}
+	if req.Queue {
+		req.Boost = backend.Boost(g.dl, backend.WorkloadPriority(job.Annotations, job.Spec.Template.Spec.Priority))
+	}
 	lease, err := h.Locker.TryAcquire(ctx, req)
 	var busy *lock.HeldError
 	if errors.As(err, &busy) && contention == locksv1alpha1.ContentionCancelInProgress && cancellable(g, busy) {

@@ -328,7 +328,7 @@ func (r *WorkloadReconciler) admit(ctx context.Context, g *workloadLock) (ctrl.R
 		return r.takeOver(ctx, g, h, fence)
 	}
 	lease, err := h.Locker.TryAcquire(ctx, lock.Request{Keys: g.keys, TTL: lockTTL(g.dl), Owner: g.owner, Holder: g.holder.Encode(),
-		Queue: true, Limit: int(g.dl.Spec.MaxHolders)})
+		Queue: true, Limit: int(g.dl.Spec.MaxHolders), Boost: backend.Boost(g.dl, backend.WorkloadPriority(g.wl.Annotations, g.wl.Spec.Priority))})
 	var busy *lock.HeldError
 	switch {
 	case err == nil:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,6 +78,10 @@ type unitEnv struct {
 	// answered is closed when the backend first answers its health check.
 	answered chan struct{}
 	uids     int
+	// waiterTTL, when set before the lock's backend is first used, is the
+	// waiter TTL of the store's lockers (default lock.DefaultWaiterTTL):
+	// a test of queue order that does not call every waiter again meanwhile.
+	waiterTTL time.Duration
 }
 
 // newUnitEnv builds the operator as SetupWithManager wires it, on fakes.
@@ -103,7 +108,11 @@ func newUnitEnv(t *testing.T) *unitEnv {
 	}
 	e.store = store
 	newLocker := func(backend.Config) (backend.Locker, error) {
-		l, err := store.NewLocker(memory.WithClock(e.clock))
+		opts := []memory.Option{memory.WithClock(e.clock)}
+		if e.waiterTTL > 0 {
+			opts = append(opts, memory.WithWaiterTTL(e.waiterTTL))
+		}
+		l, err := store.NewLocker(opts...)
 		if err != nil {
 			return nil, err
 		}
@@ -264,11 +273,19 @@ func (e *unitEnv) updateLock(name string, change func(*locksv1alpha1.Distributed
 // webhook admits it (webhook.Gate: label, finalizer, suspended).
 func (e *unitEnv) submitJob(name, lockName string) *batchv1.Job {
 	e.t.Helper()
+	return e.submitJobWith(name, lockName, nil)
+}
+
+// submitJobWith is submitJob for a Job with more annotations.
+func (e *unitEnv) submitJobWith(name, lockName string, annotations map[string]string) *batchv1.Job {
+	e.t.Helper()
 	e.uids++
+	ann := map[string]string{locksv1alpha1.AnnotationLock: lockName}
+	maps.Copy(ann, annotations)
 	j := &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: unitNS, UID: types.UID(fmt.Sprintf("%s-%03d", name, e.uids)),
 			CreationTimestamp: metav1.NewTime(e.clock.Now()),
-			Annotations:       map[string]string{locksv1alpha1.AnnotationLock: lockName}},
+			Annotations:       ann},
 		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever,
 			Containers:    []corev1.Container{{Name: "work", Image: "busybox"}},

@@ -154,6 +154,18 @@ type DistributedLockSpec struct {
 	// +kubebuilder:default=Queue
 	Contention Contention `json:"contention,omitempty"`
 
+	// priority orders the queue by the workloads' priority, with aging:
+	// a workload of higher priority goes ahead of those that arrived less
+	// than a share of maxStarvationSeconds before it, so that nothing that
+	// arrives later than maxStarvationSeconds after a waiter ever goes ahead
+	// of it. A workload's priority is its lockwarden.io/priority annotation
+	// (a Job's, else its CronJob's), else its pod's priority (a Job's pod
+	// template priorityClassName, resolved at admission; a Pod's or Kueue
+	// Workload's spec.priority), else 0. Workloads of equal priority stay in
+	// exact FIFO order. Default: none (FIFO for all).
+	// +optional
+	Priority *Priority `json:"priority,omitempty"`
+
 	// maxWaitSeconds bounds how long a gated Job waits in the queue: past it
 	// the Job ends Failed with reason WaitTimedOut (a suspended Job's
 	// activeDeadlineSeconds does not count while it waits). A Job's or
@@ -242,6 +254,40 @@ type KeyFrom struct {
 	// +kubebuilder:validation:MaxLength=1024
 	Matches string `json:"matches,omitempty"`
 }
+
+// Priority orders a lock's queue by workload priority, with a bound on how
+// far priority can hold a waiter back (aging).
+//
+// A workload of priority p gets a head start in the queue of
+// maxStarvationSeconds × min(p, highest) / highest (none for p ≤ 0): it
+// queues as if it had arrived that much earlier. So a waiter is overtaken
+// only by workloads of higher priority that arrive less than the
+// difference of their head starts after it, and once it has waited
+// maxStarvationSeconds, no workload that arrives later goes ahead of it:
+// from then on it waits only for those already ahead, as in FIFO order.
+type Priority struct {
+	// maxStarvationSeconds is the head start of the highest priority, and
+	// so the longest a waiter can be passed by workloads that arrive after
+	// it. 1 to 86400.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
+	MaxStarvationSeconds int32 `json:"maxStarvationSeconds"`
+
+	// highest is the priority that gets the whole head start; a priority
+	// between 0 and highest gets its share in proportion, a higher one the
+	// whole, 0 and below none. For PriorityClass values (often 1000 to
+	// 1000000) set it to the class that should go first. Default 1000; 1 to
+	// 1000000000.
+	// +optional
+	// +kubebuilder:default=1000
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000000
+	Highest int32 `json:"highest,omitempty"`
+}
+
+// DefaultPriorityHighest is Priority.Highest when it is not set.
+const DefaultPriorityHighest = 1000
 
 // ManualHolder names a holder that is not a Kubernetes workload.
 type ManualHolder struct {

@@ -14,6 +14,13 @@ const (
 	// or CronJob: Queue, QueueLatest, ReplaceQueued, CancelInProgress or
 	// Skip. Users set it.
 	AnnotationContention = "lockwarden.io/contention"
+	// AnnotationPriority is a workload's priority in the queue of a lock
+	// with spec.priority: an integer, higher first (-2147483648 to
+	// 2147483647). On a Job, a CronJob (copied to its Jobs) or a Pod. Users
+	// set it; on a Job without one whose pod template names a
+	// priorityClassName, the admission webhook sets it to that class's
+	// value.
+	AnnotationPriority = "lockwarden.io/priority"
 	// AnnotationKey is the key a workload of a lock with spec.keyFrom was
 	// given at admission (as the expression gave it, before the scope
 	// prefix). Only the operator's webhook writes it.

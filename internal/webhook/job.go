@@ -5,10 +5,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -22,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
+	"github.com/lockwarden/lockwarden/internal/backend"
 	"github.com/lockwarden/lockwarden/internal/keyfrom"
 )
 
@@ -45,6 +48,7 @@ type JobGate struct {
 var _ admission.Defaulter[*batchv1.Job] = (*JobGate)(nil)
 
 // +kubebuilder:rbac:groups=batch,resources=cronjobs,verbs=get;list;watch
+// +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get
 
 // SetupWithManager registers the webhook at /mutate-batch-v1-job.
 func (g *JobGate) SetupWithManager(mgr ctrl.Manager) error {
@@ -66,6 +70,9 @@ func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 	errs := validateAnnotations(name, contention, path, source)
 	if s.hasMaxWait {
 		errs = append(errs, validateMaxWait(s.maxWait, path, s.maxWaitSource)...)
+	}
+	if s.hasPriority {
+		errs = append(errs, validatePriority(s.priority, path, s.prioritySource)...)
 	}
 	if len(errs) > 0 {
 		return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, errs)
@@ -89,6 +96,17 @@ func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 		return err
 	}
 	job.Annotations = setKey(job.Annotations, key)
+	if !s.hasPriority && dl != nil && dl.Spec.Priority != nil {
+		if s.priority, s.hasPriority, err = g.classPriority(ctx, job); err != nil {
+			return err
+		}
+	}
+	if s.hasPriority {
+		if job.Annotations == nil {
+			job.Annotations = map[string]string{}
+		}
+		job.Annotations[locksv1alpha1.AnnotationPriority] = s.priority
+	}
 	if by, ok := ManagedElsewhere(job, g.Kueue); ok {
 		PrepareManaged(job, name, contention)
 		log.V(1).Info("Prepared Job started by another controller", "job", job.Name, "generateName", job.GenerateName, "namespace", job.Namespace, "lock", name, "managedBy", by)
@@ -144,6 +162,10 @@ type gateSettings struct {
 	// source does.
 	maxWait, maxWaitSource string
 	hasMaxWait             bool
+	// priority is the Job's lockwarden.io/priority annotation, else its
+	// CronJob's (hasPriority: either has one); prioritySource says which.
+	priority, prioritySource string
+	hasPriority              bool
 }
 
 // settingsOf finds the lock that gates job: its own annotation, or its
@@ -160,7 +182,11 @@ func (g *JobGate) settingsOf(ctx context.Context, job *batchv1.Job) (gateSetting
 	if ownMaxWait {
 		s.maxWait, s.hasMaxWait = maxWait, true
 	}
-	if ownLock && ownMaxWait {
+	priority, ownPriority := job.Annotations[locksv1alpha1.AnnotationPriority]
+	if ownPriority {
+		s.priority, s.hasPriority = priority, true
+	}
+	if ownLock && ownMaxWait && ownPriority {
 		return s, true, nil
 	}
 	cj, err := g.ownerOf(ctx, job)
@@ -174,6 +200,9 @@ func (g *JobGate) settingsOf(ctx context.Context, job *batchv1.Job) (gateSetting
 		}
 		if v, ok := cj.Annotations[locksv1alpha1.AnnotationMaxWait]; ok && !ownMaxWait {
 			s.maxWait, s.maxWaitSource, s.hasMaxWait = v, source, true
+		}
+		if v, ok := cj.Annotations[locksv1alpha1.AnnotationPriority]; ok && !ownPriority {
+			s.priority, s.prioritySource, s.hasPriority = v, source, true
 		}
 	}
 	return s, ownLock, nil
@@ -238,6 +267,44 @@ func validateAnnotations(lock, contention string, path *field.Path, source strin
 			source+`must be "Queue" (wait in FIFO order), "QueueLatest" (wait, but a CronJob keeps only its newest waiting Job), "ReplaceQueued" (wait, but a newer Job of the same key replaces the waiting ones), "CancelInProgress" (like ReplaceQueued, and also stop the running Job of the same lock) or "Skip" (do not run while the lock is held), or be left out to use the lock's spec.contention`))
 	}
 	return errs
+}
+
+// validatePriority checks the value of a priority annotation.
+func validatePriority(priority string, path *field.Path, source string) field.ErrorList {
+	if _, err := backend.ParsePriority(priority); err != nil {
+		return field.ErrorList{field.Invalid(path.Key(locksv1alpha1.AnnotationPriority), priority,
+			source+"must be an integer from -2147483648 to 2147483647, higher first (for example 100), or be left out to use the pod template's priorityClassName")}
+	}
+	return nil
+}
+
+// classPriority is the priority of a Job's pod template: its
+// spec.priority when set, else the value of the PriorityClass its
+// priorityClassName names (read once, at admission, so the controller
+// never needs to watch PriorityClasses). ok is false when it names none;
+// a class that does not exist is an error the Job's creator sees, as
+// the Pods' own admission would refuse them.
+func (g *JobGate) classPriority(ctx context.Context, job *batchv1.Job) (string, bool, error) {
+	spec := job.Spec.Template.Spec
+	if spec.Priority != nil {
+		return strconv.FormatInt(int64(*spec.Priority), 10), true, nil
+	}
+	if spec.PriorityClassName == "" {
+		return "", false, nil
+	}
+	reader := g.APIReader
+	if reader == nil {
+		reader = g.Reader
+	}
+	var pc schedulingv1.PriorityClass
+	if err := reader.Get(ctx, types.NamespacedName{Name: spec.PriorityClassName}, &pc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "", false, apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, field.ErrorList{
+				field.NotFound(field.NewPath("spec", "template", "spec", "priorityClassName"), spec.PriorityClassName)})
+		}
+		return "", false, fmt.Errorf("read PriorityClass %s of the Job's pod template: %w", spec.PriorityClassName, err)
+	}
+	return strconv.FormatInt(int64(pc.Value), 10), true, nil
 }
 
 // validateMaxWait checks the value of a max-wait annotation.

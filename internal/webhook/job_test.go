@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -239,6 +240,15 @@ func TestDefault(t *testing.T) {
 	badWait := cronJob("impatient", "uid-impatient", map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationMaxWait: "soon"})
 	semaphore := dlock("default", "exports")
 	semaphore.Spec.MaxHolders = 3
+	prioritized := dlock("default", "deploys")
+	prioritized.Spec.Priority = &locksv1alpha1.Priority{MaxStarvationSeconds: 600, Highest: 1000}
+	urgent := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "urgent"}, Value: 1000}
+	priorityField := "metadata.annotations[lockwarden.io/priority]"
+	hotfix := cronJob("hotfix", "uid-hotfix", map[string]string{locksv1alpha1.AnnotationLock: "deploys", locksv1alpha1.AnnotationPriority: "900"})
+	withClass := func(j *jobWrapper, class string) *jobWrapper {
+		j.Spec.Template.Spec.PriorityClassName = class
+		return j
+	}
 
 	cases := map[string]struct {
 		cached   []client.Object // in Reader (the cache) and APIReader
@@ -396,6 +406,51 @@ func TestDefault(t *testing.T) {
 			job:      makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "exports").Annotation(locksv1alpha1.AnnotationContention, "CancelInProgress").Container("main").Obj(),
 			wantErr:  []string{contentionField},
 			wantText: []string{`"CancelInProgress" needs a lock with maxHolders 1`, "lock exports has maxHolders 3", `"ReplaceQueued"`},
+		},
+		"a Job's priority is kept": {
+			cached: []client.Object{prioritized},
+			job:    makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "deploys").Annotation(locksv1alpha1.AnnotationPriority, "-5").Container("main").Obj(),
+			want:   makeJob("j").Annotation(locksv1alpha1.AnnotationPriority, "-5").GatedBy("deploys", "").Container("main", gateEnv("deploys")...).Obj(),
+		},
+		"a CronJob's priority is copied onto its Job": {
+			cached: []client.Object{prioritized, hotfix},
+			job:    makeJob("hotfix-1").OwnedBy("hotfix", "uid-hotfix", true).Container("main").Obj(),
+			want: makeJob("hotfix-1").OwnedBy("hotfix", "uid-hotfix", true).Annotation(locksv1alpha1.AnnotationPriority, "900").
+				GatedBy("deploys", "").Container("main", gateEnv("deploys")...).Obj(),
+		},
+		"a pod template's PriorityClass gives the priority on a lock with spec.priority": {
+			cached: []client.Object{prioritized, urgent},
+			job:    withClass(makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "deploys").Container("main"), "urgent").Obj(),
+			want: withClass(makeJob("j").Annotation(locksv1alpha1.AnnotationPriority, "1000").GatedBy("deploys", "").
+				Container("main", gateEnv("deploys")...), "urgent").Obj(),
+		},
+		"a Job's own priority wins over its PriorityClass": {
+			cached: []client.Object{prioritized, urgent},
+			job:    withClass(makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "deploys").Annotation(locksv1alpha1.AnnotationPriority, "1").Container("main"), "urgent").Obj(),
+			want: withClass(makeJob("j").Annotation(locksv1alpha1.AnnotationPriority, "1").GatedBy("deploys", "").
+				Container("main", gateEnv("deploys")...), "urgent").Obj(),
+		},
+		"a PriorityClass is not read for a lock without spec.priority": {
+			cached: []client.Object{dlock("default", "billing")},
+			job:    withClass(makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Container("main"), "urgent").Obj(),
+			want:   withClass(makeJob("j").GatedBy("billing", "").Container("main", gateEnv("billing")...), "urgent").Obj(),
+		},
+		"a missing PriorityClass is refused naming the field": {
+			cached:   []client.Object{prioritized},
+			job:      withClass(makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "deploys").Container("main"), "urgent").Obj(),
+			wantErr:  []string{"spec.template.spec.priorityClassName"},
+			wantText: []string{`"urgent"`},
+		},
+		"a priority that is not an integer is refused naming the annotation": {
+			cached:   []client.Object{prioritized},
+			job:      makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "deploys").Annotation(locksv1alpha1.AnnotationPriority, "high").Container("main").Obj(),
+			wantErr:  []string{priorityField},
+			wantText: []string{`"high"`, "integer", "for example 100"},
+		},
+		"a priority past int32 is refused": {
+			cached:  []client.Object{prioritized},
+			job:     makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "deploys").Annotation(locksv1alpha1.AnnotationPriority, "3000000000").Container("main").Obj(),
+			wantErr: []string{priorityField},
 		},
 		"a bad lock name is refused naming the annotation": {
 			job:     makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "Billing").Container("main").Obj(),

@@ -156,7 +156,8 @@ func addTokenEnv(spec *corev1.PodSpec, lock string) {
 	}
 }
 
-// validatePodAnnotations checks the holder-mode and handover annotations.
+// validatePodAnnotations checks the holder-mode, handover and priority
+// annotations.
 func validatePodAnnotations(annotations map[string]string, path *field.Path, source string) field.ErrorList {
 	var errs field.ErrorList
 	if v, ok := annotations[locksv1alpha1.AnnotationHolderMode]; ok {
@@ -170,6 +171,9 @@ func validatePodAnnotations(annotations map[string]string, path *field.Path, sou
 	if v, ok := annotations[locksv1alpha1.AnnotationHandover]; ok && v != locksv1alpha1.HandoverTerminating {
 		errs = append(errs, field.Invalid(path.Key(locksv1alpha1.AnnotationHandover), v,
 			source+`must be "Terminating" (a Pod releases its lease when it starts terminating), or be left out (it releases when it is gone)`))
+	}
+	if v, ok := annotations[locksv1alpha1.AnnotationPriority]; ok {
+		errs = append(errs, validatePriority(v, path, source)...)
 	}
 	return errs
 }

@@ -91,6 +91,14 @@ func TestPodGate(t *testing.T) {
 			pod:     newPod(map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationHandover: "Now"}),
 			wantErr: []string{"metadata.annotations[lockwarden.io/handover]", `"Terminating"`},
 		},
+		"a priority that is not an integer names the annotation": {
+			pod:     newPod(map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationPriority: "urgent"}),
+			wantErr: []string{"metadata.annotations[lockwarden.io/priority]", `"urgent"`, "integer"},
+		},
+		"a Pod's priority is accepted": {
+			pod:      newPod(map[string]string{locksv1alpha1.AnnotationLock: "billing", locksv1alpha1.AnnotationPriority: "100"}),
+			wantMode: "Pod",
+		},
 		"a lock that does not exist is refused": {
 			pod:     newPod(map[string]string{locksv1alpha1.AnnotationLock: "payroll"}),
 			wantErr: []string{`no DistributedLock "payroll" in namespace "default"`},
