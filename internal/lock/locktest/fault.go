@@ -195,15 +195,16 @@ type Faults struct {
 	// then, and the short one was never injected.
 	ListedFirst bool
 	// Policies makes the clients also use the queue rules of contention
-	// ReplaceQueued and CancelInProgress: a quarter of the acquisitions
-	// ask with Request.Replace (a replaced waiter gives up), half of a
-	// mutex's with Request.Preempt too (the holder's renewals then fail with
-	// lock.ErrPreempted, and it writes on until its lease expires, as a
-	// holder that is slow to stop does). Exclusion and the fencing tokens
-	// must hold as without them: a preempted lease stays valid until its
-	// Expires, so no store may hand its keys to another before then.
-	// FaultTally.Check then also fails when no run replaced a waiter or
-	// preempted a lease.
+	// ReplaceQueued and CancelInProgress, and priority: a quarter of the
+	// acquisitions ask with Request.Replace (a replaced waiter gives up);
+	// half of a mutex's with Request.Preempt too (the holder's renewals
+	// then fail with lock.ErrPreempted, and it writes on until its lease
+	// expires, as a holder that is slow to stop does); half of the queued
+	// ones with a Request.Boost of up to two TTLs (boosted waiters pass
+	// others). Exclusion and the fencing tokens must hold as without them:
+	// a preempted lease stays valid until its Expires, so no store may
+	// hand its keys to another before then. FaultTally.Check then also
+	// fails when no run replaced a waiter or preempted a lease.
 	Policies bool
 
 	record func(nemesis string) // set by RunFaults: counts a fault in the tally
@@ -487,7 +488,8 @@ type faultStats struct {
 
 // policyRequest adds the queue rules of Faults.Policies to req, as rng
 // chooses: Replace for a quarter of the requests, Replace and Preempt for
-// a half (a mutex's only: Preempt is for exclusive requests).
+// a half (a mutex's only: Preempt is for exclusive requests), and a Boost
+// for half of the queued ones.
 func policyRequest(req lock.Request, f Faults, rng *rand.Rand) lock.Request {
 	if !f.Policies {
 		return req
@@ -497,6 +499,11 @@ func policyRequest(req lock.Request, f Faults, rng *rand.Rand) lock.Request {
 		req.Queue, req.Replace = true, true
 	case 1, 2:
 		req.Queue, req.Replace, req.Preempt = true, true, req.Limit <= 1
+	}
+	if req.Queue && rng.IntN(2) == 0 {
+		// Priority: a head start of up to two TTLs, so that boosted
+		// waiters pass others and reorder the queue under the faults.
+		req.Boost = time.Duration(rng.Int64N(int64(2*req.TTL) + 1))
 	}
 	return req
 }
