@@ -219,6 +219,9 @@ type Acquisitions[H any] struct {
 	// Wait tries until it holds a prepared request or ctx ends (see
 	// Locker.Acquire), usually with BlockingAcquire or AcquireOnReleases.
 	Wait func(ctx context.Context, req Request) (*Lease, error)
+	// Weights tells that the store takes weighted requests
+	// (Request.Weight above 1); without it they are refused.
+	Weights bool
 }
 
 func (a Acquisitions[H]) prepare(req Request, try bool) (Request, error) {
@@ -226,10 +229,21 @@ func (a Acquisitions[H]) prepare(req Request, try bool) (Request, error) {
 	if err != nil {
 		return req, err
 	}
+	if req.Weight > 1 && !a.Weights {
+		return req, &InvalidRequestError{Field: "weight", Reason: fmt.Sprintf("%d slots asked of a store that does not take weighted requests yet (the memory and Redis stores do): ask for 1", req.Weight)}
+	}
 	if a.Check != nil {
 		err = a.Check(req)
 	}
 	return req, err
+}
+
+// weighed sets the weight of a lease just granted for req.
+func weighed(lease *Lease, req Request) *Lease {
+	if lease != nil {
+		lease.Weight = req.Slots()
+	}
+	return lease
 }
 
 // TryAcquire makes one attempt to take every key of req (see Locker).
@@ -239,7 +253,7 @@ func (a Acquisitions[H]) TryAcquire(ctx context.Context, req Request) (*Lease, e
 		return nil, err
 	}
 	lease, _, err := a.Attempt(ctx, req)
-	return lease, err
+	return weighed(lease, req), err
 }
 
 // Acquire blocks until it holds every key of req or ctx ends (see Locker).
@@ -248,5 +262,6 @@ func (a Acquisitions[H]) Acquire(ctx context.Context, req Request) (*Lease, erro
 	if err != nil {
 		return nil, err
 	}
-	return a.Wait(ctx, req)
+	lease, err := a.Wait(ctx, req)
+	return weighed(lease, req), err
 }

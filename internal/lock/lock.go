@@ -97,7 +97,23 @@ type Request struct {
 	// bounded by the largest Boost. A waiter keeps the place it joined
 	// with while it calls again. 0 to MaxBoost; default 0 (FIFO).
 	Boost time.Duration
+	// Weight, with Limit > 1, is how many of the semaphore's slots the
+	// request takes: 1 to Limit (0 means 1). The weights of the leases
+	// holding a key never sum to more than the smallest Limit among them.
+	// Admission stays strict FIFO by weight: a waiter takes its slots only
+	// when the weights of the waiters ahead of it and its own fit in the
+	// free slots, so a heavy waiter at the head of the queue is never
+	// passed by lighter ones behind it, even while a slot is free; it waits
+	// only for holders to release (at most the longest remaining lease of
+	// those holding when it reached the head, as nobody new is admitted
+	// meanwhile). A request without Queue takes free slots only while
+	// nobody waits, as with weight 1. A store that does not take weighted
+	// requests refuses a Weight above 1 with an InvalidRequestError.
+	Weight int
 }
+
+// Slots returns the number of slots req takes (Weight, at least 1).
+func (r Request) Slots() int { return max(r.Weight, 1) }
 
 // MaxBoost is the largest Request.Boost: a day.
 const MaxBoost = 24 * time.Hour
@@ -132,6 +148,9 @@ type Lease struct {
 	// a semaphore. Renew and Release need it (set by TryAcquire/Acquire;
 	// callers that rebuild a lease to recover it set it themselves).
 	Limit int
+	// Weight is the Request's Weight: the slots the lease takes (0 or 1:
+	// one).
+	Weight int
 }
 
 // Waiter is one entry of a key's FIFO queue.
@@ -158,6 +177,9 @@ type HolderState struct {
 	// key, and no other lease can take it while those nodes stay away.
 	// Reported as a holder so that such a key is never shown as free.
 	Unconfirmed bool
+	// Weight is the slots of a semaphore the lease takes (Request.Weight;
+	// 0 or 1: one).
+	Weight int
 }
 
 // MaxInspectHolders bounds KeyState.Holders: the largest maxHolders the

@@ -44,6 +44,12 @@ func ValidateRequest(req Request) error {
 	case req.Boost > 0 && !req.Queue:
 		return &InvalidRequestError{Field: "boost", Reason: "needs queue: only a request that waits in the queue gets a head start in it"}
 	}
+	switch {
+	case req.Weight < 0 || req.Weight > MaxLimit:
+		return &InvalidRequestError{Field: "weight", Reason: fmt.Sprintf("%d is outside 0 to %d (the slots of a semaphore the request takes)", req.Weight, MaxLimit)}
+	case req.Weight > req.Holders():
+		return &InvalidRequestError{Field: "weight", Reason: fmt.Sprintf("%d slots asked of a lock with limit %d: a request takes 1 to limit slots", req.Weight, req.Holders())}
+	}
 	if req.Preempt {
 		switch {
 		case !req.Replace || !req.Queue:

@@ -136,7 +136,7 @@ func (s *Store) acquire(now time.Time, req lock.Request, waiterTTL time.Duration
 	}
 	for i, k := range req.Keys {
 		e := s.keys[k]
-		if e == nil || !e.busyFor(req.Owner, limit) {
+		if e == nil || !e.busyFor(req.Owner, limit, req.Slots()) {
 			continue // never used, or free for the request
 		}
 		if req.Queue {
@@ -175,7 +175,7 @@ func (s *Store) acquire(now time.Time, req lock.Request, waiterTTL time.Duration
 		// The owner's own lease of the same kind is replaced: a later
 		// acquisition of the owner (a restarted operator) supersedes it.
 		e.holders = slices.DeleteFunc(e.holders, func(h *holding) bool { return h.owner == req.Owner && h.mutex() == mutex })
-		e.holders = append(e.holders, &holding{owner: req.Owner, holder: req.Holder, fence: fence, limit: limit, acquired: now, expires: now.Add(req.TTL)})
+		e.holders = append(e.holders, &holding{owner: req.Owner, holder: req.Holder, fence: fence, limit: limit, weight: req.Slots(), acquired: now, expires: now.Add(req.TTL)})
 		e.fence = fence
 		if i := e.position(req.Owner); i >= 0 {
 			e.queue = slices.Delete(e.queue, i, i+1)
@@ -185,8 +185,8 @@ func (s *Store) acquire(now time.Time, req lock.Request, waiterTTL time.Duration
 }
 
 // busyFor tells whether e (pruned) refuses a request of owner for limit
-// holders (see TryAcquire).
-func (e *entry) busyFor(owner string, limit int) bool {
+// holders that takes weight slots (see TryAcquire).
+func (e *entry) busyFor(owner string, limit, weight int) bool {
 	if limit <= 1 {
 		switch {
 		case len(e.holders) > 1:
@@ -207,17 +207,24 @@ func (e *entry) busyFor(owner string, limit int) bool {
 	if slices.ContainsFunc(e.holders, func(h *holding) bool { return h.owner == owner }) {
 		return false
 	}
-	// Every holder keeps its own bound: no more holders than the smallest
-	// limit among the request's and the holders'.
-	eff := limit
+	// Every holder keeps its own bound: no more slots taken than the
+	// smallest limit among the request's and the holders'. Strict FIFO by
+	// weight: the request fits only with the weights of every waiter
+	// ahead of it (Request.Weight).
+	eff, used := limit, 0
 	for _, h := range e.holders {
 		eff = min(eff, h.limit)
+		used += h.weight
 	}
 	pos := e.position(owner)
 	if pos < 0 {
 		pos = len(e.queue)
 	}
-	return pos >= eff-len(e.holders)
+	ahead := 0
+	for _, w := range e.queue[:pos] {
+		ahead += w.weight
+	}
+	return used+ahead+weight > eff
 }
 
 // join puts req's owner, refused, in the queue of each of its keys, or
@@ -245,9 +252,9 @@ func (s *Store) join(now time.Time, req lock.Request, waiterTTL time.Duration) {
 	for _, k := range req.Keys {
 		e := s.entryOf(k)
 		if i := e.position(req.Owner); i >= 0 {
-			e.queue[i].ticket, e.queue[i].rank, e.queue[i].deadline = ticket, rank, deadline
+			e.queue[i].ticket, e.queue[i].rank, e.queue[i].deadline, e.queue[i].weight = ticket, rank, deadline, req.Slots()
 		} else {
-			e.queue = append(e.queue, &waiter{owner: req.Owner, holder: req.Holder, ticket: ticket, rank: rank, since: now, deadline: deadline})
+			e.queue = append(e.queue, &waiter{owner: req.Owner, holder: req.Holder, ticket: ticket, rank: rank, since: now, deadline: deadline, weight: req.Slots()})
 		}
 		slices.SortStableFunc(e.queue, func(a, b *waiter) int {
 			return cmp.Or(cmp.Compare(a.rank, b.rank), cmp.Compare(a.ticket, b.ticket))

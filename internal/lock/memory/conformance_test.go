@@ -85,3 +85,9 @@ func TestLockerReadsItsClock(t *testing.T) {
 		return l
 	})
 }
+
+func TestConformanceWeights(t *testing.T) {
+	t.Parallel()
+	s := newTestStore(t)
+	locktest.RunWeights(t, lockerFactory(s, WithWaiterTTL(time.Second)), locktest.WithWaiterTTL(time.Second))
+}

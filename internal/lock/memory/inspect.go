@@ -71,7 +71,7 @@ func (s *Store) inspect(now time.Time, keys []string) []lock.KeyState {
 				}
 				st.HolderCount++
 				if len(st.Holders) < lock.MaxInspectHolders {
-					st.Holders = append(st.Holders, lock.HolderState{Holder: h.holder, Fence: h.fence, Acquired: h.acquired, Expires: h.expires})
+					st.Holders = append(st.Holders, lock.HolderState{Holder: h.holder, Fence: h.fence, Acquired: h.acquired, Expires: h.expires, Weight: h.weight})
 				}
 			}
 			if len(st.Holders) > 0 {

@@ -190,7 +190,7 @@ func (s *Store) NewLocker(opts ...Option) (*Locker, error) {
 
 func (s *Store) newLocker(o options) *Locker {
 	l := &Locker{store: s, opts: o, closed: make(chan struct{})}
-	l.Acquisitions = lock.Acquisitions[lock.Wake[struct{}]]{Attempt: l.attempt, Wait: l.wait}
+	l.Acquisitions = lock.Acquisitions[lock.Wake[struct{}]]{Attempt: l.attempt, Wait: l.wait, Weights: true}
 	return l
 }
 
@@ -306,7 +306,9 @@ type holding struct {
 	fence         int64
 	// limit is the Limit the lease was acquired with, at least 1: 1 is a
 	// mutex lease, more a semaphore slot.
-	limit             int
+	limit int
+	// weight is the slots it takes (Request.Slots).
+	weight            int
 	acquired, expires time.Time
 }
 
@@ -321,6 +323,8 @@ type waiter struct {
 	// Request.Boost, then the ticket.
 	ticket, rank    int64
 	since, deadline time.Time
+	// weight is the slots it asks for (Request.Slots).
+	weight int
 }
 
 // live tells whether h still holds its key at now.
