@@ -63,3 +63,29 @@ func TestAcquisitionsPrepareEveryRequest(t *testing.T) {
 		t.Errorf("Acquire of a request the store refuses: %v", err)
 	}
 }
+
+// TestAcquisitionsRefuseWeightsUnlessTheStoreTakesThem: a weight above 1
+// never reaches a store that does not take weighted requests; one that
+// does gets it, and the lease says its weight.
+func TestAcquisitionsRefuseWeightsUnlessTheStoreTakesThem(t *testing.T) {
+	reached := 0
+	attempt := func(_ context.Context, req Request) (*Lease, int, error) {
+		reached++
+		return &Lease{Keys: req.Keys, Owner: req.Owner}, 0, nil
+	}
+	req := Request{Keys: []string{"k"}, TTL: time.Second, Limit: 4, Weight: 3}
+	plain := Acquisitions[int]{Attempt: attempt}
+	var ire *InvalidRequestError
+	if _, err := plain.TryAcquire(context.Background(), req); !errors.As(err, &ire) || ire.Field != "weight" || reached != 0 {
+		t.Fatalf("weight 3 on a store without weights: %v (reached the store %d times); want an InvalidRequestError on field weight", err, reached)
+	}
+	weighted := Acquisitions[int]{Attempt: attempt, Weights: true}
+	lease, err := weighted.TryAcquire(context.Background(), req)
+	if err != nil || lease.Weight != 3 {
+		t.Fatalf("weight 3 on a store with weights: lease %+v, %v; want a lease of weight 3", lease, err)
+	}
+	req.Weight = 0
+	if lease, err = plain.TryAcquire(context.Background(), req); err != nil || lease.Weight != 1 {
+		t.Fatalf("weight 0 on a store without weights: lease %+v, %v; want a lease of weight 1", lease, err)
+	}
+}

@@ -29,7 +29,12 @@ type validity struct {
 	client   int
 	fence    int64
 	from, to int64 // nanoseconds since the history's start; the stretch is [from, to)
+	// weight is the slots the lease takes (lock.Lease.Weight, at least 1).
+	weight int
 }
+
+// slots is the weight of v, at least 1.
+func (v validity) slots() int { return max(v.weight, 1) }
 
 // validityLog collects the stretches of one run.
 type validityLog struct {
@@ -60,11 +65,13 @@ type ExclusionError struct {
 	// Valid describes the leases valid at At: client, fencing token and
 	// stretch of validity.
 	Valid []string
+	// Slots is the weight of the leases valid at At.
+	Slots int
 }
 
 func (e *ExclusionError) Error() string {
-	return fmt.Sprintf("exclusion violated: %d leases valid at %v, more than the limit of %d: %s",
-		len(e.Valid), e.At, e.Limit, strings.Join(e.Valid, "; "))
+	return fmt.Sprintf("exclusion violated: %d leases taking %d slots valid at %v, more than the limit of %d: %s",
+		len(e.Valid), e.Slots, e.At, e.Limit, strings.Join(e.Valid, "; "))
 }
 
 // checkExclusion returns an *ExclusionError for the first instant at which
@@ -87,14 +94,16 @@ func checkExclusion(vs []validity, limit int) error {
 		}
 		return cmp.Compare(a.d, b.d) // a leave before an enter at the same instant
 	})
-	open := map[int]bool{}
+	open, used := map[int]bool{}, 0
 	for _, e := range evs {
 		if e.d < 0 {
 			delete(open, e.item)
+			used -= vs[e.item].slots()
 			continue
 		}
 		open[e.item] = true
-		if len(open) <= limit {
+		used += vs[e.item].slots()
+		if used <= max(limit, 1) {
 			continue
 		}
 		items := make([]int, 0, len(open))
@@ -102,10 +111,10 @@ func checkExclusion(vs []validity, limit int) error {
 			items = append(items, i)
 		}
 		slices.SortFunc(items, func(a, b int) int { return cmp.Compare(vs[a].from, vs[b].from) })
-		err := &ExclusionError{Limit: limit, At: time.Duration(e.t)}
+		err := &ExclusionError{Limit: limit, At: time.Duration(e.t), Slots: used}
 		for _, i := range items {
 			v := vs[i]
-			err.Valid = append(err.Valid, fmt.Sprintf("client %d fence %d valid [%v, %v)", v.client, v.fence, time.Duration(v.from), time.Duration(v.to)))
+			err.Valid = append(err.Valid, fmt.Sprintf("client %d fence %d weight %d valid [%v, %v)", v.client, v.fence, v.slots(), time.Duration(v.from), time.Duration(v.to)))
 		}
 		return err
 	}
@@ -119,6 +128,7 @@ type leaseValidity struct {
 	log    *validityLog
 	client int
 	fence  int64
+	weight int
 	from   int64
 	until  int64 // the lease's Expires, since the history's start
 }
@@ -127,7 +137,7 @@ func (h *history) at(t time.Time) int64 { return int64(t.Sub(h.start)) }
 
 // granted starts following lease, whose grant has just returned.
 func (h *history) granted(log *validityLog, client int, lease *lock.Lease) *leaseValidity {
-	return &leaseValidity{h: h, log: log, client: client, fence: lease.Fence, from: h.now(), until: h.at(lease.Expires)}
+	return &leaseValidity{h: h, log: log, client: client, fence: lease.Fence, weight: lease.Weight, from: h.now(), until: h.at(lease.Expires)}
 }
 
 // renewed records a renewal that was sent at call and has just returned
@@ -135,7 +145,7 @@ func (h *history) granted(log *validityLog, client int, lease *lock.Lease) *leas
 func (v *leaseValidity) renewed(call int64, lease *lock.Lease) {
 	now := v.h.now()
 	if call >= v.until {
-		v.log.add(validity{client: v.client, fence: v.fence, from: v.from, to: v.until})
+		v.log.add(validity{client: v.client, fence: v.fence, weight: v.weight, from: v.from, to: v.until})
 		v.from = now
 	}
 	v.until = v.h.at(lease.Expires)
@@ -144,7 +154,7 @@ func (v *leaseValidity) renewed(call int64, lease *lock.Lease) {
 // ended closes the last stretch: the client stops relying on the lease now
 // (it is about to release it), or earlier when it had expired.
 func (v *leaseValidity) ended() {
-	v.log.add(validity{client: v.client, fence: v.fence, from: v.from, to: min(v.h.now(), v.until)})
+	v.log.add(validity{client: v.client, fence: v.fence, weight: v.weight, from: v.from, to: min(v.h.now(), v.until)})
 }
 
 // LateExpiry returns a Locker that reports every lease as valid for extra

@@ -206,6 +206,11 @@ type Faults struct {
 	// hand its keys to another before then. FaultTally.Check then also
 	// fails when no run replaced a waiter or preempted a lease.
 	Policies bool
+	// Weights, with Limit above 1, makes a third of the semaphore clients'
+	// requests take 2 to Limit slots (Request.Weight): exclusion is then
+	// checked on the weights held, never more than Limit at an instant.
+	// For stores that take weighted requests.
+	Weights bool
 
 	record func(nemesis string) // set by RunFaults: counts a fault in the tally
 }
@@ -279,6 +284,9 @@ type FaultTally struct {
 	// holder stalled, and runs in which Limit leases were valid at once.
 	expired, full atomic.Int64
 	semaphore     atomic.Bool
+	// Faults.Weights runs: leases granted with a weight above 1.
+	heavy   atomic.Int64
+	weights atomic.Bool
 }
 
 // expect notes the nemeses a run may inject, so that Check can tell when
@@ -337,6 +345,12 @@ func (c *FaultTally) Check(t *testing.T) {
 		t.Logf("queue rules: %d waiters replaced, %d renewals refused as preempted", c.replaced.Load(), c.preempted.Load())
 		if !t.Failed() && (c.replaced.Load() == 0 || (!c.semaphore.Load() && c.preempted.Load() == 0)) {
 			t.Errorf("the runs replaced %d waiters and preempted %d leases: they did not exercise the queue rules", c.replaced.Load(), c.preempted.Load())
+		}
+	}
+	if c.weights.Load() {
+		t.Logf("weights: %d leases of more than one slot", c.heavy.Load())
+		if !t.Failed() && c.heavy.Load() == 0 {
+			t.Error("no lease of more than one slot was granted: the runs did not exercise weights")
 		}
 	}
 	if c.semaphore.Load() {
@@ -413,6 +427,10 @@ func RunFaults(t *testing.T, name string, seed uint64, tally *FaultTally, f Faul
 				tally.acquired.Add(st.acquired)
 				tally.expired.Add(st.expired)
 				tally.replaced.Add(st.replaced)
+				tally.heavy.Add(st.heavy)
+				if f.Weights {
+					tally.weights.Store(true)
+				}
 				if st.peak >= f.Limit {
 					tally.full.Add(1)
 				}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,7 +55,9 @@ type semFaultStats struct {
 	acquired, expired, stretches int64
 	// replaced counts ErrReplaced answers (Faults.Policies).
 	replaced int64
-	peak     int // most leases within their validity at once
+	peak     int // most slots taken by leases within their validity at once
+	// heavy counts the leases granted with a weight above 1 (Faults.Weights).
+	heavy int64
 }
 
 func semFaultRun(t *testing.T, seed uint64, f Faults) (semFaultStats, error) {
@@ -69,6 +72,7 @@ func semFaultRun(t *testing.T, seed uint64, f Faults) (semFaultStats, error) {
 		mu       sync.Mutex
 		expired  int64
 		replaced int64
+		heavy    atomic.Int64
 		valid    = &validityLog{}
 	)
 	injectFaults(ctx, &wg, f, seed)
@@ -79,7 +83,11 @@ func semFaultRun(t *testing.T, seed uint64, f Faults) (semFaultStats, error) {
 			for ctx.Err() == nil {
 				call := h.now()
 				actx, acancel := context.WithTimeout(ctx, f.AcquireTimeout)
-				lease, err := l.Acquire(actx, policyRequest(lock.Request{Keys: []string{key}, TTL: ttl, Holder: fmt.Sprintf("client-%d", c), Queue: rng.IntN(2) == 0, Limit: f.Limit}, f, rng))
+				req := lock.Request{Keys: []string{key}, TTL: ttl, Holder: fmt.Sprintf("client-%d", c), Queue: rng.IntN(2) == 0, Limit: f.Limit}
+				if f.Weights && rng.IntN(3) == 0 {
+					req.Weight = 2 + rng.IntN(f.Limit-1)
+				}
+				lease, err := l.Acquire(actx, policyRequest(req, f, rng))
 				acancel()
 				if errors.Is(err, lock.ErrReplaced) {
 					mu.Lock()
@@ -90,6 +98,9 @@ func semFaultRun(t *testing.T, seed uint64, f Faults) (semFaultStats, error) {
 					continue
 				}
 				v := h.granted(valid, c, lease)
+				if lease.Weight > 1 {
+					heavy.Add(1)
+				}
 				h.add(c, semInput{}, call, semOutput{fence: lease.Fence})
 				stalled := false
 				for range 1 + rng.IntN(3) {
@@ -126,7 +137,7 @@ func semFaultRun(t *testing.T, seed uint64, f Faults) (semFaultStats, error) {
 	wg.Wait()
 
 	stretches := valid.all()
-	st := semFaultStats{acquired: int64(len(h.ops)), expired: expired, replaced: replaced, peak: peakOverlap(stretches), stretches: int64(checkedStretches(stretches, f))}
+	st := semFaultStats{acquired: int64(len(h.ops)), expired: expired, replaced: replaced, heavy: heavy.Load(), peak: peakOverlap(stretches), stretches: int64(checkedStretches(stretches, f))}
 	res, info := porcupine.CheckOperationsVerbose(tokenModel, h.ops, 30*time.Second)
 	if res != porcupine.Ok {
 		path := filepath.Join(t.TempDir(), "history.html")
@@ -150,7 +161,8 @@ func semFaultRun(t *testing.T, seed uint64, f Faults) (semFaultStats, error) {
 	return st, nil
 }
 
-// peakOverlap is the most stretches that contain one instant.
+// peakOverlap is the largest weight of the stretches that contain one
+// instant.
 func peakOverlap(vs []validity) int {
 	type ev struct {
 		t int64
@@ -158,7 +170,7 @@ func peakOverlap(vs []validity) int {
 	}
 	evs := make([]ev, 0, 2*len(vs))
 	for _, v := range vs {
-		evs = append(evs, ev{v.from, 1}, ev{v.to, -1})
+		evs = append(evs, ev{v.from, v.slots()}, ev{v.to, -v.slots()})
 	}
 	// At equal instants a leave comes first: the stretches are open at their end.
 	slices.SortFunc(evs, func(a, b ev) int {

@@ -193,3 +193,33 @@ func RunWeightsRefused(t *testing.T, newLocker func(t *testing.T) lock.Locker) {
 	lease := mustAcquire(t, l, lock.Request{Keys: []string{key}, TTL: longTTL, Limit: 4, Weight: 1})
 	mustRelease(t, l, lease)
 }
+
+// IgnoreWeights returns a Locker that asks l for one slot whatever the
+// request's Weight, and reports the lease as taking the weight asked: the
+// mutant of a store that counts holders instead of weights. The fault
+// harness with Faults.Weights must catch it, as more slots held than the
+// limit (TestFaultHarnessCatchesAMutant in the store packages).
+func IgnoreWeights(l lock.Locker) lock.Locker { return &ignoreWeights{Locker: l} }
+
+type ignoreWeights struct{ lock.Locker }
+
+func (m *ignoreWeights) weighed(lease *lock.Lease, err error, weight int) (*lock.Lease, error) {
+	if lease != nil {
+		lease.Weight = max(weight, 1)
+	}
+	return lease, err
+}
+
+func (m *ignoreWeights) TryAcquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	w := req.Weight
+	req.Weight = 0
+	lease, err := m.Locker.TryAcquire(ctx, req)
+	return m.weighed(lease, err, w)
+}
+
+func (m *ignoreWeights) Acquire(ctx context.Context, req lock.Request) (*lock.Lease, error) {
+	w := req.Weight
+	req.Weight = 0
+	lease, err := m.Locker.Acquire(ctx, req)
+	return m.weighed(lease, err, w)
+}

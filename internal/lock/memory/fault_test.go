@@ -52,6 +52,7 @@ func TestFaultsSemaphore(t *testing.T) {
 			Nemeses:   memoryNemeses(t, s),
 			Limit:     limit,
 			Policies:  true,
+			Weights:   true,
 		})
 	}
 	tally.Check(t)
@@ -62,7 +63,8 @@ func TestFaultsSemaphore(t *testing.T) {
 // store keeps it (locktest.LateExpiry), and a store that frees leases half
 // their TTL early (earlyExpiry), must each fail the exclusion check, in
 // mutex and in semaphore runs; so must a store that ends a preempted
-// lease at once (locktest.PreemptTakesOver) instead of at its Expires. A
+// lease at once (locktest.PreemptTakesOver) instead of at its Expires, and
+// one that counts holders instead of weights (locktest.IgnoreWeights). A
 // harness that passed them would prove nothing about the store that passes
 // it.
 func TestFaultHarnessCatchesAMutant(t *testing.T) {
@@ -86,6 +88,15 @@ func TestFaultHarnessCatchesAMutant(t *testing.T) {
 		var ex *locktest.ExclusionError
 		if !errors.As(err, &ex) {
 			t.Fatalf("the fault harness passed a store that ends a preempted lease before it expires (%v): it cannot catch two valid holders", err)
+		}
+	})
+	t.Run("ignore-weights/semaphore", func(t *testing.T) {
+		t.Parallel()
+		s := newTestStore(t)
+		err := locktest.FindViolation(t, 5, locktest.Faults{NewLocker: func(t *testing.T) lock.Locker { return locktest.IgnoreWeights(newTestLocker(t, s)) }, Limit: 3, Weights: true})
+		var ex *locktest.ExclusionError
+		if !errors.As(err, &ex) {
+			t.Fatalf("the fault harness passed a store that counts holders instead of weights (%v): it cannot catch more slots held than the limit", err)
 		}
 	})
 	for name, mutant := range mutants {
