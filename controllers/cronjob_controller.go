@@ -71,7 +71,7 @@ func syncedAnnotations(cj *batchv1.CronJob) map[string]string {
 		return map[string]string{}
 	}
 	want := map[string]string{locksv1alpha1.AnnotationLock: lock, locksv1alpha1.AnnotationSyncedFromCronJob: "true"}
-	for _, k := range []string{locksv1alpha1.AnnotationContention, locksv1alpha1.AnnotationMaxWait, locksv1alpha1.AnnotationPriority} {
+	for _, k := range []string{locksv1alpha1.AnnotationContention, locksv1alpha1.AnnotationMaxWait, locksv1alpha1.AnnotationPriority, locksv1alpha1.AnnotationWeight} {
 		if v, ok := cj.Annotations[k]; ok {
 			want[k] = v
 		}
@@ -80,7 +80,7 @@ func syncedAnnotations(cj *batchv1.CronJob) map[string]string {
 }
 
 // syncedKeys are the job-template annotations the CronJobReconciler manages.
-var syncedKeys = []string{locksv1alpha1.AnnotationLock, locksv1alpha1.AnnotationContention, locksv1alpha1.AnnotationMaxWait, locksv1alpha1.AnnotationPriority, locksv1alpha1.AnnotationSyncedFromCronJob}
+var syncedKeys = []string{locksv1alpha1.AnnotationLock, locksv1alpha1.AnnotationContention, locksv1alpha1.AnnotationMaxWait, locksv1alpha1.AnnotationPriority, locksv1alpha1.AnnotationWeight, locksv1alpha1.AnnotationSyncedFromCronJob}
 
 func needsSync(have, want map[string]string) bool {
 	if want == nil {

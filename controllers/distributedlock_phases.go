@@ -413,6 +413,17 @@ func holderCount(s lock.KeyState) int {
 	return max(s.HolderCount, len(holdersOf(s)))
 }
 
+// slotsTaken is the slots the leases holding a key take: each its weight
+// (at least 1), and 1 for each lease beyond those listed.
+func slotsTaken(s lock.KeyState) int {
+	hs := holdersOf(s)
+	n := holderCount(s) - len(hs)
+	for _, h := range hs {
+		n += max(h.Weight, 1)
+	}
+	return n
+}
+
 // holding returns the lease state of the holder string h on a key, if it holds it.
 func holding(s lock.KeyState, h string) (lock.HolderState, bool) {
 	for _, hs := range holdersOf(s) {

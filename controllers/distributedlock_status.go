@@ -104,6 +104,9 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 			h := raw.Shown()
 			acquired := apiTime(hs.Acquired)
 			e := locksv1alpha1.HolderStatus{Identity: h.Identity, Cluster: h.Cluster, Lock: h.Lock, Kind: h.Kind, Namespace: h.Namespace, Name: h.Name, FencingToken: hs.Fence}
+			if hs.Weight > 1 {
+				e.Weight = clampInt32(hs.Weight)
+			}
 			if !hs.Acquired.IsZero() {
 				e.AcquiredTime = &acquired
 			}
@@ -115,7 +118,11 @@ func computeStatus(dl *locksv1alpha1.DistributedLock, obs *observation, cluster 
 			}
 		}
 	}
-	st.Slots = fmt.Sprintf("%d/%d", ptr.Deref(st.HolderCount, 0), maxHolders(dl))
+	taken := 0
+	if len(obs.states) > 0 {
+		taken = slotsTaken(obs.states[0])
+	}
+	st.Slots = fmt.Sprintf("%d/%d", taken, maxHolders(dl))
 	setManual(dl, obs, &st, set, "", "", "")
 	if !obs.cooldownUntil.IsZero() {
 		// Of a semaphore, the slot that comes free last.

@@ -92,7 +92,8 @@ func (r *JobReconciler) reconcileWaiting(ctx context.Context, g *gatedJob) (ctrl
 	}
 	req := lock.Request{Keys: g.keys, TTL: lockTTL(g.dl), Owner: g.owner, Holder: g.holder.Encode(),
 		Queue: contention != locksv1alpha1.ContentionSkip, Limit: int(g.dl.Spec.MaxHolders),
-		Replace: contention == locksv1alpha1.ContentionReplaceQueued || contention == locksv1alpha1.ContentionCancelInProgress}
+		Replace: contention == locksv1alpha1.ContentionReplaceQueued || contention == locksv1alpha1.ContentionCancelInProgress,
+		Weight:  backend.WorkloadWeight(job.Annotations)}
 	if req.Queue {
 		req.Boost = backend.Boost(g.dl, backend.WorkloadPriority(job.Annotations, job.Spec.Template.Spec.Priority))
 	}

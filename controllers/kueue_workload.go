@@ -328,7 +328,8 @@ func (r *WorkloadReconciler) admit(ctx context.Context, g *workloadLock) (ctrl.R
 		return r.takeOver(ctx, g, h, fence)
 	}
 	lease, err := h.Locker.TryAcquire(ctx, lock.Request{Keys: g.keys, TTL: lockTTL(g.dl), Owner: g.owner, Holder: g.holder.Encode(),
-		Queue: true, Limit: int(g.dl.Spec.MaxHolders), Boost: backend.Boost(g.dl, backend.WorkloadPriority(g.wl.Annotations, g.wl.Spec.Priority))})
+		Queue: true, Limit: int(g.dl.Spec.MaxHolders), Boost: backend.Boost(g.dl, backend.WorkloadPriority(g.wl.Annotations, g.wl.Spec.Priority)),
+		Weight: backend.WorkloadWeight(g.wl.Annotations)})
 	var busy *lock.HeldError
 	switch {
 	case err == nil:

@@ -321,7 +321,8 @@ func (r *PodReconciler) reconcileWaiting(ctx context.Context, g *gatedPod) (ctrl
 		return res, nil
 	}
 	lease, err := h.Locker.TryAcquire(ctx, lock.Request{Keys: g.keys, TTL: lockTTL(g.dl), Owner: g.owner, Holder: g.holder.Encode(),
-		Queue: true, Limit: int(g.dl.Spec.MaxHolders), Boost: backend.Boost(g.dl, backend.WorkloadPriority(pod.Annotations, pod.Spec.Priority))})
+		Queue: true, Limit: int(g.dl.Spec.MaxHolders), Boost: backend.Boost(g.dl, backend.WorkloadPriority(pod.Annotations, pod.Spec.Priority)),
+		Weight: backend.WorkloadWeight(pod.Annotations)})
 	var busy *lock.HeldError
 	var invalid *lock.InvalidRequestError
 	switch {

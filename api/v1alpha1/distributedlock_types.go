@@ -132,7 +132,11 @@ type DistributedLockSpec struct {
 	// maxHolders is how many holders may hold the lock at once: 1 (default)
 	// makes it a mutex, N a semaphore with N slots ("at most 3 exports at
 	// once"). Each holder gets its own fencing token, strictly increasing
-	// across all holders; waiters take free slots in FIFO order. 1 to 100.
+	// across all holders; waiters take free slots in FIFO order. A workload
+	// with a lockwarden.io/weight annotation takes that many slots (1 to
+	// maxHolders), and the weights held never exceed maxHolders; a heavy
+	// waiter at the head of the queue is not passed by lighter ones behind
+	// it (strict FIFO), so it starts as soon as enough holders release. 1 to 100.
 	// Every store has semaphores. Lowering it never stops a holder: new
 	// holders wait until fewer than maxHolders hold.
 	// +optional
@@ -553,6 +557,10 @@ type HolderStatus struct {
 	// acquiredTime is when this holder acquired the keys (in status.holders).
 	// +optional
 	AcquiredTime *metav1.Time `json:"acquiredTime,omitempty"`
+	// weight is how many of a semaphore's slots this holder takes, when
+	// more than one (its lockwarden.io/weight annotation).
+	// +optional
+	Weight int32 `json:"weight,omitempty"`
 }
 
 // WaiterStatus is one entry of the lock's FIFO queue.
@@ -613,7 +621,8 @@ type DistributedLockStatus struct {
 	// +optional
 	HolderCount *int32 `json:"holderCount,omitempty"`
 
-	// slots is holderCount/maxHolders, for example "2/3".
+	// slots is the slots taken/maxHolders, for example "2/3": each holder
+	// takes its weight (1 unless its lockwarden.io/weight says more).
 	// +optional
 	Slots string `json:"slots,omitempty"`
 

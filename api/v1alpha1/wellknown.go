@@ -21,6 +21,11 @@ const (
 	// priorityClassName, the admission webhook sets it to that class's
 	// value.
 	AnnotationPriority = "lockwarden.io/priority"
+	// AnnotationWeight is how many slots of a semaphore (a lock with
+	// maxHolders above 1) a workload takes: an integer from 1 to the lock's
+	// maxHolders; default 1. On a Job, a CronJob (copied to its Jobs) or a
+	// Pod. Users set it.
+	AnnotationWeight = "lockwarden.io/weight"
 	// AnnotationKey is the key a workload of a lock with spec.keyFrom was
 	// given at admission (as the expression gave it, before the scope
 	// prefix). Only the operator's webhook writes it.

@@ -230,7 +230,7 @@ func (a Acquisitions[H]) prepare(req Request, try bool) (Request, error) {
 		return req, err
 	}
 	if req.Weight > 1 && !a.Weights {
-		return req, &InvalidRequestError{Field: "weight", Reason: fmt.Sprintf("%d slots asked of a store that does not take weighted requests yet (the memory and Redis stores do): ask for 1", req.Weight)}
+		return req, &InvalidRequestError{Field: "weight", Reason: fmt.Sprintf("%d slots asked of a store that does not take weighted requests: ask for 1", req.Weight)}
 	}
 	if a.Check != nil {
 		err = a.Check(req)

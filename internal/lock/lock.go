@@ -107,8 +107,11 @@ type Request struct {
 	// only for holders to release (at most the longest remaining lease of
 	// those holding when it reached the head, as nobody new is admitted
 	// meanwhile). A request without Queue takes free slots only while
-	// nobody waits, as with weight 1. A store that does not take weighted
-	// requests refuses a Weight above 1 with an InvalidRequestError.
+	// nobody waits, as with weight 1. An owner that holds a slot and
+	// acquires again has its slot replaced as with weight 1, whatever the
+	// weight: ask again with the weight it holds. A store that does not
+	// take weighted requests refuses a Weight above 1 with an
+	// InvalidRequestError.
 	Weight int
 }
 

@@ -74,6 +74,9 @@ func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 	if s.hasPriority {
 		errs = append(errs, validatePriority(s.priority, path, s.prioritySource)...)
 	}
+	if s.hasWeight {
+		errs = append(errs, validateWeight(s.weight, path, s.weightSource)...)
+	}
 	if len(errs) > 0 {
 		return apierrors.NewInvalid(schema.GroupKind{Group: "batch", Kind: "Job"}, job.Name, errs)
 	}
@@ -86,6 +89,9 @@ func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 	if dl != nil && locksv1alpha1.Contention(contention) == locksv1alpha1.ContentionCancelInProgress && dl.Spec.MaxHolders > 1 {
 		return apierrors.NewInvalid(jobGK, job.Name, field.ErrorList{field.Invalid(path.Key(locksv1alpha1.AnnotationContention), contention,
 			fmt.Sprintf(`%s"CancelInProgress" needs a lock with maxHolders 1, and lock %s has maxHolders %d: it stops the one running holder of a key; use "ReplaceQueued" on a lock with several slots`, source, dl.Name, dl.Spec.MaxHolders))})
+	}
+	if err := weightFits(dl, s.weight, s.hasWeight, jobGK, job.Name, path, s.weightSource); err != nil {
+		return err
 	}
 	w := keyfrom.Workload{Namespace: job.Namespace, Name: job.Name, GenerateName: job.GenerateName, Labels: job.Labels, Annotations: job.Annotations}
 	if ref := ownerCronJob(job); ref != nil {
@@ -106,6 +112,12 @@ func (g *JobGate) Default(ctx context.Context, job *batchv1.Job) error {
 			job.Annotations = map[string]string{}
 		}
 		job.Annotations[locksv1alpha1.AnnotationPriority] = s.priority
+	}
+	if s.hasWeight {
+		if job.Annotations == nil {
+			job.Annotations = map[string]string{}
+		}
+		job.Annotations[locksv1alpha1.AnnotationWeight] = s.weight
 	}
 	if by, ok := ManagedElsewhere(job, g.Kueue); ok {
 		PrepareManaged(job, name, contention)
@@ -166,6 +178,10 @@ type gateSettings struct {
 	// CronJob's (hasPriority: either has one); prioritySource says which.
 	priority, prioritySource string
 	hasPriority              bool
+	// weight is the Job's lockwarden.io/weight annotation, else its
+	// CronJob's (hasWeight: either has one); weightSource says which.
+	weight, weightSource string
+	hasWeight            bool
 }
 
 // settingsOf finds the lock that gates job: its own annotation, or its
@@ -186,7 +202,11 @@ func (g *JobGate) settingsOf(ctx context.Context, job *batchv1.Job) (gateSetting
 	if ownPriority {
 		s.priority, s.hasPriority = priority, true
 	}
-	if ownLock && ownMaxWait && ownPriority {
+	weight, ownWeight := job.Annotations[locksv1alpha1.AnnotationWeight]
+	if ownWeight {
+		s.weight, s.hasWeight = weight, true
+	}
+	if ownLock && ownMaxWait && ownPriority && ownWeight {
 		return s, true, nil
 	}
 	cj, err := g.ownerOf(ctx, job)
@@ -203,6 +223,9 @@ func (g *JobGate) settingsOf(ctx context.Context, job *batchv1.Job) (gateSetting
 		}
 		if v, ok := cj.Annotations[locksv1alpha1.AnnotationPriority]; ok && !ownPriority {
 			s.priority, s.prioritySource, s.hasPriority = v, source, true
+		}
+		if v, ok := cj.Annotations[locksv1alpha1.AnnotationWeight]; ok && !ownWeight {
+			s.weight, s.weightSource, s.hasWeight = v, source, true
 		}
 	}
 	return s, ownLock, nil
@@ -274,6 +297,32 @@ func validatePriority(priority string, path *field.Path, source string) field.Er
 	if _, err := backend.ParsePriority(priority); err != nil {
 		return field.ErrorList{field.Invalid(path.Key(locksv1alpha1.AnnotationPriority), priority,
 			source+"must be an integer from -2147483648 to 2147483647, higher first (for example 100), or be left out to use the pod template's priorityClassName")}
+	}
+	return nil
+}
+
+// validateWeight checks the value of a weight annotation.
+func validateWeight(weight string, path *field.Path, source string) field.ErrorList {
+	if _, err := backend.ParseWeight(weight); err != nil {
+		return field.ErrorList{field.Invalid(path.Key(locksv1alpha1.AnnotationWeight), weight,
+			source+"must be an integer from 1 to the lock's maxHolders (the slots the workload takes, for example 3), or be left out for 1")}
+	}
+	return nil
+}
+
+// weightFits refuses a weight above the maxHolders of lock dl (nil: not
+// known yet), naming the annotation, the lock and its maxHolders.
+func weightFits(dl *locksv1alpha1.DistributedLock, weight string, has bool, gk schema.GroupKind, name string, path *field.Path, source string) error {
+	if dl == nil || !has {
+		return nil
+	}
+	w, err := backend.ParseWeight(weight)
+	if err != nil {
+		return nil // refused by validateWeight
+	}
+	if limit := max(int(dl.Spec.MaxHolders), 1); w > limit {
+		return apierrors.NewInvalid(gk, name, field.ErrorList{field.Invalid(path.Key(locksv1alpha1.AnnotationWeight), weight,
+			fmt.Sprintf("%sa workload of lock %s takes 1 to %d slots (its maxHolders): lower the weight or raise the lock's maxHolders", source, dl.Name, limit))})
 	}
 	return nil
 }

@@ -244,6 +244,7 @@ func TestDefault(t *testing.T) {
 	prioritized.Spec.Priority = &locksv1alpha1.Priority{MaxStarvationSeconds: 600, Highest: 1000}
 	urgent := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "urgent"}, Value: 1000}
 	priorityField := "metadata.annotations[lockwarden.io/priority]"
+	weightField := "metadata.annotations[lockwarden.io/weight]"
 	hotfix := cronJob("hotfix", "uid-hotfix", map[string]string{locksv1alpha1.AnnotationLock: "deploys", locksv1alpha1.AnnotationPriority: "900"})
 	withClass := func(j *jobWrapper, class string) *jobWrapper {
 		j.Spec.Template.Spec.PriorityClassName = class
@@ -451,6 +452,35 @@ func TestDefault(t *testing.T) {
 			cached:  []client.Object{prioritized},
 			job:     makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "deploys").Annotation(locksv1alpha1.AnnotationPriority, "3000000000").Container("main").Obj(),
 			wantErr: []string{priorityField},
+		},
+		"a Job's weight is kept": {
+			cached: []client.Object{semaphore},
+			job:    makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "exports").Annotation(locksv1alpha1.AnnotationWeight, "3").Container("main").Obj(),
+			want:   makeJob("j").Annotation(locksv1alpha1.AnnotationWeight, "3").GatedBy("exports", "").Container("main", gateEnv("exports")...).Obj(),
+		},
+		"a CronJob's weight is copied onto its Job": {
+			cached: []client.Object{semaphore, cronJob("heavy", "uid-heavy", map[string]string{locksv1alpha1.AnnotationLock: "exports", locksv1alpha1.AnnotationWeight: "2"})},
+			job:    makeJob("heavy-1").OwnedBy("heavy", "uid-heavy", true).Container("main").Obj(),
+			want: makeJob("heavy-1").OwnedBy("heavy", "uid-heavy", true).Annotation(locksv1alpha1.AnnotationWeight, "2").
+				GatedBy("exports", "").Container("main", gateEnv("exports")...).Obj(),
+		},
+		"a weight above the lock's maxHolders is refused naming the lock and its maxHolders": {
+			cached:   []client.Object{semaphore},
+			job:      makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "exports").Annotation(locksv1alpha1.AnnotationWeight, "4").Container("main").Obj(),
+			wantErr:  []string{weightField},
+			wantText: []string{"lock exports takes 1 to 3 slots", "maxHolders"},
+		},
+		"a weight of 2 on a mutex is refused": {
+			cached:   []client.Object{dlock("default", "billing")},
+			job:      makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "billing").Annotation(locksv1alpha1.AnnotationWeight, "2").Container("main").Obj(),
+			wantErr:  []string{weightField},
+			wantText: []string{"1 to 1 slots"},
+		},
+		"a weight that is not a positive integer is refused naming the annotation": {
+			cached:   []client.Object{semaphore},
+			job:      makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "exports").Annotation(locksv1alpha1.AnnotationWeight, "0").Container("main").Obj(),
+			wantErr:  []string{weightField},
+			wantText: []string{`"0"`, "integer from 1"},
 		},
 		"a bad lock name is refused naming the annotation": {
 			job:     makeJob("j").Annotation(locksv1alpha1.AnnotationLock, "Billing").Container("main").Obj(),

@@ -92,6 +92,10 @@ func (g *PodGate) Default(ctx context.Context, pod *corev1.Pod) error {
 	if err != nil {
 		return err
 	}
+	weight, hasWeight := pod.Annotations[locksv1alpha1.AnnotationWeight]
+	if err := weightFits(dl, weight, hasWeight, podGK, podName(pod), path, ""); err != nil {
+		return err
+	}
 	ownerKind, ownerName, _ := strings.Cut(workload, "/")
 	ownerName, _, _ = strings.Cut(ownerName, "/")
 	key, err := deriveKey(ctx, lookup, podGK, podName(pod), dl, keyfrom.Workload{
@@ -156,8 +160,8 @@ func addTokenEnv(spec *corev1.PodSpec, lock string) {
 	}
 }
 
-// validatePodAnnotations checks the holder-mode, handover and priority
-// annotations.
+// validatePodAnnotations checks the holder-mode, handover, priority and
+// weight annotations.
 func validatePodAnnotations(annotations map[string]string, path *field.Path, source string) field.ErrorList {
 	var errs field.ErrorList
 	if v, ok := annotations[locksv1alpha1.AnnotationHolderMode]; ok {
@@ -174,6 +178,9 @@ func validatePodAnnotations(annotations map[string]string, path *field.Path, sou
 	}
 	if v, ok := annotations[locksv1alpha1.AnnotationPriority]; ok {
 		errs = append(errs, validatePriority(v, path, source)...)
+	}
+	if v, ok := annotations[locksv1alpha1.AnnotationWeight]; ok {
+		errs = append(errs, validateWeight(v, path, source)...)
 	}
 	return errs
 }

@@ -58,3 +58,20 @@ func TestWorkloadPriority(t *testing.T) {
 		t.Error(`ParsePriority("high") took it`)
 	}
 }
+
+func TestWorkloadWeight(t *testing.T) {
+	for v, want := range map[string]int{"": 1, "1": 1, "3": 3, "100": 100, "0": 1, "-2": 1, "101": 1, "heavy": 1} {
+		ann := map[string]string{}
+		if v != "" {
+			ann[locksv1alpha1.AnnotationWeight] = v
+		}
+		if got := WorkloadWeight(ann); got != want {
+			t.Errorf("WorkloadWeight(%q) = %d, want %d", v, got, want)
+		}
+	}
+	for _, bad := range []string{"0", "101", "2.5", "three"} {
+		if _, err := ParseWeight(bad); err == nil {
+			t.Errorf("ParseWeight(%q) took it", bad)
+		}
+	}
+}

@@ -49,3 +49,22 @@ func WorkloadPriority(annotations map[string]string, fallback *int32) int32 {
 	}
 	return 0
 }
+
+// ParseWeight reads a lockwarden.io/weight annotation value: an integer
+// from 1 to lock.MaxLimit (the lock's maxHolders bounds it further).
+func ParseWeight(v string) (int, error) {
+	w, err := strconv.Atoi(v)
+	if err != nil || w < 1 || w > 100 {
+		return 0, fmt.Errorf("%q is not a weight: want an integer from 1 to the lock's maxHolders (at most 100), the slots the workload takes", v)
+	}
+	return w, nil
+}
+
+// WorkloadWeight is the slots a workload takes: its lockwarden.io/weight
+// annotation when it has a valid one, else 1.
+func WorkloadWeight(annotations map[string]string) int {
+	if w, err := ParseWeight(annotations[locksv1alpha1.AnnotationWeight]); err == nil {
+		return w
+	}
+	return 1
+}
