@@ -82,9 +82,9 @@ func (l *Locker) try(ctx context.Context, op string, req lock.Request, start tim
 	if req.Preempt {
 		preempt(kls, owner)
 	}
-	limit := req.Holders()
+	limit, weight := req.Holders(), req.Slots()
 	for _, kl := range kls {
-		if !busyFor(&kl.st, owner, limit) {
+		if !busyFor(&kl.st, owner, limit, weight) {
 			continue
 		}
 		if req.Queue {
@@ -126,7 +126,7 @@ func (l *Locker) try(ctx context.Context, op string, req lock.Request, start tim
 	places := map[string]waiter{}
 	for _, kl := range l.byName(kls) {
 		kl.st.Holders = slices.DeleteFunc(kl.st.Holders, func(h holding) bool { return h.Owner == owner && h.mutex() == mutex })
-		kl.st.Holders = append(kl.st.Holders, holding{Owner: owner, Holder: req.Holder, Fence: fence, Limit: limit, Session: s.name, Acquired: now.UnixMilli()})
+		kl.st.Holders = append(kl.st.Holders, holding{Owner: owner, Holder: req.Holder, Fence: fence, Limit: limit, Session: s.name, Acquired: now.UnixMilli(), Weight: storedWeight(req)})
 		kl.st.Fence = fence
 		if i := position(&kl.st, owner); i >= 0 {
 			places[kl.key] = kl.st.Queue[i]
@@ -229,8 +229,9 @@ func preempt(kls []*keyLease, owner string) {
 }
 
 // busyFor tells whether st (pruned) refuses a request of owner for limit
-// holders: the memory store's rule (see package lock/memory).
-func busyFor(st *state, owner string, limit int) bool {
+// holders that takes weight slots: the memory store's rule (see package
+// lock/memory).
+func busyFor(st *state, owner string, limit, weight int) bool {
 	if limit <= 1 {
 		switch {
 		case len(st.Holders) > 1:
@@ -251,15 +252,25 @@ func busyFor(st *state, owner string, limit int) bool {
 	if slices.ContainsFunc(st.Holders, func(h holding) bool { return h.Owner == owner }) {
 		return false
 	}
-	eff := limit
+	// Every holder keeps its own bound: no more slots taken than the
+	// smallest limit among the request's and the holders'. Strict FIFO by
+	// weight: the request fits only with the weights of every waiter
+	// ahead of it (all of them when it is not queued). Holdings and
+	// waiters written before Request.Weight take one slot each.
+	eff, used := limit, 0
 	for _, h := range st.Holders {
 		eff = min(eff, h.Limit)
+		used += h.slots()
 	}
 	pos := position(st, owner)
 	if pos < 0 {
 		pos = len(st.Queue)
 	}
-	return pos >= eff-len(st.Holders)
+	ahead := 0
+	for _, w := range st.Queue[:pos] {
+		ahead += w.slots()
+	}
+	return used+ahead+weight > eff
 }
 
 // position is owner's place in st's queue (0: the head), or -1.
@@ -268,9 +279,10 @@ func position(st *state, owner string) int {
 }
 
 // join puts req's owner in every key's queue, or keeps its place there
-// with a new deadline, and writes the keys. Its place is the one it has on
-// any key already (the latest ticket, with its boost), or else a new
-// ticket, its arrival (see arrival), with req.Boost as its head start.
+// with a new deadline and req's weight, and writes the keys. Its place is
+// the one it has on any key already (the latest ticket, with its boost),
+// or else a new ticket, its arrival (see arrival), with req.Boost as its
+// head start.
 func (l *Locker) join(ctx context.Context, op string, kls []*keyLease, req lock.Request, owner string, now time.Time) error {
 	var place *waiter
 	for _, kl := range kls {
@@ -286,12 +298,12 @@ func (l *Locker) join(ctx context.Context, op string, kls []*keyLease, req lock.
 	for _, kl := range l.byName(kls) {
 		if i := position(&kl.st, owner); i >= 0 {
 			w := &kl.st.Queue[i]
-			w.Ticket, w.Boost, w.Until = place.Ticket, place.Boost, until
+			w.Ticket, w.Boost, w.Until, w.Weight = place.Ticket, place.Boost, until, storedWeight(req)
 		} else {
 			if len(kl.st.Queue) >= MaxQueue {
 				return fmt.Errorf("%s: %w: key %q has %d waiters already, the most the kubernetes store keeps in one Lease", op, lock.ErrNotAcquired, kl.key, len(kl.st.Queue))
 			}
-			kl.st.Queue = append(kl.st.Queue, waiter{Owner: owner, Holder: req.Holder, Ticket: place.Ticket, Boost: place.Boost, Since: now.UnixMilli(), Until: until})
+			kl.st.Queue = append(kl.st.Queue, waiter{Owner: owner, Holder: req.Holder, Ticket: place.Ticket, Boost: place.Boost, Since: now.UnixMilli(), Until: until, Weight: storedWeight(req)})
 		}
 		kl.st.Arrival = max(kl.st.Arrival, place.Ticket)
 		sortQueue(kl.st.Queue)

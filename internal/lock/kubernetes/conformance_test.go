@@ -44,3 +44,9 @@ func TestConformancePriority(t *testing.T) {
 	cfg := Config{Prefix: "priority"}
 	locktest.RunPriority(t, lockerFactory(cfg, WithWaiterTTL(conformanceWaiterTTL)), locktest.WithWaiterTTL(conformanceWaiterTTL))
 }
+
+func TestConformanceWeights(t *testing.T) {
+	needEnv(t)
+	cfg := Config{Prefix: "weights"}
+	locktest.RunWeights(t, lockerFactory(cfg, WithWaiterTTL(conformanceWaiterTTL)), locktest.WithWaiterTTL(conformanceWaiterTTL))
+}

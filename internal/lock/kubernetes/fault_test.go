@@ -76,9 +76,10 @@ func TestFaultsFencedRegister(t *testing.T) {
 	tally.Check(t)
 }
 
-// TestFaultsSemaphore runs the semaphore fault test (at most Limit leases
-// valid at once, tokens strictly increasing) under the same nemeses, with
-// 2 and 3 slots.
+// TestFaultsSemaphore runs the semaphore fault test (at most Limit slots
+// taken by valid leases at once, tokens strictly increasing) under the
+// same nemeses, with 2 and 3 slots, some requests taking several
+// (Request.Weight).
 func TestFaultsSemaphore(t *testing.T) {
 	needEnv(t)
 	var tally locktest.FaultTally
@@ -89,6 +90,7 @@ func TestFaultsSemaphore(t *testing.T) {
 			NewLocker: newLocker,
 			Nemeses:   kubeNemeses(t, links),
 			Limit:     limit,
+			Weights:   true,
 		})
 	}
 	tally.Check(t)

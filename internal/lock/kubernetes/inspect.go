@@ -18,7 +18,8 @@ import (
 
 // Inspect reports what the Leases hold for each key (see lock.KeyState):
 // the holders whose sessions this Locker does not know to be expired,
-// oldest first, their times on this Locker's clock (Expires is when the
+// oldest first, with the slots each takes (1 for a holding written
+// without a weight), their times on this Locker's clock (Expires is when the
 // session expires unless renewed, as far as this Locker can tell), and the
 // waiters whose deadline has not passed. It writes nothing.
 func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, error) {
@@ -100,7 +101,7 @@ func (l *Locker) keyStates(ctx context.Context, op string, kls []*keyLease, cach
 			}
 			st.HolderCount++
 			if len(st.Holders) < lock.MaxInspectHolders {
-				st.Holders = append(st.Holders, lock.HolderState{Holder: h.Holder, Fence: h.Fence, Acquired: time.UnixMilli(h.Acquired), Expires: j.expires})
+				st.Holders = append(st.Holders, lock.HolderState{Holder: h.Holder, Fence: h.Fence, Acquired: time.UnixMilli(h.Acquired), Expires: j.expires, Weight: h.slots()})
 			}
 		}
 		slices.SortFunc(st.Holders, func(a, b lock.HolderState) int { return cmp.Compare(a.Fence, b.Fence) })

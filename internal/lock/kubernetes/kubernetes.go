@@ -26,6 +26,20 @@
 //     of their Lease names, and takes them back when a later one is busy.
 //     Its fencing token is larger than the last token of every key, checked
 //     in each key's own write.
+//   - A key held by a semaphore's leases (Request.Limit above 1) admits a
+//     request when the slots taken by its live holders, those asked for by
+//     the live waiters ranked ahead of it (every live waiter when it is
+//     not queued) and its own sum to at most the smallest Limit among its
+//     own and its holders': strict FIFO by weight, so a heavy waiter at
+//     the head is never passed by lighter ones behind it. Each holding and
+//     each waiter keeps its slots (Request.Weight) in the state, written
+//     only above 1, and the sum is made on the version of the state that
+//     the acquisition's compare-and-swap writes, so two writers never both
+//     take the last slots. A holding or waiter without a weight (every one
+//     written before Request.Weight) takes one slot, as it did. A Locker
+//     that predates Request.Weight counts holders, not slots, and drops
+//     the weights of a state it rewrites: weighted requests keep their
+//     bound only once every operator writing the namespace knows them.
 //   - A key's queue is ordered by rank: the waiter's ticket less its head
 //     start (Request.Boost, kept with the waiter), then the ticket and the
 //     owner. A ticket is the time the waiter first joined, on its joiner's
@@ -312,7 +326,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		seen:     map[string]sighting{},
 		closed:   make(chan struct{}),
 	}
-	l.Acquisitions = lock.Acquisitions[time.Duration]{Check: l.check, Attempt: l.attempt, Wait: l.wait}
+	l.Acquisitions = lock.Acquisitions[time.Duration]{Check: l.check, Attempt: l.attempt, Wait: l.wait, Weights: true}
 	return l, nil
 }
 
@@ -396,9 +410,11 @@ type state struct {
 	Key string `json:"key"`
 	// Fence is the last fencing token issued for the key.
 	Fence int64 `json:"fence"`
-	// Holders are the leases holding it, oldest first.
+	// Holders are the leases holding it, oldest first, each with the
+	// slots it takes (holding.Weight).
 	Holders []holding `json:"holders,omitempty"`
-	// Queue is its queue, by rank (see waiterOrder).
+	// Queue is its queue, by rank (see waiterOrder), each waiter with the
+	// slots it asks for (waiter.Weight).
 	Queue []waiter `json:"queue,omitempty"`
 	// Arrival is the largest ticket a waiter joined the queue with, so
 	// that tickets never go back (see arrival). Absent from states written
@@ -440,9 +456,26 @@ type holding struct {
 	Session string `json:"session"`
 	// Acquired is when the lease was acquired (Unix ms, the acquirer's clock).
 	Acquired int64 `json:"acquired"`
+	// Weight is the slots of the semaphore it takes (Request.Weight),
+	// written only above 1: absent (0) reads as one slot, as in the
+	// states written before Request.Weight and in a mutex's holdings.
+	Weight int `json:"weight,omitempty"`
 }
 
 func (h holding) mutex() bool { return h.Limit <= 1 }
+
+// slots is the number of slots h takes (its Weight, at least 1).
+func (h holding) slots() int { return max(h.Weight, 1) }
+
+// storedWeight is what a holding or a waiter keeps of req's weight: its
+// slots above 1, else nothing (0, omitted), so that the state of an
+// unweighted request is written as before Request.Weight.
+func storedWeight(req lock.Request) int {
+	if w := req.Slots(); w > 1 {
+		return w
+	}
+	return 0
+}
 
 // waiter is one place in a key's queue.
 type waiter struct {
@@ -459,7 +492,14 @@ type waiter struct {
 	// place unless it calls again (Unix ms, its own clock).
 	Since int64 `json:"since"`
 	Until int64 `json:"until"`
+	// Weight is the slots it asks for (Request.Weight), written only
+	// above 1: absent (0) reads as one slot, as in the states written
+	// before Request.Weight.
+	Weight int `json:"weight,omitempty"`
 }
+
+// slots is the number of slots w asks for (its Weight, at least 1).
+func (w waiter) slots() int { return max(w.Weight, 1) }
 
 // rank orders a key's queue: the waiter's arrival less its head start
 // (Unix ns). A waiter written before Request.Boost ranks by its ticket.
