@@ -55,11 +55,13 @@ func check(req lock.Request) error {
 // ahead) and names the oldest; Waiters is the exact number of live waiters,
 // the caller included.
 //
-// With req.Limit above 1 the lease is one of up to Limit holders of each
-// key (a semaphore slot, see the package documentation): a key is free for
-// it when no mutex lease holds it and fewer waiters are queued ahead of it
-// than slots are free, the smallest limit of the request and of the key's
-// live holders bounding the slots.
+// With req.Limit above 1 the lease takes req.Weight (at least 1) of the
+// Limit slots of each key (a semaphore, see the package documentation): a
+// key is free for it when no mutex lease holds it and the weights of its
+// live holders, of the live waiters queued ahead of it (all of them when it
+// is not queued) and its own sum to no more than the smallest limit of the
+// request and of the key's live holders. The HeldError's Holders still
+// counts leases, not slots.
 //
 // When the call fails on the way (the database or the connection), the error
 // matches lock.ErrBackendUnavailable. The transaction may have committed
@@ -92,7 +94,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		return c.QueryRow(ctx, l.sql.acquire,
 			encodeKeys(req.Keys), ownerDigest(req.Owner), req.Holder, req.TTL.Milliseconds(),
 			req.Queue, l.opts.WaiterTTL.Milliseconds(), lock.MaxFence-1, limit, req.Replace, req.Preempt,
-			req.Boost.Microseconds(),
+			req.Boost.Microseconds(), req.Slots(),
 		).Scan(&ok, &fence, &busy, &busyHolder, &busyFence, &position, &queued, &ttlMs, &count, &replaced, &syncCommit)
 	})
 	if err != nil {

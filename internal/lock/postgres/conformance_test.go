@@ -69,3 +69,19 @@ func TestConformancePriority(t *testing.T) {
 		locktest.RunPriority(t, lockerFactory(cfg, WithWaiterTTL(waiterTTL)), locktest.WithWaiterTTL(waiterTTL), locktest.WithRounds(3))
 	})
 }
+
+// TestConformanceWeights: Request.Weight, for the configurations of
+// TestConformance and TestConformancePasswordTLS. The waiters keep their
+// place for 5 s, as in TestConformancePriority: a case queues its waiters
+// through new Lockers, and no case needs a waiter to expire.
+func TestConformanceWeights(t *testing.T) {
+	const waiterTTL = 5 * time.Second
+	s := pgtest.Start(t)
+	locktest.RunWeights(t, lockerFactory(configFor(s), WithWaiterTTL(waiterTTL)), locktest.WithWaiterTTL(waiterTTL))
+	t.Run("PasswordTLS", func(t *testing.T) {
+		s := pgtest.Start(t, pgtest.WithTLS(), pgtest.WithPassword("s3cret'\"x"))
+		cfg := configFor(s)
+		cfg.Schema = "locks_tls"
+		locktest.RunWeights(t, lockerFactory(cfg, WithWaiterTTL(waiterTTL)), locktest.WithWaiterTTL(waiterTTL), locktest.WithRounds(3))
+	})
+}

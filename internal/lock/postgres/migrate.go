@@ -242,7 +242,7 @@ func newStatements(schema string) statements {
 		// (the session sets it too, see session.go): the commit, after the
 		// statement, waits for the WAL flush whatever reset the session.
 		acquire: "SELECT o_ok, o_fence, o_busy, o_busy_holder, o_busy_fence, o_position, o_waiters, o_holder_ttl_ms, o_busy_holders, o_replaced, " +
-			syncCommitPin + " FROM " + s + ".acquire($1, $2, $3, $4, $5, $6, $7, $8::int, $9::boolean, $10::boolean, $11::bigint)",
+			syncCommitPin + " FROM " + s + ".acquire($1, $2, $3, $4, $5, $6, $7, $8::int, $9::boolean, $10::boolean, $11::bigint, $12::int)",
 		// One row, of arrays (lease numbers and results, in the same order):
 		// the reply of a batch of renewBatchRows keys is about 1 KiB, far
 		// below the server's 8 KiB output buffer, so nothing reaches the
@@ -255,22 +255,24 @@ func newStatements(schema string) statements {
 		dequeue: "SELECT " + s + ".dequeue($1, $2)",
 		// One row per requested key, in request order: the mutex lease
 		// (when live) or the last fence, the live semaphore slots (the
-		// oldest $3, by fence, and their number), the head of the queue (in
-		// its order: rank, then ticket) and the number of waiters in it
-		// (live waiters only: a deadline not passed, the rule acquire
-		// prunes by).
+		// oldest $3, by fence, with their weights, and their number), the
+		// head of the queue (in its order: rank, then ticket) and the
+		// number of waiters in it (live waiters only: a deadline not
+		// passed, the rule acquire prunes by).
 		inspect: `WITH t AS (SELECT clock_timestamp() AS now)
 SELECT l.owner IS NOT NULL AND l.expires > t.now AS held,
        coalesce(l.holder, ''), coalesce(l.fence, 0), l.acquired, l.expires,
-       coalesce(sl.holders, '{}'), coalesce(sl.fences, '{}'), coalesce(sl.acquired, '{}'), coalesce(sl.expires, '{}'), c.slots,
+       coalesce(sl.holders, '{}'), coalesce(sl.fences, '{}'), coalesce(sl.acquired, '{}'), coalesce(sl.expires, '{}'),
+       coalesce(sl.weights, '{}'), c.slots,
        coalesce(w.holders, '{}'), coalesce(w.sinces, '{}'), n.queued
 FROM unnest($1::bytea[]) WITH ORDINALITY AS u(key, ord)
 CROSS JOIN t
 LEFT JOIN ` + s + `.locks l ON l.key = u.key
 LEFT JOIN LATERAL (
 	SELECT array_agg(q.holder ORDER BY q.fence) AS holders, array_agg(q.fence ORDER BY q.fence) AS fences,
-	       array_agg(q.acquired ORDER BY q.fence) AS acquired, array_agg(q.expires ORDER BY q.fence) AS expires
-	FROM (SELECT x.holder, x.fence, x.acquired, x.expires FROM ` + s + `.slots x
+	       array_agg(q.acquired ORDER BY q.fence) AS acquired, array_agg(q.expires ORDER BY q.fence) AS expires,
+	       array_agg(q.weight ORDER BY q.fence) AS weights
+	FROM (SELECT x.holder, x.fence, x.acquired, x.expires, x.weight FROM ` + s + `.slots x
 	      WHERE x.key = u.key AND x.expires > t.now
 	      ORDER BY x.fence LIMIT $3) q
 ) sl ON true

@@ -28,10 +28,12 @@
 //	    one row per key ever used; owner NULL when released; preempted the
 //	    largest token a request with Preempt stopped on the key; arrival
 //	    the last waiter's arrival on the key (µs), never going back
-//	slots(key, owner, fence, holder, lim, acquired, expires), PK (key, owner)
-//	    the holders of semaphores (Limit > 1), one row per holder and key
-//	waiters(key, owner, ticket, rank, holder, since, deadline), PK (key, owner)
-//	    the queues, ordered by rank (arrival less Boost), then ticket
+//	slots(key, owner, fence, holder, lim, acquired, expires, weight), PK (key, owner)
+//	    the holders of semaphores (Limit > 1), one row per holder and key;
+//	    weight the slots it takes (Request.Weight, at least 1)
+//	waiters(key, owner, ticket, rank, holder, since, deadline, weight), PK (key, owner)
+//	    the queues, ordered by rank (arrival less Boost), then ticket;
+//	    weight the slots the waiter asks for (1 for a mutex request)
 //	replaced(key, owner, until), PK (key, owner)
 //	    the owners a request with Replace dropped from a key's queue
 //	tickets                       sequence of queue tickets, shared by all keys
@@ -84,21 +86,41 @@
 //
 // # Semaphores
 //
-// A key is held either by a live mutex lease (its locks row) or by up to N
-// live slots (Request.Limit N > 1), never both: a mutex request is busy
-// while any live slot exists, a semaphore request while a live mutex lease
-// exists. Slot rows change only while their key's locks row is locked, so
-// the sorted row locking above serializes them too, and a multi-key
-// semaphore lease takes a slot of every key or none. A semaphore request is
-// admitted against the smallest limit among its own and the key's live
-// slots' (each slot keeps the limit it was taken with, lim), and a queued
-// one only while fewer waiters are ahead of it than slots are free. Its
-// token comes from locks.fence like a mutex lease's (the largest fence of
-// its keys plus one, written back in the same transaction), so tokens rise
-// per key across both kinds of holder. A slot expires by the database clock
-// like a mutex lease; the next acquisition of the key deletes expired slot
-// rows, but nothing depends on it. Renew and release find a lease by its
-// owner digest and token in locks or in slots, whatever Limit it names now.
+// A key is held either by a live mutex lease (its locks row) or by live
+// slot rows taking up to N slots (Request.Limit N > 1), never both: a mutex
+// request is busy while any live slot exists, a semaphore request while a
+// live mutex lease exists. Slot rows change only while their key's locks
+// row is locked, so the sorted row locking above serializes them too, and a
+// multi-key semaphore lease takes its slots of every key or none.
+//
+// Admission is by weight (Request.Weight, migration 6): each slot row and
+// each waiters row keeps the weight of its request (the slots it takes or
+// asks for; 1 for a mutex request). A semaphore request of weight w is
+// admitted to a key when the weights of the key's live slots, plus the
+// weights of the live waiters ahead of it in the queue's order (all of them
+// when it is not queued), plus w, are at most the smallest limit among its
+// own and the key's live slots' (each slot keeps the limit it was taken
+// with, lim): strict FIFO by weight, so a heavy waiter at the head is not
+// passed by lighter ones behind it, even while a slot is free. The sums are
+// read by the acquire function under the keys' row locks, in the
+// transaction that inserts the slot rows, as the counts were before. With
+// every weight 1 this is the rule of earlier versions: fewer waiters ahead
+// than slots free. HeldError.Holders and Inspect's HolderCount count
+// leases, not slots; Inspect reports each one's weight.
+//
+// A semaphore lease's token comes from locks.fence like a mutex lease's
+// (the largest fence of its keys plus one, written back in the same
+// transaction), so tokens rise per key across both kinds of holder. A slot
+// expires by the database clock like a mutex lease; the next acquisition of
+// the key deletes expired slot rows, but nothing depends on it. Renew and
+// release find a lease by its owner digest and token in locks or in slots,
+// whatever Limit it names now.
+//
+// Upgrade: migration 6 adds the weight columns with a default of 1, so the
+// slots and waiters an older version wrote take and ask for one slot, which
+// is what they did. An operator of version 5 still running calls its
+// acquire, which goes through the new one with weight 1: it is admitted
+// against the weights the new version's leases take.
 //
 // # Queue and wake-ups
 //
@@ -108,9 +130,10 @@
 // key, and a deadline of the database's now + the waiter TTL; a waiter whose
 // deadline passed is pruned by the next acquisition of the key. Release, a
 // renewal that finds its lease lost, and a Dequeue ahead of others on a key
-// with room (no mutex lease, a slot free) send NOTIFY on the channel
-// "<schema>_released" with the key, hex-encoded, as payload; the
-// notification is delivered when the transaction commits. Each Locker
+// with room (no mutex lease, the live slots' weights below their limit)
+// send NOTIFY on the channel "<schema>_released" with the key, hex-encoded,
+// as payload; the notification is delivered when the transaction commits.
+// Each Locker
 // keeps one dedicated listening connection (opened on the first Watch or
 // waiting Acquire, reconnected with backoff, checked with a round trip when
 // idle) that dispatches notifications to Watch channels and waiting Acquire calls. A
@@ -321,7 +344,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		sql:      newStatements(schema),
 	}
 	l.Renewals = lock.Renewals{Validate: validateRenew, Batch: l.renewAll}
-	l.Acquisitions = lock.Acquisitions[time.Duration]{Check: check, Attempt: l.attempt, Wait: l.wait}
+	l.Acquisitions = lock.Acquisitions[time.Duration]{Check: check, Attempt: l.attempt, Wait: l.wait, Weights: true}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.lis = newListener(l)
 	return l, nil
