@@ -83,17 +83,18 @@ type keyPlan struct {
 	deadMarks []*markView
 }
 
-// room is how many more leases the key admits for a request of the owner
+// room is how many more slots the key has free for a request of the owner
 // hash with limit (Request.Holders): none while a live holder node of
 // another owner holds it (a mutex), none for a mutex while a live slot of
 // another owner does, else the smallest limit of the request's and the
-// live slots' of other owners, minus those slots. The owner's own nodes
-// do not count (an acquisition replaces them) nor do stale ones (it
-// deletes them), except an own lease a request with Preempt stopped while
-// others wait: its owner does not escape the preemption by taking the key
-// again, it is refused like anyone else.
+// live slots' of other owners, minus the weights of those slots (each its
+// Request.Slots; one for a slot the previous release wrote). The owner's
+// own nodes do not count (an acquisition replaces them) nor do stale ones
+// (it deletes them), except an own lease a request with Preempt stopped
+// while others wait: its owner does not escape the preemption by taking
+// the key again, it is refused like anyone else.
 func (p *keyPlan) room(hash string, limit int, ignoreSlots bool) int {
-	bound, n := limit, 0
+	bound, used := limit, 0
 	for _, h := range p.view.leases() {
 		if h.data.Owner == hash && h.data.Preempted && len(p.live) > 0 {
 			return 0
@@ -107,10 +108,20 @@ func (p *keyPlan) room(hash string, limit int, ignoreSlots bool) int {
 		if ignoreSlots && limit > 1 {
 			continue // the mutant (tests only): see Locker.ignoreSlots
 		}
-		n++
+		used += h.weight()
 		bound = min(bound, h.limit())
 	}
-	return max(bound-n, 0)
+	return max(bound-used, 0)
+}
+
+// aheadWeight is the slots the live waiters ahead of the request ask for
+// (each its Request.Slots; one for a waiter the previous release queued).
+func (p *keyPlan) aheadWeight() int {
+	n := 0
+	for _, w := range p.ahead {
+		n += w.weight()
+	}
+	return n
 }
 
 // liveLeases are the leases holding the key that do not count as free: all
@@ -130,20 +141,25 @@ func (p *keyPlan) liveLeases() []*holderView {
 //
 // A key is free for req when the leases of other owners leave room for it
 // (a mutex: none is live; a semaphore, req.Limit > 1: no live mutex, and
-// fewer live slots than the smallest Limit of req's and theirs) and the
-// live waiters ahead of req's owner in its queue are fewer than that room:
-// a request without Queue does not jump a non-empty queue (it fails with a
-// *lock.HeldError whose Waiters counts the queue). With req.Queue a request that cannot take the keys joins (or
-// refreshes its place in) the queue of every key and must call again within
-// the waiter TTL to keep it; so req.Owner is required with Queue. An owner
-// that already holds every key gets them again with a new fencing token.
-// The HeldError's Holders counts the live leases holding the busy key (0
-// when it is free but others are queued ahead), Holder and Fence name the
-// oldest when they leave no room; Waiters is the exact number of live
-// waiters, the caller included. req.Replace and req.Preempt are applied in
-// the same attempt (see the package documentation, Replace and Preempt); an
-// owner a newer request replaced fails with an error matching
-// lock.ErrReplaced.
+// the weights of the live slots plus req's own weight, req.Slots(), within
+// the smallest Limit of req's and theirs) and the weights of the live
+// waiters ahead of req's owner in its queue fit in that room beside req's
+// (strict FIFO by weight: a heavy waiter is never passed by lighter ones
+// behind it): a request without Queue counts every live waiter as ahead, so
+// it does not jump a queue that takes the free slots (it fails with a
+// *lock.HeldError whose Waiters counts the queue). With req.Queue a
+// request that cannot take the keys joins (or refreshes its place in) the
+// queue of every key, its weight stored in its waiter nodes, and must call
+// again within the waiter TTL to keep it; so req.Owner is required with
+// Queue. An owner that already holds every key gets them again with a new
+// fencing token (its own lease's weight does not count: the new one
+// replaces it). The HeldError's Holders counts the live leases holding the
+// busy key (0 when it is free but others are queued ahead), Holder and
+// Fence name the oldest when they leave no room for req's weight; Waiters
+// is the exact number of live waiters, the caller included. req.Replace and
+// req.Preempt are applied in the same attempt (see the package
+// documentation, Replace and Preempt); an owner a newer request replaced
+// fails with an error matching lock.ErrReplaced.
 //
 // attempt is one acquisition. It returns the lease, or the path of the node
 // whose deletion may let the request in (for Acquire to watch) and the error.
@@ -185,7 +201,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, st
 					othersQueued = true
 				}
 			}
-			if p.room(hash, req.Holders(), l.ignoreSlots) == 0 {
+			if p.room(hash, req.Holders(), l.ignoreSlots) < req.Slots() {
 				heldByOther = true // as far as this read can tell
 			}
 			plans[i] = p
@@ -324,13 +340,16 @@ func (l *Locker) forgetMissing(views []*keyView) bool {
 
 // busy returns the HeldError for the first key req cannot take now and the
 // node to watch, or nil when every key is free for req: a key is free for
-// req while the live waiters ahead of it are fewer than the room left by
-// the leases holding it (see keyPlan.room), so the first free slots go to
-// the best-ranked waiters (arrival less Request.Boost).
+// req while the weights of the live waiters ahead of it and its own
+// (req.Slots) fit in the room left by the leases holding it (see
+// keyPlan.room), so the first free slots go to the best-ranked waiters
+// (arrival less Request.Boost), and a heavy waiter at the head keeps the
+// slots that free up until it fits (weight 1 everywhere: fewer waiters
+// ahead than free slots).
 func (l *Locker) busy(req lock.Request, hash string, plans []*keyPlan) (*lock.HeldError, string) {
 	for i, p := range plans {
 		room := p.room(hash, req.Holders(), l.ignoreSlots)
-		if len(p.ahead) < room {
+		if p.aheadWeight()+req.Slots() <= room {
 			continue
 		}
 		live := p.liveLeases()
@@ -340,10 +359,10 @@ func (l *Locker) busy(req lock.Request, hash string, plans []*keyPlan) (*lock.He
 			he.Waiters++
 		}
 		var blocker string
-		if room == 0 && len(live) > 0 {
-			// The leases leave no room: name the oldest; at the head,
-			// watch a lease of another owner whose end makes room (the
-			// holder node of a mutex, else the oldest slot).
+		if room < req.Slots() && len(live) > 0 {
+			// The leases leave no room for req's weight: name the oldest;
+			// at the head, watch a lease of another owner whose end makes
+			// room (the holder node of a mutex, else the oldest slot).
 			he.Holder, he.Fence = live[0].data.Holder, live[0].fence()
 			for _, h := range live {
 				if h.data.Owner != hash && len(p.ahead) == 0 {
@@ -431,7 +450,7 @@ func (l *Locker) heartbeat(ctx context.Context, req lock.Request, hash string, p
 		}
 		rank = arrival - req.Boost.Microseconds()
 	}
-	data := mustJSON(waiterData{Owner: hash, Holder: req.Holder})
+	data := mustJSON(waiterData{Owner: hash, Holder: req.Holder, Weight: req.Slots()})
 	session := l.conn.SessionID()
 	ops := make([]any, 0, len(plans))
 	setOps := make([]int, len(plans)) // index of each refresh (setData), -1 for none
@@ -512,7 +531,8 @@ func (l *Locker) prune(ctx context.Context, plans []*keyPlan) {
 // creates the lease's node (the holder node for a mutex, the owner's slot
 // node for a semaphore) and writes the key node at the version read. That
 // write serializes the acquisitions of a key, so the room counted at read
-// time is exact at commit. The key node's new mzxid is the fence.
+// time (the slots held and their weights) is exact at commit. The key
+// node's new mzxid is the fence.
 func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans []*keyPlan, start time.Time) (*lock.Lease, error) {
 	op := fmt.Sprintf("acquire keys %q", req.Keys)
 	session, err := l.sessionFor(ctx, req.TTL)
@@ -522,7 +542,7 @@ func (l *Locker) take(ctx context.Context, req lock.Request, hash string, plans 
 	hd := holderData{Owner: hash, Holder: req.Holder, TTLMs: legacyTTLMs, Session: session}
 	name := leaseNodeName(req.Holders(), hash)
 	if name != holderName {
-		hd.Limit = req.Limit
+		hd.Limit, hd.Weight = req.Limit, req.Slots()
 	}
 	data := mustJSON(hd)
 	var ops []any

@@ -11,7 +11,7 @@ import (
 )
 
 // suite is one of locktest's conformance suites (Run, RunSemaphore,
-// RunPolicies, RunPriority).
+// RunPolicies, RunPriority, RunWeights).
 type suite func(t *testing.T, newLocker func(t *testing.T) lock.Locker, opts ...locktest.Option)
 
 // ensembleWaiterTTL is the waiter TTL of the runs on the ensemble. A queued
@@ -73,6 +73,18 @@ func TestConformancePriority(t *testing.T) {
 		runSuite(t, 3, Config{Root: "/conformance"}, locktest.RunPriority, locktest.WithRounds(5))
 	})
 	t.Run("Digest", func(t *testing.T) { runSuite(t, 1, digestConfig, locktest.RunPriority, locktest.WithRounds(3)) })
+}
+
+// TestConformanceWeights runs the weighted semaphores' suite
+// (Request.Weight) in every configuration the conformance suite runs in:
+// standalone, the ensemble (reads from followers: the weights of the slots
+// and waiters are read from their nodes' data) and digest ACLs.
+func TestConformanceWeights(t *testing.T) {
+	t.Run("Standalone", func(t *testing.T) { runSuite(t, 1, Config{Root: "/conformance"}, locktest.RunWeights) })
+	t.Run("Ensemble", func(t *testing.T) {
+		runSuite(t, 3, Config{Root: "/conformance"}, locktest.RunWeights, locktest.WithRounds(5))
+	})
+	t.Run("Digest", func(t *testing.T) { runSuite(t, 1, digestConfig, locktest.RunWeights, locktest.WithRounds(3)) })
 }
 
 // TestSemaphore runs the counting-semaphore suite (Request.Limit > 1: slot

@@ -81,7 +81,8 @@ func TestFaultsFencedRegister(t *testing.T) {
 }
 
 // TestFaultsSemaphore runs the semaphore fault test of locktest (never more
-// than Limit leases valid at once, tokens strictly increasing across every
+// than Limit slots taken by the leases valid at once, a third of the
+// requests weighing 2 to Limit, tokens strictly increasing across every
 // holder) on the ensemble under the nemeses of TestFaultsFencedRegister,
 // with 2 and 3 slots. Kept short in the package test: two runs, each with
 // two nemeses (a leader kill or a follower pause, and the session expiry
@@ -103,6 +104,7 @@ func TestFaultsSemaphore(t *testing.T) {
 			AcquireTimeout: 2 * time.Second,
 			Duration:       4500 * time.Millisecond,
 			Limit:          limit,
+			Weights:        true,
 		})
 		if err := e.WaitLeader(60 * time.Second); err != nil {
 			t.Fatalf("ensemble after the run: %v", err)

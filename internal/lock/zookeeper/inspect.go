@@ -14,8 +14,9 @@ import (
 // every write that completed before the call is seen: the leases holding
 // each key (the holder node of a mutex, or a semaphore's slot nodes) in
 // Holders, oldest first (at most lock.MaxInspectHolders; HolderCount counts
-// them all), each with its fencing token, acquisition time and expiry on the
-// ensemble's clock (its node's or renewal node's last write plus the lease
+// them all), each with its fencing token, the slots it takes (Weight: 1
+// for a mutex and for a slot the previous release wrote), acquisition time
+// and expiry on the ensemble's clock (its node's or renewal node's last write plus the lease
 // TTL); Holder, Fence, Acquired and Expires are the oldest's (for a free
 // key, Fence is its last acquisition's token); the head of the queue (at
 // most lock.MaxInspectWaiters waiters, in queue order: by arrival less
@@ -75,7 +76,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 	for i, v := range views {
 		st := lock.KeyState{Key: keys[i], Fence: v.lastFence(keyData[i])}
 		for _, h := range v.leases() {
-			hs := lock.HolderState{Holder: h.data.Holder, Fence: h.fence(), Acquired: msTime(h.acquiredMs())}
+			hs := lock.HolderState{Holder: h.data.Holder, Fence: h.fence(), Acquired: msTime(h.acquiredMs()), Weight: h.weight()}
 			if end, ok := h.endMs(); ok {
 				hs.Expires = msTime(end)
 			}

@@ -135,30 +135,41 @@ func TestSlotNodes(t *testing.T) {
 // TestSemaphoreFaultHarnessCatchesAMutant is the negative control of the
 // semaphore suites: a Locker that admits a semaphore request whatever slots
 // other owners hold (Locker.ignoreSlots) must fail the semaphore fault
-// run's exclusion check (more than Limit valid holders), and the same runs
-// of the real Locker pass.
+// run's exclusion check (more than Limit valid holders), and so must one
+// that asks for one slot whatever the request's weight
+// (locktest.IgnoreWeights) in weighted runs (more than Limit slots held);
+// the same runs of the real Locker pass.
 func TestSemaphoreFaultHarnessCatchesAMutant(t *testing.T) {
 	e := sharedServers(t, 1)
 	logsOnFailure(t, e)
-	faults := func(root string, mutant bool) locktest.Faults {
+	faults := func(root string, mutant func(*Locker) lock.Locker, weights bool) locktest.Faults {
 		return locktest.Faults{
 			NewLocker: func(t *testing.T) lock.Locker {
-				l := newTestLocker(t, Config{Servers: e.Addrs(), Root: root}, WithOperationTimeout(time.Second))
-				l.ignoreSlots = mutant
-				return l
+				return mutant(newTestLocker(t, Config{Servers: e.Addrs(), Root: root}, WithOperationTimeout(time.Second)))
 			},
 			AcquireTimeout: 2 * time.Second,
 			Duration:       3 * time.Second,
 			Limit:          2,
+			Weights:        weights,
 		}
 	}
-	err := locktest.FindViolation(t, 5, faults("/mutant", true))
+	ignoreSlots := func(l *Locker) lock.Locker {
+		l.ignoreSlots = true
+		return l
+	}
+	ignoreWeights := func(l *Locker) lock.Locker { return locktest.IgnoreWeights(l) }
+	asIs := func(l *Locker) lock.Locker { return l }
+	err := locktest.FindViolation(t, 5, faults("/mutant", ignoreSlots, false))
 	var ex *locktest.ExclusionError
 	if !errors.As(err, &ex) {
 		t.Fatalf("the semaphore fault harness passed a Locker that ignores the other owners' slots (%v): it cannot catch too many holders", err)
 	}
-	if err := locktest.FindViolation(t, 1, faults("/not-mutant", false)); err != nil {
-		t.Fatalf("the real Locker under the control's runs: %v", err)
+	err = locktest.FindViolation(t, 5, faults("/mutant-weights", ignoreWeights, true))
+	if !errors.As(err, &ex) {
+		t.Fatalf("the weighted fault harness passed a Locker that counts holders instead of weights (%v): it cannot catch more slots held than the limit", err)
+	}
+	if err := locktest.FindViolation(t, 1, faults("/not-mutant", asIs, true)); err != nil {
+		t.Fatalf("the real Locker under the control's weighted runs: %v", err)
 	}
 }
 

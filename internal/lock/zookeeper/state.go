@@ -38,6 +38,10 @@ type holderData struct {
 	// Limit is the Request.Limit of a semaphore slot (a slot node); 0 in
 	// a holder node (a mutex).
 	Limit int `json:"limit,omitempty"`
+	// Weight is how many of the semaphore's slots the lease takes
+	// (Request.Slots) in a slot node; 0 in a holder node, and in a slot
+	// node written by the previous release, which takes one (see weight).
+	Weight int `json:"weight,omitempty"`
 	// Preempted is set by a request with Preempt: the lease is no longer
 	// renewed (lock.ErrPreempted) and ends with its release, its timer or
 	// its TTL. The same write takes the node off its renewal node (Session
@@ -60,6 +64,10 @@ type markData struct {
 type waiterData struct {
 	Owner  string `json:"owner"`
 	Holder string `json:"holder,omitempty"`
+	// Weight is the slots the waiter asks for (Request.Slots); 0 in a
+	// waiter node written by the previous release, which asks for one
+	// (see waiterView.weight).
+	Weight int `json:"weight,omitempty"`
 }
 
 // keyNodeData is the data of a key node: the key, and after a recovery
@@ -138,6 +146,16 @@ func (h *holderView) limit() int {
 	return max(h.data.Limit, 1)
 }
 
+// weight is how many slots the node's lease takes on its key: 1 for a
+// holder node, a slot node the previous release wrote (no weight in its
+// data) or one with data this package did not write.
+func (h *holderView) weight() int {
+	if h.name == holderName {
+		return 1
+	}
+	return max(h.data.Weight, 1)
+}
+
 // fence is the lease's fencing token.
 func (h *holderView) fence() int64 {
 	if h.data.Fence > 0 {
@@ -169,6 +187,11 @@ type waiterView struct {
 func (w *waiterView) compare(o *waiterView) int {
 	return cmp.Or(cmp.Compare(w.rank, o.rank), cmp.Compare(w.ticket, o.ticket))
 }
+
+// weight is how many slots the waiter asks for: 1 for a waiter node the
+// previous release wrote (no weight in its data) or one with unreadable
+// data.
+func (w *waiterView) weight() int { return max(w.data.Weight, 1) }
 
 // aheadOf tells whether w is ahead of mine in the queue (of everyone when
 // mine is nil: the request has no place yet).
@@ -343,7 +366,7 @@ func (l *Locker) readKeysOnce(ctx context.Context, keys []string) ([]*keyView, b
 		}
 		rank, ticket, hash, _ := parseRanked(t.name)
 		w := &waiterView{name: t.name, rank: rank, ticket: ticket, hash: hash, stat: g.stat}
-		_ = json.Unmarshal(g.data, &w.data) // only the holder identity is read from it
+		_ = json.Unmarshal(g.data, &w.data) // unreadable: no holder identity, weight 1
 		t.view.waiters = append(t.view.waiters, w)
 	}
 	var holders []*holderView

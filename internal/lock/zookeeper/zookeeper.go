@@ -4,8 +4,9 @@
 // arrival less Request.Boost: see Priority) in which each waiter watches only
 // the node ahead of it, and multi-key leases taken in one transaction (multi), so a lease holds all its keys or none and two
 // multi-key requests never deadlock. A key is held by one lease (a mutex:
-// Request.Limit 0 or 1) or by up to Limit leases at once (a counting
-// semaphore: Limit > 1), each with its own fencing token.
+// Request.Limit 0 or 1) or by leases whose weights (Request.Weight: the
+// slots each takes) sum to at most Limit (a counting semaphore: Limit > 1),
+// each with its own fencing token.
 //
 // # Nodes
 //
@@ -30,15 +31,19 @@
 //	R/keys/k-<enc K>/slot-<owner hash>
 //	                          EPHEMERAL: one semaphore lease on K (one per
 //	                          owner and key), data as a holder node's plus
-//	                          limit, the Request.Limit it was taken with
+//	                          limit, the Request.Limit it was taken with,
+//	                          and weight, the slots it takes (Request.Slots;
+//	                          absent in the previous release's: one)
 //	R/sessions/s-<session id>-<TTL ms>
 //	                          EPHEMERAL: a renewal node, one per Locker and
 //	                          TTL; its mtime is the last renewal of every
 //	                          lease on it (see session.go)
 //	R/keys/k-<enc K>/w-<rank>-<ticket>-<owner hash>
 //	                          EPHEMERAL: one queued waiter; data: owner hash,
-//	                          holder. The place is the rank and ticket in the
-//	                          name (19 digits each), not a sequence number, so
+//	                          holder, weight (the slots it asks for; absent
+//	                          in the previous release's: one). The place is
+//	                          the rank and ticket in the name (19 digits
+//	                          each), not a sequence number, so
 //	                          the node can be moved into another session under
 //	                          the same name (see Queue); an earlier release's
 //	                          are w-<ticket>-<owner hash> (see Priority)
@@ -74,12 +79,19 @@
 //
 // A mutex request (Limit 0 or 1) finds a key free when no live lease of
 // another owner holds it, holder or slot; a semaphore request (Limit N > 1)
-// when no live holder node of another owner does and the live slots of other
-// owners are fewer than the bound: the smallest Limit of the request's and
-// theirs (recorded in each slot node), so no holder shares a key with more
-// holders than its own Limit allows. An owner's own holder or slot node does
-// not count: its acquisition replaces it (so an owner holds at most one node
-// per key, of either kind). Slot nodes hang on the renewal node as holder
+// when no live holder node of another owner does and the weights of the
+// live slots of other owners plus its own weight (Request.Slots) are at
+// most the bound: the smallest Limit of the request's and theirs (each slot
+// node records its Limit and weight), so no holder shares a key with more
+// slots taken than its own Limit allows. The waiters come first (see
+// Queue): the weights of the live waiters ahead of the request (every live
+// waiter when it is not queued) count as taken. A mutex lease and a mutex
+// request take one slot. An owner's own holder or slot node does not
+// count: its acquisition replaces it (so an owner holds at most one node
+// per key, of either kind, and taking the key again with another weight
+// counts the new weight only). The acquisition's multi writes the key node
+// at the version read, so the slots and weights it counted are the ones
+// held at commit. Slot nodes hang on the renewal node as holder
 // nodes do, so everything below (TTL timers, expiry on the ensemble's clock,
 // recovery moves, release) treats "the lease's node on a key" alike, holder
 // or slot (below, "holder node" means either); and Release and Renew of a
@@ -174,10 +186,15 @@
 // next acquirer deletes, at the version it read, waiters
 // whose mtime is older than WaiterTTL before the mtime of a node it just
 // wrote, so dead waiters are pruned by the ensemble's clock, never the
-// client's. A waiter takes a key only while the live waiters ahead of it are
-// fewer than the free slots (one for a free mutex), so the first free slots
-// go to the best-ranked waiters. Acquire waits on a ZooKeeper watch: at the head
-// of the queue, on a node whose deletion makes room (the holder node, or a
+// client's. A waiter takes a key only while the weights of the live waiters
+// ahead of it and its own fit in the free slots (one for a free mutex; with
+// weight 1 everywhere: the waiters ahead are fewer than the free slots), so
+// the first free slots go to the best-ranked waiters, and a heavy waiter is
+// never passed by lighter ones behind it, even while a slot is free: it
+// waits only for holders to release. Each waiter node stores its weight,
+// rewritten by every refresh (a waiter that calls again with another weight
+// keeps its place with the new weight). Acquire waits on a ZooKeeper watch:
+// at the head of the queue, on a node whose deletion makes room (the holder node, or a
 // slot of another owner), else on the live waiter just ahead of it, so a
 // release wakes one waiter, not the herd (a request without Queue watches
 // such a node, or the head of the queue that blocks it); exponential
@@ -233,6 +250,13 @@
 // owner's, so an operator rolled back queues its waiters again (the old
 // nodes are pruned after the waiter TTL). A legacy waiter that calls again
 // through this release keeps its name, so its place.
+//
+// Upgrades and weights: slot and waiter nodes the previous release wrote
+// have no weight in their data and take one slot, as they did. The previous
+// release ignores the weight it does not know and counts every slot and
+// waiter as one, so it may admit more slots than the limit beside a lease of
+// weight above 1: ask for weights above 1 only once every Locker sharing the
+// ensemble runs this release (weight 1 is counted the same by both).
 //
 // # Replace and Preempt
 //
@@ -419,7 +443,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		timers:  map[int64]*leaseTimer{},
 	}
 	l.Renewals = lock.Renewals{Validate: validateRenew, Batch: l.renewAll}
-	l.Acquisitions = lock.Acquisitions[string]{Attempt: l.attempt, Wait: l.wait}
+	l.Acquisitions = lock.Acquisitions[string]{Attempt: l.attempt, Wait: l.wait, Weights: true}
 	l.keysPath = l.root + "/keys"
 	l.ticketPath = l.root + "/ticket"
 	l.arrivalPath = l.root + "/arrival"
