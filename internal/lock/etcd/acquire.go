@@ -82,7 +82,10 @@ type keyView struct {
 	fence     int64    // ModRevision of the fence record: the holder's fencing token (0 when absent)
 	queue     []string // the waiter keys, in the queue's order (see sortQueue)
 	queueRevs []int64  // the CreateRevision of each waiter key of queue
-	pos       int      // index of the caller's waiter key in queue, -1 when absent
+	// queueWeights are the slots each waiter of queue asks for (all 1
+	// when the queue was read without its values, without Queue).
+	queueWeights []int
+	pos          int // index of the caller's waiter key in queue, -1 when absent
 	// last is the largest arrival of the ranked waiters read (Queue only).
 	last   int64
 	own    *waiterRecord
@@ -117,9 +120,10 @@ const maxPasses = 3
 // (live: etcd deletes a waiter key when its lease expires), the caller
 // included.
 //
-// With req.Limit above 1 the keys are semaphores: each holds up to Limit
-// leases at once (and no more than the smallest Limit a holder took its slot
-// with), each with its own fencing token; a mutex lease (Limit 0 or 1) and a
+// With req.Limit above 1 the keys are semaphores: the leases holding one
+// take req.Weight slots each (Request.Slots), and their weights never sum to
+// more than Limit (nor than the smallest Limit a holder took its slot with),
+// each with its own fencing token; a mutex lease (Limit 0 or 1) and a
 // semaphore slot never hold one key at once (see semAttempt).
 //
 // attempt is one acquisition. It returns the lease, or what to wait for and
@@ -144,7 +148,7 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, wa
 		written[i] = l.holderKey(k)
 	}
 	if req.Limit > 1 {
-		rec.Limit = req.Limit
+		rec.Limit, rec.Weight = req.Limit, req.Slots()
 		for i, k := range req.Keys {
 			written[i] = l.slotKey(k, tag)
 		}
@@ -423,6 +427,7 @@ func (l *Locker) parseViews(req lock.Request, tag string, resp *clientv3.TxnResp
 		for j, q := range queue {
 			v.queue = append(v.queue, q.key)
 			v.queueRevs = append(v.queueRevs, q.rev)
+			v.queueWeights = append(v.queueWeights, q.weight)
 			v.last = max(v.last, q.arrival)
 			if q.key == own {
 				v.pos = j
@@ -472,7 +477,9 @@ func ownsAll(views []keyView, tag string) (int64, bool) {
 // firstBusy returns the HeldError for the first key that is not free for
 // req (nil when every key is free for it) and what to wait for. A key is busy
 // for a mutex request while any lease holds it, and for a semaphore request
-// while a mutex holds it or its other slots reach the bound (full).
+// while a mutex holds it or its free slots (the bound less the weights of
+// the other slots) are fewer than the weights of the waiters ahead of it
+// plus its own: strict FIFO by weight (Request.Weight).
 func (l *Locker) firstBusy(req lock.Request, tag string, views []keyView, rev int64) (*lock.HeldError, waitHint) {
 	for i, v := range views {
 		k := req.Keys[i]
@@ -490,16 +497,23 @@ func (l *Locker) firstBusy(req lock.Request, tag string, views []keyView, rev in
 			he.Holders, he.Holder, he.Fence = len(v.slots), v.slots[0].rec.Holder, v.slots[0].token
 		}
 		if req.Limit > 1 && !v.held {
-			// A semaphore's turn: fewer waiters ahead than free slots.
+			// A semaphore's turn: the weights of the waiters ahead and
+			// its own fit in the free slots.
 			free := freeSlots(v.slots, tag, req.Limit)
+			ahead := 0
+			if v.pos > 0 {
+				for _, w := range v.queueWeights[:v.pos] {
+					ahead += w
+				}
+			}
 			slotsWatch := waitHint{key: l.slotPrefix(k), prefix: true, rev: rev}
 			switch {
 			case req.Queue && v.pos < 0 && len(v.queue) > 0:
 				// Not queued yet: enqueue sets the position.
 				return he, slotsWatch
-			case !req.Queue && len(v.queue) > 0 && free > 0:
+			case !req.Queue && len(v.queue) > 0 && req.Slots() <= free:
 				return he, waitHint{key: l.queuePrefix(k), prefix: true, rev: rev}
-			case free <= 0 || (req.Queue && v.pos >= free):
+			case ahead+req.Slots() > free:
 				return he, slotsWatch
 			}
 			continue
@@ -525,15 +539,17 @@ func (l *Locker) firstBusy(req lock.Request, tag string, views []keyView, rev in
 }
 
 // freeSlots is how many more slots owners other than tag may take: limit
-// is the request's, and no slot is taken past the smallest limit a holder
-// took its slot with.
+// is the request's, less the weights of the other owners' slots (a slot
+// of an earlier version takes one), and no slot is taken past the smallest
+// limit a holder took its slot with. The owner's own slot does not count:
+// its acquisition writes over it.
 func freeSlots(slots []slot, tag string, limit int) int {
 	others := 0
 	for _, sl := range slots {
 		if sl.tag == tag {
 			continue
 		}
-		others++
+		others += sl.rec.slots()
 		if sl.rec.Limit > 0 {
 			limit = min(limit, sl.rec.Limit)
 		}
@@ -544,15 +560,22 @@ func freeSlots(slots []slot, tag string, limit int) int {
 // enqueue puts the caller's waiter key into every queue it is missing from
 // (all in one transaction, with one CreateRevision: the same place on every
 // key) and refreshes the waiter lease of the places it has, then fixes the
-// busy key's position in held and the predecessor in hint.
+// busy key's position in held and the predecessor in hint. A place whose
+// value lacks its rank, or records another weight than req's (the caller
+// asks for another number of slots now), is written again in the same
+// transaction: same key, etcd lease and place.
 func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, views []keyView, held *lock.HeldError, hint *waitHint) error {
 	var waiterLease clientv3.LeaseID
-	var missing []int // no place in that queue, or one without its rank
+	var missing []int // no place in that queue, one without its rank, or another weight
+	weight := 0       // mutex waiters record none: they ask for one slot
+	if req.Limit > 1 {
+		weight = req.Slots()
+	}
 	for i, v := range views {
 		if v.own != nil {
 			waiterLease = clientv3.LeaseID(v.own.Lease)
 		}
-		if !v.ownRanked {
+		if !v.ownRanked || v.own.slots() != max(weight, 1) {
 			missing = append(missing, i)
 		}
 	}
@@ -582,7 +605,7 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 		waiterLease, granted = g.ID, true
 	}
 	p := l.placeOf(req, views, l.opts.Now())
-	value := encodeWaiter(tag, p, waiterRecord{Holder: req.Holder, Lease: int64(waiterLease), Since: p.arrival / 1000})
+	value := encodeWaiter(tag, p, waiterRecord{Holder: req.Holder, Lease: int64(waiterLease), Since: p.arrival / 1000, Weight: weight})
 	busy := slices.Index(req.Keys, held.Key)
 	var cmps []clientv3.Cmp
 	var puts []clientv3.Op
@@ -592,8 +615,9 @@ func (l *Locker) enqueue(ctx context.Context, req lock.Request, tag string, view
 	}
 	for _, i := range missing {
 		own := l.waiterKey(req.Keys[i], tag)
-		// Absent, or (joined with an earlier version) unchanged: it gets
-		// its rank and keeps its CreateRevision.
+		// Absent, or (joined with an earlier version, or with another
+		// weight) unchanged: it gets its rank and weight and keeps its
+		// CreateRevision.
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(own), "=", views[i].ownRev))
 		puts = append(puts, clientv3.OpPut(own, value, clientv3.WithLease(waiterLease)))
 	}

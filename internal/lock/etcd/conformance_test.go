@@ -108,6 +108,25 @@ func TestConformancePriority(t *testing.T) {
 	})
 }
 
+// TestConformanceWeights runs the cases of weighted semaphores
+// (Request.Weight) on every configuration the conformance suite runs on.
+func TestConformanceWeights(t *testing.T) {
+	t.Run("Single", func(t *testing.T) {
+		m := etcdtest.Start(t)
+		cfg := Config{Endpoints: []string{m.Addr}}
+		locktest.RunWeights(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second))
+	})
+	t.Run("Cluster3Auth", func(t *testing.T) {
+		newLocker, opts := cluster3Auth(t)
+		locktest.RunWeights(t, newLocker, opts...)
+	})
+	t.Run("TLSDial", func(t *testing.T) {
+		newLocker, opts, check := tlsDial(t)
+		locktest.RunWeights(t, newLocker, opts...)
+		check()
+	})
+}
+
 func TestLockerReadsItsClock(t *testing.T) {
 	m := etcdtest.Start(t)
 	locktest.CheckClock(t, func(t *testing.T, c *testingclock.FakeClock) lock.Locker {

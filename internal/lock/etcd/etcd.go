@@ -14,6 +14,9 @@
 //	P f/E          fence record: written (empty) by every acquisition of K and
 //	               never attached to a lease, so its ModRevision is the last
 //	               fencing token issued for K, also when K is free.
+//	P s/E/T        slot key of a semaphore (Limit above 1) held by the
+//	               owner whose tag is T, attached to the holding Locker's
+//	               session like a holder key (see Semaphores).
 //	P q/E/T        waiter key of the owner whose tag is T, attached to that
 //	               waiter's own short etcd lease.
 //	P r/E/T        replacement mark: a request with Replace dropped the owner
@@ -21,11 +24,15 @@
 //	               lease of two waiter TTLs (see Queue policies).
 //
 // The owner token is secret; etcd only ever stores its tag T, the first 128
-// bits of its SHA-256 in hex. Holder values are "T {json}", the JSON
-// recording holder identity, etcd lease ID, TTL and the client time of the
-// acquisition; waiter values are "!RA T {json}", the JSON recording the
-// waiter's holder identity, etcd lease ID and when it joined, and RA its
-// place: its rank R and arrival A as 16 hex digits each (see Queues). Owner checks are made inside
+// bits of its SHA-256 in hex. Holder and slot values are "T {json}", the
+// JSON recording holder identity, etcd lease ID, TTL and the client time of
+// the acquisition, and for a slot the semaphore's Limit and its weight (the
+// slots it takes, Request.Weight); waiter values are "!RA T {json}", the
+// JSON recording the waiter's holder identity, etcd lease ID and when it
+// joined, for a semaphore waiter the weight it asks for, and RA its place:
+// its rank R and arrival A as 16 hex digits each (see Queues). A slot or
+// waiter value without a weight (written by an earlier version, or a mutex
+// waiter's) takes or asks for one slot. Owner checks are made inside
 // transactions by comparing the value with the range ["T ", "T!"), which
 // holds exactly the values that start with "T ".
 //
@@ -127,9 +134,12 @@
 // arrival, then owner tag). A queued request takes the keys when no waiter
 // of each is ranked ahead of it: its transaction compares its waiter key's
 // CreateRevision unchanged and every waiter value of the queue above its
-// own place and tag (one range compare on the values; a semaphore waiter
-// whose turn comes with waiters ahead of it compares instead that nobody
-// joined since its read).
+// own place and tag (one range compare on the values). A semaphore waiter's
+// turn may come with waiters ahead of it: when the weights of the slots
+// held, of every waiter ahead of it and its own fit in the limit (strict
+// FIFO by weight, see Semaphores); it compares instead that no waiter
+// joined or was written since its read, so the weights ahead of it can only
+// have fallen.
 //
 // etcd offers no clock to a transaction, so the arrival is the joining
 // client's clock in µs, made monotonic by the queue: above every arrival
@@ -148,7 +158,27 @@
 // (in the transactions it made already, with no extra round trip) and its
 // values are 34 bytes longer; the head check is still one compare per key,
 // and a refresh is still one keepalive. A request without Queue pays
-// nothing. A Boost costs nothing more.
+// nothing. A Boost costs nothing more. A weight costs a dozen bytes in the
+// slot and waiter values of a semaphore, no operation: the weights are
+// summed from the values the attempt reads anyway.
+//
+// # Semaphores
+//
+// A request with Limit above 1 takes a slot key of each key (P s/E/T)
+// instead of the holder key, whose value records the Limit and the weight
+// (Request.Weight, the slots it takes). It fits when no mutex holds the key
+// and used + ahead + its weight is at most the smallest limit among its own
+// and the holders': used is the sum of the weights of the other owners'
+// slots, ahead that of the waiters queued ahead of it (their values carry
+// their weights), so a heavy waiter at the head is never passed by lighter
+// ones behind it; a request without Queue takes slots only while nobody
+// waits. Its transaction puts the slot keys on the condition that no slot
+// of the key was created or written since its read (one range compare of
+// ModRevision), with the queue conditions above: what it counted can only
+// have fallen. Slot and waiter values of earlier versions carry no weight
+// and count as one slot, so the keys they hold or wait for stay within the
+// limit after an upgrade; an earlier version counts holders rather than
+// weights, so the weights hold between Lockers that have them.
 //
 // Waiter values of earlier versions have no place (they start with the
 // owner tag, above "!" in byte order): this version serves them after the
@@ -332,7 +362,7 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 		cancel: cancel,
 	}
 	l.Renewals = lock.Renewals{Validate: validateRenew, Batch: l.renewAll}
-	l.Acquisitions = lock.Acquisitions[waitHint]{Attempt: l.attempt, Wait: l.wait}
+	l.Acquisitions = lock.Acquisitions[waitHint]{Attempt: l.attempt, Wait: l.wait, Weights: true}
 	return l, nil
 }
 
@@ -566,7 +596,14 @@ type holderRecord struct {
 	// over the value in place, on the same etcd lease): it is no longer
 	// renewed. A later acquisition writes a new value without it.
 	Preempted bool `json:"preempted,omitempty"`
+	// Weight is how many of the semaphore's slots the slot takes
+	// (Request.Weight; slot keys only). Values of earlier versions lack
+	// it: they take one (see slots).
+	Weight int `json:"weight,omitempty"`
 }
+
+// slots is how many slots a holding takes: its Weight, at least 1.
+func (r holderRecord) slots() int { return max(r.Weight, 1) }
 
 // markRecord is the JSON part of a replacement mark's value.
 type markRecord struct {
@@ -619,7 +656,15 @@ type waiterRecord struct {
 	// a waiter keeps when it calls again. Values of earlier versions have
 	// the joining client's clock.
 	Since int64 `json:"sinceMs"`
+	// Weight is how many slots a semaphore waiter asks for
+	// (Request.Weight), which the waiters behind it count as ahead of
+	// them. Values of earlier versions, and of mutex waiters, lack it:
+	// they ask for one (see slots).
+	Weight int `json:"weight,omitempty"`
 }
+
+// slots is how many slots a waiter asks for: its Weight, at least 1.
+func (r waiterRecord) slots() int { return max(r.Weight, 1) }
 
 func encodeValue(tag string, rec any) string {
 	b, _ := json.Marshal(rec) // plain structs: cannot fail

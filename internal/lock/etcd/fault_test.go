@@ -33,9 +33,10 @@ func TestFaultsFencedRegister(t *testing.T) {
 	runEtcdFaults(t, c, links, memberNemeses(t, c, links))
 }
 
-// TestFaultsSemaphore runs the semaphore fault test (at most Limit leases
-// valid at once, tokens strictly increasing) under the same faults, with 2
-// and 3 slots.
+// TestFaultsSemaphore runs the semaphore fault test (at most Limit slots
+// taken by the leases valid at once, tokens strictly increasing) under the
+// same faults, with 2 and 3 slots, a third of the requests taking 2 or more
+// (Faults.Weights).
 func TestFaultsSemaphore(t *testing.T) {
 	c := etcdtest.StartCluster(t, 3)
 	links := locktest.NewLinks(t, c.Endpoints())
@@ -45,7 +46,9 @@ func TestFaultsSemaphore(t *testing.T) {
 	var tally locktest.FaultTally
 	for seed := range tally.Seeds(t, 4) {
 		limit := 2 + int(seed%2)
-		locktest.RunFaults(t, fmt.Sprintf("limit-%d", limit), seed, &tally, etcdFaults(cfg, memberNemeses(t, c, links), limit))
+		f := etcdFaults(cfg, memberNemeses(t, c, links), limit)
+		f.Weights = true
+		locktest.RunFaults(t, fmt.Sprintf("limit-%d", limit), seed, &tally, f)
 		if _, err := c.WaitLeader(time.Minute); err != nil {
 			t.Fatal(err)
 		}

@@ -19,8 +19,10 @@ const inspectChunk = 32
 // last token issued, also when the key is free), Acquired as the acquiring client's clock
 // recorded it (etcd has no clock to offer), Expires from the etcd lease's
 // remaining TTL (of the session it is on), the lease as the one entry of
-// Holders or, for a semaphore, its slots oldest token first (at most
-// lock.MaxInspectHolders, HolderCount all of them), the oldest waiters (at most lock.MaxInspectWaiters)
+// Holders or, for a semaphore, its slots oldest token first with the
+// weight each takes (1 for a mutex lease, and for a slot of an earlier
+// version, which records none; at most lock.MaxInspectHolders,
+// HolderCount all of them), the oldest waiters (at most lock.MaxInspectWaiters)
 // with the time they joined, on the joining client's clock, and the exact
 // number of waiters (Queued). A waiter key lives as long as its waiter's
 // etcd lease, so every waiter key is a live waiter, as acquisitions count
@@ -83,7 +85,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 				if st.Expires, err = l.expiryOf(ctx, kvs[0].Lease, ttls); err != nil {
 					return nil, l.unavailable(op, err)
 				}
-				st.Holders = []lock.HolderState{{Holder: st.Holder, Fence: st.Fence, Acquired: st.Acquired, Expires: st.Expires}}
+				st.Holders = []lock.HolderState{{Holder: st.Holder, Fence: st.Fence, Acquired: st.Acquired, Expires: st.Expires, Weight: 1}}
 			} else if kvs := rs[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
 				st.Fence = kvs[0].ModRevision
 			}
@@ -96,7 +98,7 @@ func (l *Locker) Inspect(ctx context.Context, keys []string) ([]lock.KeyState, e
 				if len(st.Holders) >= lock.MaxInspectHolders {
 					continue
 				}
-				h := lock.HolderState{Holder: sl.rec.Holder, Fence: sl.token}
+				h := lock.HolderState{Holder: sl.rec.Holder, Fence: sl.token, Weight: sl.rec.slots()}
 				if sl.rec.Acquired > 0 {
 					h.Acquired = time.UnixMilli(sl.rec.Acquired)
 				}

@@ -76,6 +76,8 @@ type queued struct {
 	// order is by order, then rev.
 	order   string
 	arrival int64
+	// weight is the slots it asks for (1 when read without its value).
+	weight int
 }
 
 // sortQueue reads a queue's waiter keys (with their values, or keys only:
@@ -84,13 +86,14 @@ type queued struct {
 func sortQueue(kvs []*mvccpb.KeyValue) ([]queued, error) {
 	out := make([]queued, 0, len(kvs))
 	for _, kv := range kvs {
-		q := queued{key: string(kv.Key), rev: kv.CreateRevision, order: unranked}
+		q := queued{key: string(kv.Key), rev: kv.CreateRevision, order: unranked, weight: 1}
 		if len(kv.Value) > 0 {
 			var rec waiterRecord
 			p, ranked, err := decodeWaiter(kv.Value, &rec)
 			if err != nil {
 				return nil, err
 			}
+			q.weight = rec.slots()
 			if ranked {
 				q.order, q.arrival = string(kv.Value), p.arrival
 			}

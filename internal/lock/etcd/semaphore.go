@@ -13,23 +13,31 @@ import (
 
 // Semaphores (Request.Limit > 1). Each holder of key K has a slot key
 // "P s/E/T" (T its owner tag) on its Locker's session; the value records
-// the Limit it was taken with. A slot's fencing token is the revision of
-// the transaction that took it (the slot key's ModRevision) until a renewal
-// moves it to another session, which writes the token into the value. Every
-// acquisition also touches K's fence record, so its ModRevision stays the
-// last token issued for K, of either kind.
+// the Limit it was taken with and its weight, the slots it takes
+// (Request.Weight; a value of an earlier version has none and takes one).
+// A slot's fencing token is the revision of the transaction that took it
+// (the slot key's ModRevision) until a renewal moves it to another session,
+// which writes the token into the value. Every acquisition also touches K's
+// fence record, so its ModRevision stays the last token issued for K, of
+// either kind.
 //
 // Taking slots is optimistic: an attempt reads every key (holder key, slots,
-// queue) at one revision R, decides in Go (no mutex holder, fewer other
-// slots than the smallest limit, and with Queue fewer waiters ahead of it
-// than free slots), then commits a
-// transaction that puts its slot keys on the condition that no holder key
-// appeared and no slot key of the key was created or written after R (a
-// range compare of ModRevision): the count it decided on can only have
-// fallen. A queued request also compares its waiter key unchanged and, at
-// the head, no waiter ranked ahead of it (see queueCmps), else nobody
-// joined since R (a boosted newcomer may rank ahead of it). An owner that holds a slot already writes over it, which is a new
-// acquisition with a new token.
+// queue) at one revision R and decides in Go: no mutex holder, and used +
+// ahead + its own weight at most the smallest limit (its own and the
+// holders'), where used is the sum of the weights of the other owners'
+// slots and ahead that of the waiters queued ahead of it (strict FIFO by
+// weight: a heavy waiter at the head is not passed by lighter ones behind
+// it; a request without Queue takes slots only while nobody waits). It then
+// commits a transaction that puts its slot keys on the condition that no
+// holder key appeared and no slot key of the key was created or written
+// after R (a range compare of ModRevision): the weights it decided on can
+// only have fallen. A queued request also compares its waiter key unchanged
+// and, at the head, no waiter ranked ahead of it (see queueCmps), else no
+// waiter joined or was written since R (a boosted newcomer may rank ahead
+// of it; a waiter's value is written only when it joins, or calls again
+// asking for another weight). An owner that
+// holds a slot already writes over it, which is a new acquisition with a
+// new token.
 
 // semAttempt is one acquisition of semaphore slots (see attempt): value is
 // the slot keys' value, s the session, failed what ends an attempt whose
@@ -85,12 +93,15 @@ func (l *Locker) semAttempt(ctx context.Context, req lock.Request, tag, value st
 				cmps = append(cmps, l.queueCmps(req, k, tag, headCheck{rev: v.ownRev, bound: v.ownBound})...)
 			default:
 				// Its turn was decided from the read, with waiters ahead
-				// of it: still queued, and nobody joined since (a boosted
-				// newcomer may rank ahead of it).
+				// of it: still queued, and no waiter joined or was
+				// written since (a boosted newcomer may rank ahead of it,
+				// and a waiter ahead that asks for another weight now
+				// writes its value again): the weights ahead of it can
+				// only have fallen.
 				qp := l.queuePrefix(k)
 				cmps = append(cmps,
 					clientv3.Compare(clientv3.CreateRevision(l.waiterKey(k, tag)), "=", v.ownRev),
-					clientv3.Compare(clientv3.CreateRevision(qp).WithRange(clientv3.GetPrefixRangeEnd(qp)), "<", rev+1))
+					clientv3.Compare(clientv3.ModRevision(qp).WithRange(clientv3.GetPrefixRangeEnd(qp)), "<", rev+1))
 			}
 			// The owner was not replaced since the read.
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(l.markKey(k, tag)), "=", 0))
