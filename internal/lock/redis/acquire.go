@@ -33,6 +33,16 @@ func (l *Locker) wait(ctx context.Context, req lock.Request) (*lock.Lease, error
 		l.Dequeue)
 }
 
+// keepsPlace tells whether semacquire.lua keeps the owner's place in the
+// queues of a node that grants req, sent with ticket: in Redlock mode, for a
+// semaphore waiter the client holds a ticket for (semacquire.lua's
+// keepPlace). A grant that the attempt releases, lacking a quorum, then
+// leaves the waiters behind it where they were; the owner leaves the queues
+// once it holds the lease.
+func keepsPlace(req lock.Request, ticket int64) bool {
+	return req.Queue && req.Holders() > 1 && ticket > 0
+}
+
 type acquireReply struct {
 	ok        bool
 	fence     int64
@@ -72,11 +82,15 @@ func (l *Locker) acquireOn(ctx context.Context, n *node, req lock.Request, ticke
 		// argument sent is parsed on every acquisition.
 		args = args[:3]
 	}
-	if req.Boost > 0 {
+	if req.Boost > 0 || req.Slots() > 1 {
 		// The head start (ARGV 9, or 10 after a semaphore's limit): sent
-		// only when there is one, so a request without Boost costs what it
-		// did.
+		// only when there is one, or a weight after it, so a request without
+		// Boost costs what it did.
 		args = append(args, req.Boost.Microseconds())
+	}
+	if req.Slots() > 1 {
+		// A semaphore's weight (ARGV 11): sent only above 1.
+		args = append(args, req.Slots())
 	}
 	needsAck := granted
 	if req.Replace {
@@ -209,12 +223,14 @@ func fenceProposal(start time.Time) int64 {
 // (or refreshes its place in) the queue of every key, and must call again
 // within the waiter TTL to keep it; so req.Owner is required with Queue.
 //
-// With req.Limit N > 1 the request takes one of N slots of each key (a
-// counting semaphore): a slot is free for it when no mutex holds the key and
-// its place in the queue (or the queue's length, when it is not queued) is
-// below the number of free slots. A mutex request needs the key free of
-// semaphore holders too. The *lock.HeldError of a busy key counts its holders
-// and names the oldest.
+// With req.Limit N > 1 the request takes req.Weight (at least 1) of N slots
+// of each key (a counting semaphore): the slots are free for it when no mutex
+// holds the key and the weights of the holders, of the waiters queued ahead
+// of it (every waiter, when it is not queued) and its own sum to at most the
+// smallest limit among its own and the holders' (strict FIFO by weight). A
+// mutex request needs the key free of semaphore holders too. The
+// *lock.HeldError of a busy key counts its holders (not their weights) and
+// names the oldest.
 //
 // In Redlock mode the keys must be taken on a quorum of the nodes within the
 // lease's validity (TTL minus elapsed time minus drift): a majority for a
@@ -330,12 +346,19 @@ func (l *Locker) attempt(ctx context.Context, req lock.Request) (*lock.Lease, ti
 		if redlock {
 			l.tickets.Delete(req.Owner)
 		}
-		if req.Queue && len(busyNodes) > 0 {
+		leave := busyNodes
+		if keepsPlace(req, ticket) {
+			// semacquire.lua kept the owner's place where it granted.
+			for _, r := range acquired {
+				leave = append(leave, r.node)
+			}
+		}
+		if req.Queue && len(leave) > 0 {
 			// The nodes that refused queued the owner: there it would hold a
 			// place ahead of the next waiters (refusing every one of them
 			// until its waiter TTL ran out), and the quorum of the next
 			// acquisitions may need those nodes.
-			l.leaveQueues(ctx, busyNodes, req.Keys, req.Owner)
+			l.leaveQueues(ctx, leave, req.Keys, req.Owner)
 		}
 		deliver(true, fence)
 		if redlock && req.Queue {
@@ -647,8 +670,9 @@ const stragglerGrace = 4
 //     write-back would have done had it answered in time; a semaphore slot
 //     whose node refuses that (semraise.lua) is released. With Queue, a
 //     refusal or a failure dequeues the owner there (it may have been
-//     queued before the reply was lost): a granted owner keeps no place in
-//     any queue.
+//     queued before the reply was lost), and so does a semaphore's grant
+//     (it may have kept the owner's place: keepsPlace): a granted owner
+//     keeps no place in any queue.
 //
 // It runs on the late call's goroutine; the owner's next calls to that node
 // wait for it (chains).
@@ -658,6 +682,11 @@ func (l *Locker) settleLate(r result[acquireReply], req lock.Request, v verdict)
 		// A grant, or one the replicas did not acknowledge (acquireOn).
 		l.releaseOnNode(r.node, req, r.val.fence)
 	case v.granted && r.err == nil && r.val.ok:
+		if req.Queue && req.Holders() > 1 {
+			// A semaphore waiter's grant may have kept its place there
+			// (keepsPlace).
+			defer l.dequeueOnNode(r.node, req)
+		}
 		if r.val.fence != v.fence {
 			ctx, cancel := l.bg.cleanupContext(l.opts.nodeTimeout)
 			defer cancel()

@@ -53,8 +53,16 @@ func TestConformancePriority(t *testing.T) {
 	runOnEveryConfig(t, locktest.RunPriority)
 }
 
+// TestConformanceWeights runs the cases of weighted semaphores
+// (Request.Weight) on every configuration the conformance tests above cover,
+// with the same factories and options.
+func TestConformanceWeights(t *testing.T) {
+	runOnEveryConfig(t, locktest.RunWeights)
+}
+
 // runOnEveryConfig runs a suite of cases (locktest.RunPolicies,
-// locktest.RunPriority) on every configuration the conformance tests cover.
+// locktest.RunPriority, locktest.RunWeights) on every configuration the
+// conformance tests cover.
 func runOnEveryConfig(t *testing.T, run func(*testing.T, func(*testing.T) lock.Locker, ...locktest.Option)) {
 	t.Run("Standalone", func(t *testing.T) {
 		s := redistest.Start(t)

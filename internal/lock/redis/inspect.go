@@ -32,6 +32,7 @@ type slotView struct {
 	pttl          time.Duration
 	acquired      int64 // server microseconds
 	limit         int
+	weight        int // slots taken (lock.Request.Weight; 1 when none recorded)
 }
 
 // Inspect reports what Redis holds for each key: its holders (a mutex's one,
@@ -274,6 +275,7 @@ func (l *Locker) keyState(k string, now time.Time, views [][]keyView, i int) loc
 			// counters: report the lease's own token.
 			hs.Fence = max(hs.Fence, h.Fence)
 			hs.Holder = h.Holder
+			hs.Weight = max(hs.Weight, h.Weight)
 			if !h.Acquired.IsZero() {
 				hs.Acquired = h.Acquired
 			}
@@ -312,7 +314,7 @@ func (l *Locker) keyState(k string, now time.Time, views [][]keyView, i int) loc
 			if v.owner != owner {
 				return lock.HolderState{}, 0, false
 			}
-			h := lock.HolderState{Holder: v.holder, Fence: v.fence}
+			h := lock.HolderState{Holder: v.holder, Fence: v.fence, Weight: 1}
 			if v.acquired > 0 {
 				h.Acquired = time.UnixMicro(v.acquired)
 			}
@@ -336,15 +338,15 @@ func (l *Locker) keyState(k string, now time.Time, views [][]keyView, i int) loc
 	} else {
 		// The semaphore's holders: every owner on its quorum of nodes, and
 		// the owners the missing nodes could complete, unconfirmed. No more
-		// than the limit hold at once, so the unconfirmed ones are counted
-		// only up to it: the likeliest first (seen on the most nodes, then
-		// the oldest).
+		// slots than the limit are taken at once (taken: the holders'
+		// weights), so the unconfirmed ones are counted only up to it: the
+		// likeliest first (seen on the most nodes, then the oldest).
 		type candidate struct {
 			hs   lock.HolderState
 			seen int
 		}
 		var maybe []candidate
-		limit := 0
+		limit, taken := 0, 0
 		for owner, c := range slotCounts {
 			ownerLimit := 0
 			for _, v := range views {
@@ -372,17 +374,17 @@ func (l *Locker) keyState(k string, now time.Time, views [][]keyView, i int) loc
 				continue
 			}
 			holders = append(holders, hs)
-			slots++
+			taken += max(hs.Weight, 1)
 		}
 		slices.SortFunc(maybe, func(a, b candidate) int {
 			return cmp.Or(cmp.Compare(b.seen, a.seen), cmp.Compare(a.hs.Fence, b.hs.Fence))
 		})
 		for _, m := range maybe {
-			if slots >= limit {
+			if taken >= limit {
 				break
 			}
 			holders = append(holders, m.hs)
-			slots++
+			taken += max(m.hs.Weight, 1)
 		}
 	}
 	// Fencing tokens are strictly increasing: their order is the acquisition order.
@@ -407,7 +409,7 @@ func (l *Locker) keyState(k string, now time.Time, views [][]keyView, i int) loc
 }
 
 func (h slotView) state(now time.Time) lock.HolderState {
-	s := lock.HolderState{Holder: h.holder, Fence: h.fence}
+	s := lock.HolderState{Holder: h.holder, Fence: h.fence, Weight: max(h.weight, 1)}
 	if h.acquired > 0 {
 		s.Acquired = time.UnixMicro(h.acquired)
 	}
@@ -457,11 +459,11 @@ func decodeInspect(v any, n int) ([]keyView, error) {
 			return nil, fmt.Errorf("key %d: waiters: %w", i, wd.err)
 		}
 		hs, err := asSlice(e[8], 0)
-		if err != nil || len(hs)%6 != 0 {
+		if err != nil || len(hs)%7 != 0 {
 			return nil, fmt.Errorf("key %d: holders: unexpected reply %v", i, e[8])
 		}
 		hd := decoder{s: hs}
-		for j := 0; j < len(hs); j += 6 {
+		for j := 0; j < len(hs); j += 7 {
 			views[i].holders = append(views[i].holders, slotView{
 				owner:    hd.str(j),
 				holder:   hd.str(j + 1),
@@ -469,6 +471,7 @@ func decodeInspect(v any, n int) ([]keyView, error) {
 				pttl:     time.Duration(hd.int(j+3)) * time.Millisecond,
 				acquired: hd.int(j + 4),
 				limit:    int(hd.int(j + 5)),
+				weight:   int(hd.int(j + 6)),
 			})
 		}
 		if hd.err != nil {

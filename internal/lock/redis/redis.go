@@ -18,10 +18,14 @@
 //	P{K}:queue      the queue: waiting owner -> rank (arrival less Boost)
 //	P{K}:deadlines  waiting owner -> heartbeat deadline (server milliseconds)
 //	P{K}:waiters    waiting owner -> "<since microseconds> <holder>", since
-//	                being the waiter's arrival (its ticket)
+//	                being the waiter's arrival (its ticket); a waiter of a
+//	                semaphore asking for more slots than one (lock.Request.Weight):
+//	                "<since microseconds>:<weight> <holder>"
 //	P{K}:slots      semaphore holder owner -> expiry (server milliseconds)
 //	P{K}:slotfences semaphore holder owner -> fencing token (acquisition order)
-//	P{K}:slotmeta   semaphore holder owner -> "<fence> <acquired us> <limit> <holder>"
+//	P{K}:slotmeta   semaphore holder owner -> "<fence> <acquired us> <limit> <holder>",
+//	                or "<fence> <acquired us> <limit>:<weight> <holder>" for a
+//	                weight above 1
 //	P{K}:replaced   owner a request with Replace dropped from the queue -> until
 //	                (server milliseconds); TTL: its latest mark
 //	P{K}:preempted  largest fencing token a request with Preempt stopped;
@@ -79,7 +83,40 @@
 // counts the other's holders: a mutex needs the key free of slots, a
 // semaphore needs it free of a mutex holder. In Redlock mode a semaphore of N
 // slots over M nodes needs floor(M*N/(N+1)) + 1 nodes, not a majority
-// (quorumFor).
+// (quorumFor); that holds for weighted requests too: leases whose weights
+// sum past N, each on that many nodes, would sum past N on some node.
+//
+// # Weights
+//
+// A semaphore request takes lock.Request.Weight of the N slots (1 to N; 0
+// means 1), recorded with its holder (slotmeta) and, while it waits, with
+// its waiters entry; an entry without a weight weighs 1, so a key where
+// nobody asks for more than one slot is stored exactly as before, and what
+// an older release wrote reads as weight 1. semacquire.lua admits a request
+// when the weights of the live holders, of the live waiters queued ahead of
+// it (every live waiter when it is not queued) and its own sum to at most
+// the smallest limit among its own and the holders': strict FIFO by weight,
+// so a heavy waiter at the head is not passed by lighter ones behind it.
+// The cost: a request of weight 1 sends the same arguments as before; the
+// script reads the weights of the waiters ahead (one ZRANGE and one HMGET,
+// and a ZSCORE each, of fewer entries than the limit and the holders) only
+// when their number alone leaves room.
+//
+// In Redlock mode a semaphore waiter keeps its place in the queue of a node
+// that grants it (semacquire.lua's keepPlace) until it holds the lease, and
+// then leaves the queues of every node (a waiter holding a slot there is
+// not counted ahead: its slot is). When the attempt falls short of its
+// quorum, the grants are released and the waiters behind it still wait
+// behind it on every node, instead of each being granted where the other
+// is not queued any more, in turn, attempt after attempt. A place the
+// owner failed to leave expires with the waiter TTL, as that of a node
+// that refused it.
+//
+// Inspect reports each holder's weight (lock.HolderState.Weight). Upgrade:
+// an older release counts holders and places, not weights, and reads a
+// weighted entry's limit, since time or holder as missing (its Inspect
+// fails on a weighted waiter): ask for a weight above 1 only once every
+// operator sharing the store runs this release.
 //
 // # Queue rules
 //
@@ -234,6 +271,9 @@ func New(cfg Config, opts ...Option) (*Locker, error) {
 	l.Acquisitions = lock.Acquisitions[time.Duration]{
 		Check:   func(req lock.Request) error { return l.checkScopes("keys", req.Keys) },
 		Attempt: l.attempt, Wait: l.wait,
+		// Weighted semaphores: semacquire.lua counts the weights of the
+		// holders and of the waiters ahead (lock.Request.Weight).
+		Weights: true,
 	}
 	l.ticket = l.ticketKey()
 	if len(cfg.Scopes) > 0 {

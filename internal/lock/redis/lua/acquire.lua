@@ -6,10 +6,12 @@
 --   queue      zset    waiting owner -> rank: arrival less head start (queue order)
 --   deadlines  zset    waiting owner -> heartbeat deadline (server milliseconds)
 --   waiters    hash    waiting owner -> "<since microseconds> <holder>", since
---                      being its arrival (ticket)
+--                      being its arrival (ticket); a semaphore waiter asking
+--                      for more slots writes "<since microseconds>:<weight> <holder>"
 --   slots      zset    semaphore holder -> expiry (server milliseconds); see semacquire.lua
 --   slotfences zset    semaphore holder -> fencing token (acquisition order)
---   slotmeta   hash    semaphore holder -> "<fence> <acquired us> <limit> <holder>"
+--   slotmeta   hash    semaphore holder -> "<fence> <acquired us> <limit> <holder>",
+--                      or "... <limit>:<weight> <holder>" for a weight above 1
 --   replaced   zset    owner a newer request dropped from the queue -> until
 --                      (server milliseconds); see queue.lua's replaceOlder
 --   preempted  string  largest fencing token a request with Preempt stopped
@@ -161,7 +163,7 @@ for i = 1, n do
       for _, o in ipairs(redis.call('ZRANGE', KEYS[b + 7], 0, -1)) do
         local e = tonumber(redis.call('ZSCORE', KEYS[b + 6], o) or '0')
         if e > nowMs then
-          local f, _, _, h = string.match(redis.call('HGET', KEYS[b + 8], o) or '', '^(%d+) (%d+) (%d+) (.*)$')
+          local f, _, _, h = string.match(redis.call('HGET', KEYS[b + 8], o) or '', '^(%d+) (%d+) ([%d:]+) (.*)$')
           bHolder, bFence = h or '', tonumber(f or '0')
           break
         end

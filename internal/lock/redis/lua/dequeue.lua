@@ -5,6 +5,7 @@
 --   queue      zset    waiting owner -> ticket
 --   deadlines  zset    waiting owner -> heartbeat deadline
 --   waiters    hash    waiting owner -> "<since microseconds> <holder>"
+--                      ("<since microseconds>:<weight> <holder>" for a weight above 1)
 --   slots      zset    semaphore holders
 -- ARGV:
 --   1 owner token

@@ -9,10 +9,14 @@
 -- Returns one entry per key:
 --   {owner ('' when free), holder, fence, PTTL ms, acquired us,
 --    {holder, since us, ...}, live waiters, live semaphore holders,
---    {owner, holder, fence, PTTL ms, acquired us, limit, ...}}
+--    {owner, holder, fence, PTTL ms, acquired us, limit, weight, ...}}
 -- where fence is the mutex lease's token when held and otherwise the last one
 -- issued for the key. Waiters past their heartbeat deadline and semaphore
 -- holders past their expiry are skipped (the next acquire prunes them).
+-- A waiters entry is "<since us> <holder>" or "<since us>:<weight> <holder>",
+-- a slotmeta entry "<fence> <acquired us> <limit> <holder>" or "<fence>
+-- <acquired us> <limit>:<weight> <holder>": an entry without a weight (an
+-- older release wrote it, or the weight is 1) weighs 1.
 local limit = tonumber(ARGV[1])
 local maxHolders = tonumber(ARGV[2])
 local t = redis.call('TIME')
@@ -37,10 +41,10 @@ for i = 1, #KEYS / 8 do
     local d = redis.call('ZSCORE', KEYS[b + 4], w)
     if d and tonumber(d) >= nowMs then
       local info = redis.call('HGET', KEYS[b + 5], w) or ''
-      local sp = string.find(info, ' ', 1, true)
-      if sp then
-        table.insert(ws, string.sub(info, sp + 1))
-        table.insert(ws, string.sub(info, 1, sp - 1))
+      local since, h = string.match(info, '^(%d+):?%d* (.*)$')
+      if since then
+        table.insert(ws, h)
+        table.insert(ws, since)
       else
         table.insert(ws, '')
         table.insert(ws, '0')
@@ -52,11 +56,12 @@ for i = 1, #KEYS / 8 do
   local hs = {}
   if slots > 0 then
     for _, o in ipairs(redis.call('ZRANGE', KEYS[b + 7], 0, -1)) do
-      if #hs >= 6 * maxHolders then break end
+      if #hs >= 7 * maxHolders then break end
       local e = redis.call('ZSCORE', KEYS[b + 6], o)
       if e and tonumber(e) > nowMs then
-        local f, a, l, h = string.match(redis.call('HGET', KEYS[b + 8], o) or '', '^(%d+) (%d+) (%d+) (.*)$')
-        for _, v in ipairs({o, h or '', f or '0', string.format('%.0f', tonumber(e) - nowMs), a or '0', l or '0'}) do
+        local f, a, l, w, h = string.match(redis.call('HGET', KEYS[b + 8], o) or '', '^(%d+) (%d+) (%d+):?(%d*) (.*)$')
+        if w == nil or w == '' then w = '1' end
+        for _, v in ipairs({o, h or '', f or '0', string.format('%.0f', tonumber(e) - nowMs), a or '0', l or '0', w}) do
           table.insert(hs, v)
         end
       end

@@ -57,11 +57,40 @@ local function pruneWaiters(b, owner, afterNowMs)
   return self
 end
 
+-- waiterInfo reads a waiters entry (nil when there is none): "<since us>
+-- <holder>" for a waiter of weight 1 (and every entry an older release
+-- wrote), "<since us>:<weight> <holder>" for a semaphore waiter asking for
+-- more slots (Request.Weight). Returns its since time (nil when unreadable)
+-- and its weight (1 unless written).
+local function waiterInfo(info)
+  local s, w = string.match(info or '', '^(%d+):?(%d*) ')
+  return tonumber(s or ''), tonumber(w or '') or 1
+end
+
 -- arrivalOf is waiter w's arrival in the queue of the lock key at b, its
--- ticket: the since time of its waiters entry ("<since us> <holder>"), nil
--- when it has none.
+-- ticket: the since time of its waiters entry (waiterInfo), nil when it has
+-- none.
 local function arrivalOf(b, w)
-  return tonumber(string.match(redis.call('HGET', KEYS[b + 5], w) or '', '^(%d+) '))
+  return (waiterInfo(redis.call('HGET', KEYS[b + 5], w)))
+end
+
+-- weightsAhead sums the weights (waiterInfo) of the first k waiters of the
+-- queue of the lock key at b, but for those that hold a semaphore slot of
+-- the key (slots): a Redlock waiter keeps its place where it is granted
+-- until it holds the lease (semacquire.lua's keepPlace), and its slot
+-- counts already.
+local function weightsAhead(b, k)
+  if k <= 0 then return 0 end
+  local ws = redis.call('ZRANGE', KEYS[b + 3], 0, k - 1)
+  if #ws == 0 then return 0 end
+  local sum = 0
+  for j, info in ipairs(redis.call('HMGET', KEYS[b + 5], unpack(ws))) do
+    if not redis.call('ZSCORE', KEYS[b + 6], ws[j]) then
+      local _, w = waiterInfo(info)
+      sum = sum + w
+    end
+  end
+  return sum
 end
 
 -- joinQueues puts owner, refused, in the queue of each of the n lock keys
@@ -80,17 +109,21 @@ end
 -- boost (Request.Boost, microseconds). A waiter that keeps its arrival keeps
 -- the rank it joined with (that of its latest arrival among its keys); a new
 -- or raised arrival ranks at arrival - boost. The arrival is the since time of
--- the waiters entry (arrivalOf). See acquire.lua's header.
-local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs, nowUsStr, waiterTTL, boost)
+-- the waiters entry (waiterInfo), which also records the request's weight
+-- (Request.Weight; nil: 1), written again when it changes. See acquire.lua's
+-- header.
+local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs, nowUsStr, waiterTTL, boost, weight)
+  weight = weight or 1
   local have, rank = 0, 0
-  local arrived = {}
+  local arrived, weighed = {}, {}
   for i = 1, n do
     local b = (i - 1) * stride
     local s = tonumber(redis.call('ZSCORE', KEYS[b + 3], owner) or '')
     if s then
       -- A place queued by an older release has its ticket as its score.
-      local a = arrivalOf(b, owner) or s
-      arrived[i] = a
+      local since, w = waiterInfo(redis.call('HGET', KEYS[b + 5], owner))
+      local a = since or s
+      arrived[i], weighed[i] = a, w
       if a > have then have, rank = a, s end
     end
   end
@@ -116,12 +149,14 @@ local function joinQueues(n, owner, holder, ticket, proposal, prunedSelf, nowUs,
   if c < tk then redis.call('SET', KEYS[#KEYS], int(tk)) end
   local tkStr = nowUsStr
   if tk ~= nowUs then tkStr = int(tk) end
+  local info = tkStr .. ' ' .. holder
+  if weight > 1 then info = tkStr .. ':' .. weight .. ' ' .. holder end
   local rankStr = int(rank)
   local deadline = int(math.floor(nowUs / 1000) + waiterTTL)
   for i = 1, n do
     local b = (i - 1) * stride
-    if arrived[i] ~= tk then
-      redis.call('HSET', KEYS[b + 5], owner, tkStr .. ' ' .. holder)
+    if arrived[i] ~= tk or weighed[i] ~= weight then
+      redis.call('HSET', KEYS[b + 5], owner, info)
     end
     redis.call('ZADD', KEYS[b + 3], rankStr, owner)
     redis.call('ZADD', KEYS[b + 4], deadline, owner)

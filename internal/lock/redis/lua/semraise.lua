@@ -5,6 +5,7 @@
 --   slots      zset    holding owner -> expiry (server milliseconds)
 --   slotfences zset    holding owner -> fencing token
 --   slotmeta   hash    holding owner -> "<fence> <acquired us> <limit> <holder>"
+--                      (<limit>:<weight> for a weight above 1; kept as it is)
 --   preempted  string  largest fencing token a request with Preempt stopped
 -- ARGV:
 --   1 fencing token

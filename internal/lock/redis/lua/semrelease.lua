@@ -5,6 +5,7 @@
 --   slots      zset  holding owner -> expiry (server milliseconds)
 --   slotfences zset  holding owner -> fencing token
 --   slotmeta   hash  holding owner -> "<fence> <acquired us> <limit> <holder>"
+--                    (<limit>:<weight> for a weight above 1)
 -- ARGV:
 --   1 owner token
 --   then two per lock key: release channel, key name (as the caller named it)

@@ -4,6 +4,7 @@
 --   slots      zset    holding owner -> expiry (server milliseconds)
 --   slotfences zset    holding owner -> fencing token
 --   slotmeta   hash    holding owner -> "<fence> <acquired us> <limit> <holder>"
+--                      (<limit>:<weight> for a weight above 1)
 --   preempted  string  largest fencing token a request with Preempt stopped
 -- ARGV:
 --   1 owner token
