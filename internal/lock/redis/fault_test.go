@@ -151,6 +151,7 @@ func TestFaultsSemaphore(t *testing.T) {
 			NewLocker: func(t *testing.T) lock.Locker { return newTestLocker(t, s.cfg) },
 			Nemeses:   redisNemeses(t, s.servers)[:2], // kill-restart and pause
 			Limit:     s.limit,
+			Weights:   true, // a third of the requests take 2 or more slots
 		})
 	}
 	tally.Check(t)
