@@ -32,7 +32,7 @@ func weightedJob(ns, name string, weight int, runFor time.Duration) *batchv1.Job
 		Spec: batchv1.JobSpec{
 			BackoffLimit: ptr.To[int32](0),
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{kwokCompleteDelay: d, kwokCompleteJitter: "1s"}},
+				ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{kwokCompleteDelay: d, kwokCompleteJitter: d}},
 				Spec: corev1.PodSpec{
 					RestartPolicy:                 corev1.RestartPolicyNever,
 					TerminationGracePeriodSeconds: ptr.To[int64](1),
@@ -95,11 +95,17 @@ spec:
 	create("light-2", 1, 25*time.Second)
 	waitRun(t, rec, "light-1", 2*time.Minute)
 	waitRun(t, rec, "light-2", 2*time.Minute)
-	heavyCreated := create("heavy", 3, 5*time.Second)
+	// The heavy Job and the first light one behind it run long enough to
+	// be seen running together (3 + 1 slots).
+	heavyCreated := create("heavy", 3, 15*time.Second)
 	queued("heavy")
 	for i := 3; i <= 6; i++ {
 		name := fmt.Sprintf("light-%d", i)
-		create(name, 1, 5*time.Second)
+		runFor := 5 * time.Second
+		if i == 3 {
+			runFor = 15 * time.Second
+		}
+		create(name, 1, runFor)
 		queued(name)
 	}
 	waitFor(t, 3*time.Minute, "every Job to complete", func(ctx context.Context) (bool, error) {
@@ -114,10 +120,22 @@ spec:
 		}
 		return len(jobs.Items) == 7, nil
 	})
-	rec.check(t)
+	// Every run has its own token (Pods that acquired at once may start
+	// running in another order, so rec.check's order of tokens does not
+	// apply to a semaphore whose slots free up together).
+	runs := rec.snapshot()
+	tokens := map[int64]string{}
+	for _, ru := range runs {
+		if ru.token == 0 || tokens[ru.token] != "" {
+			t.Errorf("%s ran with token %d (also %q's)", ru.job, ru.token, tokens[ru.token])
+		}
+		tokens[ru.token] = ru.job
+	}
+	if len(runs) != 6+1 {
+		t.Errorf("%d runs, want 7", len(runs))
+	}
 
 	// The slots the running Pods take, in the API server's order of events.
-	runs := rec.snapshot()
 	type ev struct{ seq, d int }
 	var evs []ev
 	byJob := map[string]run{}
@@ -133,6 +151,9 @@ spec:
 	}
 	if peak > 4 {
 		t.Errorf("the running Pods took %d slots at once, more than maxHolders 4", peak)
+	}
+	if peak < 4 {
+		t.Errorf("the running Pods took at most %d slots at once: the heavy Job and a light one should have filled all 4", peak)
 	}
 	heavy := byJob["heavy"]
 	for i := 3; i <= 6; i++ {
