@@ -46,9 +46,9 @@ func weightedJob(ns, name string, weight int, runFor time.Duration) *batchv1.Job
 // TestWeightedJobOnASemaphore: on a lock of maxHolders 4, two weight-1 Jobs
 // run; a weight-3 Job arrives (two slots free, three needed) and waits, then
 // four weight-1 Jobs queue behind it. The weighted Pods running never take
-// more than 4 slots; no weight-1 Job behind the heavy one runs before it,
-// although slots are free; the heavy Job starts once the two Jobs it found
-// have ended. A weight above maxHolders is refused at admission.
+// more than 4 slots; no weight-1 Job behind the heavy one runs while it
+// waits, although slots are free, nor acquires before it; the heavy Job
+// starts once the two Jobs it found have ended. A weight above maxHolders is refused at admission.
 func TestWeightedJobOnASemaphore(t *testing.T) {
 	ns := newNamespace(t, "e2e-weights")
 	kubectl(t, `apiVersion: locks.lockwarden.io/v1alpha1
@@ -155,20 +155,30 @@ spec:
 	if peak < 4 {
 		t.Errorf("the running Pods took at most %d slots at once: the heavy Job and a light one should have filled all 4", peak)
 	}
+	// No light Job queued behind the heavy one passed it: none ran while
+	// the Jobs the heavy one found still ran (2 slots were free then), and
+	// each acquired after it (a larger token). Its Pod may still start
+	// running a moment before the heavy one's, when both acquired at the
+	// same handover.
 	heavy := byJob["heavy"]
+	foundEnd := max(byJob["light-1"].end, byJob["light-2"].end)
 	for i := 3; i <= 6; i++ {
-		if light := byJob[fmt.Sprintf("light-%d", i)]; light.start < heavy.start {
-			t.Errorf("light-%d (weight 1, queued behind the heavy Job) started running before it", i)
+		light := byJob[fmt.Sprintf("light-%d", i)]
+		if light.start < foundEnd {
+			t.Errorf("light-%d (weight 1, queued behind the heavy Job) ran while the heavy Job waited", i)
+		}
+		if light.token <= heavy.token {
+			t.Errorf("light-%d acquired before the heavy Job ahead of it: token %d, the heavy Job's %d", i, light.token, heavy.token)
 		}
 	}
 	found := byJob["light-1"].endedAt
 	if l2 := byJob["light-2"].endedAt; l2.After(found) {
 		found = l2
 	}
-	if heavy.start < max(byJob["light-1"].end, byJob["light-2"].end) {
+	if heavy.start < foundEnd {
 		t.Errorf("the heavy Job ran before both Jobs it found had ended")
 	}
-	t.Logf("maxHolders 4: peak %d slots; heavy (weight 3) created %v, ran %v after creation, %v after the last Job it found ended (%v after creation); light-3..6 started after it",
+	t.Logf("maxHolders 4: peak %d slots; heavy (weight 3) created %v, ran %v after creation, %v after the last Job it found ended (%v after creation); light-3..6 acquired after it",
 		peak, heavyCreated.Format(time.TimeOnly), heavy.startedAt.Sub(heavyCreated).Round(100*time.Millisecond),
 		heavy.startedAt.Sub(found).Round(100*time.Millisecond), found.Sub(heavyCreated).Round(100*time.Millisecond))
 }
