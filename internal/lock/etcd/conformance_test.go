@@ -70,62 +70,37 @@ func tlsDial(t *testing.T) (func(t *testing.T) lock.Locker, []locktest.Option, f
 	return lockerFactory(cfg), []locktest.Option{locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3)}, check
 }
 
-// TestConformancePolicies runs the queue policies' cases (Replace and
-// Preempt) on every configuration the conformance suite runs on.
-func TestConformancePolicies(t *testing.T) {
+// runOnEveryConfig runs a suite of queue-rule cases (locktest.RunPolicies,
+// RunPriority, RunWeights) on every configuration the conformance suite
+// runs on.
+func runOnEveryConfig(t *testing.T, suite func(t *testing.T, newLocker func(t *testing.T) lock.Locker, opts ...locktest.Option)) {
 	t.Run("Single", func(t *testing.T) {
 		m := etcdtest.Start(t)
 		cfg := Config{Endpoints: []string{m.Addr}}
-		locktest.RunPolicies(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second))
+		suite(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second))
 	})
 	t.Run("Cluster3Auth", func(t *testing.T) {
 		newLocker, opts := cluster3Auth(t)
-		locktest.RunPolicies(t, newLocker, opts...)
+		suite(t, newLocker, opts...)
 	})
 	t.Run("TLSDial", func(t *testing.T) {
 		newLocker, opts, check := tlsDial(t)
-		locktest.RunPolicies(t, newLocker, opts...)
+		suite(t, newLocker, opts...)
 		check()
 	})
 }
+
+// TestConformancePolicies runs the queue policies' cases (Replace and
+// Preempt) on every configuration.
+func TestConformancePolicies(t *testing.T) { runOnEveryConfig(t, locktest.RunPolicies) }
 
 // TestConformancePriority runs the cases of priority with aging
-// (Request.Boost) on every configuration the conformance suite runs on.
-func TestConformancePriority(t *testing.T) {
-	t.Run("Single", func(t *testing.T) {
-		m := etcdtest.Start(t)
-		cfg := Config{Endpoints: []string{m.Addr}}
-		locktest.RunPriority(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second))
-	})
-	t.Run("Cluster3Auth", func(t *testing.T) {
-		newLocker, opts := cluster3Auth(t)
-		locktest.RunPriority(t, newLocker, opts...)
-	})
-	t.Run("TLSDial", func(t *testing.T) {
-		newLocker, opts, check := tlsDial(t)
-		locktest.RunPriority(t, newLocker, opts...)
-		check()
-	})
-}
+// (Request.Boost) on every configuration.
+func TestConformancePriority(t *testing.T) { runOnEveryConfig(t, locktest.RunPriority) }
 
 // TestConformanceWeights runs the cases of weighted semaphores
-// (Request.Weight) on every configuration the conformance suite runs on.
-func TestConformanceWeights(t *testing.T) {
-	t.Run("Single", func(t *testing.T) {
-		m := etcdtest.Start(t)
-		cfg := Config{Endpoints: []string{m.Addr}}
-		locktest.RunWeights(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second))
-	})
-	t.Run("Cluster3Auth", func(t *testing.T) {
-		newLocker, opts := cluster3Auth(t)
-		locktest.RunWeights(t, newLocker, opts...)
-	})
-	t.Run("TLSDial", func(t *testing.T) {
-		newLocker, opts, check := tlsDial(t)
-		locktest.RunWeights(t, newLocker, opts...)
-		check()
-	})
-}
+// (Request.Weight) on every configuration.
+func TestConformanceWeights(t *testing.T) { runOnEveryConfig(t, locktest.RunWeights) }
 
 func TestLockerReadsItsClock(t *testing.T) {
 	m := etcdtest.Start(t)
