@@ -14,7 +14,6 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -158,23 +157,11 @@ func TestCancelInProgressOnACronJobLane(t *testing.T) {
 // replaceJob is a Job of the sample's lock in concurrency group reports,
 // with contention ReplaceQueued, whose Pod runs for runFor under kwok.
 func replaceJob(ns, name string, runFor time.Duration) *batchv1.Job {
-	d := runFor.String()
 	labels := map[string]string{"concurrency-group": "reports"}
-	return &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels, Annotations: map[string]string{
-			locksv1alpha1.AnnotationLock: "concurrency", locksv1alpha1.AnnotationContention: string(locksv1alpha1.ContentionReplaceQueued)}},
-		Spec: batchv1.JobSpec{
-			BackoffLimit: ptr.To[int32](0),
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{kwokCompleteDelay: d, kwokCompleteJitter: d}},
-				Spec: corev1.PodSpec{
-					RestartPolicy:                 corev1.RestartPolicyNever,
-					TerminationGracePeriodSeconds: ptr.To[int64](1),
-					Containers:                    []corev1.Container{{Name: "report", Image: "busybox:1.37", Command: []string{"true"}}},
-				},
-			},
-		},
-	}
+	j := kwokJob(ns, name, map[string]string{
+		locksv1alpha1.AnnotationLock: "concurrency", locksv1alpha1.AnnotationContention: string(locksv1alpha1.ContentionReplaceQueued)}, labels, runFor)
+	j.Labels = labels
+	return j
 }
 
 // TestReplaceQueuedRunsOnlyTheNewestOfFive: five Jobs with contention

@@ -144,6 +144,26 @@ const (
 	kwokCompleteJitter = "pod-complete.stage.kwok.x-k8s.io/jitter-delay"
 )
 
+// kwokJob returns a Job with annotations whose one Pod (template labels
+// podLabels) runs for runFor under kwok and then succeeds.
+func kwokJob(ns, name string, annotations, podLabels map[string]string, runFor time.Duration) *batchv1.Job {
+	d := runFor.String()
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: annotations},
+		Spec: batchv1.JobSpec{
+			BackoffLimit: ptr.To[int32](0),
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: map[string]string{kwokCompleteDelay: d, kwokCompleteJitter: d}},
+				Spec: corev1.PodSpec{
+					RestartPolicy:                 corev1.RestartPolicyNever,
+					TerminationGracePeriodSeconds: ptr.To[int64](1),
+					Containers:                    []corev1.Container{{Name: "work", Image: "busybox:1.37", Command: []string{"true"}}},
+				},
+			},
+		},
+	}
+}
+
 // newCronJob returns a CronJob that names lock on the CronJob object (as
 // `kubectl annotate cronjob` does) and whose Pods run for runFor.
 func newCronJob(ns, name, lock string, runFor time.Duration) *batchv1.CronJob {

@@ -13,9 +13,6 @@ import (
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	locksv1alpha1 "github.com/lockwarden/lockwarden/api/v1alpha1"
@@ -25,22 +22,8 @@ import (
 // weightedJob is a Job of lock exports taking weight slots, whose Pod runs
 // for runFor under kwok.
 func weightedJob(ns, name string, weight int, runFor time.Duration) *batchv1.Job {
-	d := runFor.String()
-	return &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{
-			locksv1alpha1.AnnotationLock: "exports", locksv1alpha1.AnnotationWeight: strconv.Itoa(weight)}},
-		Spec: batchv1.JobSpec{
-			BackoffLimit: ptr.To[int32](0),
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{kwokCompleteDelay: d, kwokCompleteJitter: d}},
-				Spec: corev1.PodSpec{
-					RestartPolicy:                 corev1.RestartPolicyNever,
-					TerminationGracePeriodSeconds: ptr.To[int64](1),
-					Containers:                    []corev1.Container{{Name: "export", Image: "busybox:1.37", Command: []string{"true"}}},
-				},
-			},
-		},
-	}
+	return kwokJob(ns, name, map[string]string{
+		locksv1alpha1.AnnotationLock: "exports", locksv1alpha1.AnnotationWeight: strconv.Itoa(weight)}, nil, runFor)
 }
 
 // TestWeightedJobOnASemaphore: on a lock of maxHolders 4, two weight-1 Jobs

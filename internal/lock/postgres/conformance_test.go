@@ -40,48 +40,39 @@ func TestLockerReadsItsClock(t *testing.T) {
 	})
 }
 
-// TestConformancePolicies: Request.Replace and Request.Preempt, for the
-// configurations of TestConformance and TestConformancePasswordTLS.
+// runOnEveryConfig runs a suite of queue-rule cases (locktest.RunPolicies,
+// RunPriority, RunWeights) on the configurations of TestConformance and
+// TestConformancePasswordTLS, telling the suite the waiter TTL and giving
+// the Lockers opts.
+func runOnEveryConfig(t *testing.T, suite func(t *testing.T, newLocker func(t *testing.T) lock.Locker, opts ...locktest.Option), waiterTTL time.Duration, opts ...Option) {
+	s := pgtest.Start(t)
+	suite(t, lockerFactory(configFor(s), opts...), locktest.WithWaiterTTL(waiterTTL))
+	t.Run("PasswordTLS", func(t *testing.T) {
+		s := pgtest.Start(t, pgtest.WithTLS(), pgtest.WithPassword("s3cret'\"x"))
+		cfg := configFor(s)
+		cfg.Schema = "locks_tls"
+		suite(t, lockerFactory(cfg, opts...), locktest.WithWaiterTTL(waiterTTL), locktest.WithRounds(3))
+	})
+}
+
+// TestConformancePolicies: Request.Replace and Request.Preempt.
 func TestConformancePolicies(t *testing.T) {
-	s := pgtest.Start(t)
-	locktest.RunPolicies(t, lockerFactory(configFor(s)), locktest.WithWaiterTTL(time.Second))
-	t.Run("PasswordTLS", func(t *testing.T) {
-		s := pgtest.Start(t, pgtest.WithTLS(), pgtest.WithPassword("s3cret'\"x"))
-		cfg := configFor(s)
-		cfg.Schema = "locks_tls"
-		locktest.RunPolicies(t, lockerFactory(cfg), locktest.WithWaiterTTL(time.Second), locktest.WithRounds(3))
-	})
+	runOnEveryConfig(t, locktest.RunPolicies, time.Second)
 }
 
-// TestConformancePriority: Request.Boost, for the configurations of
-// TestConformance and TestConformancePasswordTLS. The waiters keep their
-// place for 5 s: a case queues up to eight waiters, each through a new
-// Locker whose first call connects and checks the schema (about 0.1 s on a
-// loaded machine), and no case needs a waiter to expire.
+// conformanceWaiterTTL is how long the waiters of TestConformancePriority
+// and TestConformanceWeights keep their place: a case queues up to eight
+// waiters, each through a new Locker whose first call connects and checks
+// the schema (about 0.1 s on a loaded machine), and no case needs a waiter
+// to expire.
+const conformanceWaiterTTL = 5 * time.Second
+
+// TestConformancePriority: Request.Boost.
 func TestConformancePriority(t *testing.T) {
-	const waiterTTL = 5 * time.Second
-	s := pgtest.Start(t)
-	locktest.RunPriority(t, lockerFactory(configFor(s), WithWaiterTTL(waiterTTL)), locktest.WithWaiterTTL(waiterTTL))
-	t.Run("PasswordTLS", func(t *testing.T) {
-		s := pgtest.Start(t, pgtest.WithTLS(), pgtest.WithPassword("s3cret'\"x"))
-		cfg := configFor(s)
-		cfg.Schema = "locks_tls"
-		locktest.RunPriority(t, lockerFactory(cfg, WithWaiterTTL(waiterTTL)), locktest.WithWaiterTTL(waiterTTL), locktest.WithRounds(3))
-	})
+	runOnEveryConfig(t, locktest.RunPriority, conformanceWaiterTTL, WithWaiterTTL(conformanceWaiterTTL))
 }
 
-// TestConformanceWeights: Request.Weight, for the configurations of
-// TestConformance and TestConformancePasswordTLS. The waiters keep their
-// place for 5 s, as in TestConformancePriority: a case queues its waiters
-// through new Lockers, and no case needs a waiter to expire.
+// TestConformanceWeights: Request.Weight.
 func TestConformanceWeights(t *testing.T) {
-	const waiterTTL = 5 * time.Second
-	s := pgtest.Start(t)
-	locktest.RunWeights(t, lockerFactory(configFor(s), WithWaiterTTL(waiterTTL)), locktest.WithWaiterTTL(waiterTTL))
-	t.Run("PasswordTLS", func(t *testing.T) {
-		s := pgtest.Start(t, pgtest.WithTLS(), pgtest.WithPassword("s3cret'\"x"))
-		cfg := configFor(s)
-		cfg.Schema = "locks_tls"
-		locktest.RunWeights(t, lockerFactory(cfg, WithWaiterTTL(waiterTTL)), locktest.WithWaiterTTL(waiterTTL), locktest.WithRounds(3))
-	})
+	runOnEveryConfig(t, locktest.RunWeights, conformanceWaiterTTL, WithWaiterTTL(conformanceWaiterTTL))
 }
